@@ -1,0 +1,12 @@
+"""retrax: gradients that do not unroll loops.
+
+Differentiable recursive filters for audio, and small diffusion models used as
+relations, in JAX and Equinox.
+"""
+
+import importlib.metadata
+
+from . import ops as ops
+
+
+__version__ = importlib.metadata.version("retrax")

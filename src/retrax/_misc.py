@@ -1,0 +1,35 @@
+"""Small private helpers shared across retrax."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import ArrayLike
+
+
+def result_dtype(*args: ArrayLike | None) -> np.dtype:
+    """The dtype that `args` promote to under JAX's standard rules.
+
+    Python scalars are weakly typed, so `float32` signals with Python-float
+    coefficients stay `float32`. This is computed with standard promotion even
+    when the caller runs under strict promotion, because mixing is the library's
+    decision to make explicit here.
+    """
+    present = [a for a in args if a is not None]
+    with jax.numpy_dtype_promotion("standard"):
+        return jnp.result_type(*present)
+
+
+def as_inexact(name: str, value: ArrayLike) -> jax.Array:
+    """Convert `value` to an array, rejecting integer and boolean dtypes by name."""
+    arr = jnp.asarray(value)
+    if not jnp.issubdtype(arr.dtype, jnp.inexact):
+        raise TypeError(
+            f"`{name}` must have a floating or complex dtype, got {arr.dtype}. "
+            f"Convert it first, e.g. `{name}.astype(jnp.float32)`."
+        )
+    return arr
+
+
+def cast_all(dtype: np.dtype, *args: jax.Array | None) -> tuple[jax.Array | None, ...]:
+    """Cast every present array to `dtype` (real to complex where needed)."""
+    return tuple(None if a is None else a.astype(dtype) for a in args)

@@ -1,0 +1,137 @@
+"""All-pole filters and first-order linear recurrences on the recurrence core."""
+
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Inexact, Shaped
+
+from .._misc import as_inexact, result_dtype
+from ._recurrence import DEFAULT_UNROLL, recurrence
+
+
+def _check_signal(name: str, x: Array) -> None:
+    if x.ndim != 1:
+        raise ValueError(
+            f"`{name}` must be one signal of shape (time,), got shape {x.shape}. "
+            "Batch several signals with `jax.vmap`."
+        )
+
+
+def allpole(
+    x: Shaped[ArrayLike, " time"],
+    a: Shaped[ArrayLike, "time order"] | Shaped[ArrayLike, " order"],
+    zi: Shaped[ArrayLike, " order"] | None = None,
+    *,
+    return_zf: bool = False,
+) -> Inexact[Array, " time"] | tuple[Inexact[Array, " time"], Inexact[Array, " order"]]:
+    r"""All-pole (LPC) filter with time-varying or constant coefficients.
+
+    $$y_t = x_t - \sum_{k=0}^{K-1} a_{t,k}\, y_{t-k-1},$$
+
+    the filter $1 / (1 + \sum_k a_k z^{-k-1})$, per sample. This is
+    `torchlpc.sample_wise_lpc` for one signal and, with constant `a`,
+    `scipy.signal.lfilter([1], [1, *a], x)`. Note that `a` excludes the
+    leading 1 of the denominator.
+
+    Its derivatives never back-propagate through the per-sample loop: the
+    tangent of the output is the same filter driven by
+    $\dot x_t - \sum_k \dot a_{t,k} y_{t-k-1}$, and reverse mode is the
+    transpose of that, the adjoint filter run backwards in time (Yu et al.,
+    "Differentiable all-pole filters for time-varying audio systems",
+    DAFx 2024). Forward mode, reverse mode and higher orders all work, for
+    every argument.
+
+    An unstable filter (poles on or outside the unit circle) is not an error:
+    the output grows geometrically and overflows to `inf`/`nan` on long
+    signals, exactly as the recursion defines it. Check the poles (e.g. with
+    `jnp.roots`) or use a stable parametrisation when training.
+
+    **Arguments:**
+
+    - `x`: the input signal, shape `(T,)`. Batch with `jax.vmap`.
+    - `a`: the coefficients without the leading 1: `(T, K)` per sample or
+      `(K,)` constant.
+    - `zi`: the state before the first sample, the past outputs newest first:
+      `zi[k] = y[-k-1]`, shape `(K,)`. Defaults to zeros.
+    - `return_zf`: also return the final state in the same layout, so that a
+      long signal can be filtered block by block.
+
+    **Returns:**
+
+    `y` of shape `(T,)`, or `(y, zf)` with `zf[k] = y[T-1-k]` if `return_zf`.
+    The dtype is the promoted dtype of the inputs (float32, float64,
+    complex64 or complex128).
+    """
+    x = as_inexact("x", x)
+    a = as_inexact("a", a)
+    _check_signal("x", x)
+    if a.ndim not in (1, 2):
+        raise ValueError(
+            f"`a` must have shape (order,) or (time, order), got shape {a.shape}."
+        )
+    if a.ndim == 2 and a.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"time-varying `a` must have one row per sample of `x`: `a` has "
+            f"{a.shape[0]} rows and `x` has {x.shape[0]} samples."
+        )
+    order = a.shape[-1]
+    if order == 0:
+        raise ValueError("`a` must have at least one coefficient (order >= 1).")
+    if zi is not None:
+        zi = as_inexact("zi", zi)
+        if zi.shape != (order,):
+            raise ValueError(
+                f"`zi` must hold the last {order} outputs, shape ({order},), "
+                f"got shape {zi.shape}."
+            )
+    dtype = result_dtype(x, a, zi)
+    x = x.astype(dtype)
+    a = a.astype(dtype)
+    zi = jnp.zeros(order, dtype) if zi is None else zi.astype(dtype)
+    y = recurrence("allpole", DEFAULT_UNROLL, a, x, zi)
+    if not return_zf:
+        return y
+    zf = jnp.concatenate([y[::-1], zi])[:order]
+    return y, zf
+
+
+def linear_recurrence(
+    decay: Shaped[ArrayLike, " time"] | Shaped[ArrayLike, ""] | float | complex,
+    x: Shaped[ArrayLike, " time"],
+    zi: Shaped[ArrayLike, ""] | float | complex | None = None,
+    *,
+    return_zf: bool = False,
+) -> Inexact[Array, " time"] | tuple[Inexact[Array, " time"], Inexact[Array, ""]]:
+    r"""First-order linear recurrence $y_t = x_t + d_t\, y_{t-1}$.
+
+    The one-pole building block of envelope followers, leaky integrators and
+    smoothers; it is `allpole(x, -decay[:, None], zi)` and shares its
+    derivative rule.
+
+    **Arguments:**
+
+    - `decay`: the per-sample decay $d_t$, shape `(T,)`, or a scalar.
+    - `x`: the input, shape `(T,)`.
+    - `zi`: the previous output $y_{-1}$, a scalar. Defaults to 0.
+    - `return_zf`: also return the last output, to stream in blocks.
+
+    **Returns:**
+
+    `y` of shape `(T,)`, or `(y, zf)` with the scalar `zf = y[T-1]`.
+    """
+    decay = as_inexact("decay", decay)
+    x = as_inexact("x", x)
+    _check_signal("x", x)
+    if decay.ndim > 1 or (decay.ndim == 1 and decay.shape != x.shape):
+        raise ValueError(
+            f"`decay` must be a scalar or have the shape of `x` {x.shape}, "
+            f"got shape {decay.shape}."
+        )
+    if zi is not None:
+        zi = as_inexact("zi", zi)
+        if zi.ndim != 0:
+            raise ValueError(f"`zi` must be a scalar, got shape {zi.shape}.")
+        zi = zi[None]
+    out = allpole(x, -decay[..., None], zi, return_zf=return_zf)
+    if not return_zf:
+        return out
+    y, zf = out
+    return y, zf[0]

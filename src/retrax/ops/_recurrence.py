@@ -1,0 +1,155 @@
+"""The one recurrence core behind every linear recursive filter in retrax.
+
+A linear time-varying recursion of the form
+
+$$s_t = M(c_t)\\, s_{t-1} + u_t, \\qquad s_{-1} = z_i,$$
+
+with three static structures for the transition $M$:
+
+- ``"allpole"``: a companion matrix, $y_t = u_t - \\sum_k a_{t,k} y_{t-k-1}$,
+  state = the last $K$ outputs (newest first), output = $y$ of shape `(T,)`;
+- ``"diagonal"``: $h_t = a_t \\odot h_{t-1} + u_t$, output `(T, N)`;
+- ``"dense"``: $h_t = A_t h_{t-1} + u_t$, output `(T, N)`.
+
+The derivative rule is a `jax.custom_jvp` whose tangent is the same recursion
+driven by the tangent input, $\\dot u_t + \\dot M(c_t) s_{t-1}$. JAX transposes
+that linear scan into the time-reversed adjoint filter, so reverse mode costs
+one backwards scan and stores only the coefficients and the lagged outputs,
+and forward and higher-order modes come for free.
+"""
+
+import functools
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+Structure = Literal["allpole", "diagonal", "dense"]
+
+# Measured on a 2-core x86 CPU (order 2, T=44,100, float32): the forward scan
+# is fastest at unroll 2 both unbatched and under `vmap` (B=8; 4 or more is up
+# to 4x slower batched, 1 is 2x slower unbatched). The tangent scan, which
+# reverse mode transposes into the adjoint filter, is fastest batched at
+# unroll 1 (unroll 2 doubles the B=8 gradient's time).
+DEFAULT_UNROLL = 2
+TANGENT_UNROLL = 1
+
+
+def _scan_allpole(a, u, zi, unroll):
+    order = zi.shape[0]
+    carry0 = tuple(zi[k] for k in range(order))
+
+    def combine(carry, ut, ak):
+        y = ut
+        for k in range(order):
+            y = y - ak[k] * carry[k]
+        return (y,) + carry[:-1], y
+
+    if a.ndim == 1:
+        coeffs = tuple(a[k] for k in range(order))
+
+        def step(carry, ut):
+            return combine(carry, ut, coeffs)
+
+        xs = u
+    else:
+
+        def step(carry, inp):
+            ut, ak = inp
+            return combine(carry, ut, ak)
+
+        xs = (u, tuple(a[:, k] for k in range(order)))
+    _, y = lax.scan(step, carry0, xs, unroll=unroll)
+    return y
+
+
+def _scan_diagonal(a, u, zi, unroll):
+    if a.ndim == 1:
+
+        def step(h, ut):
+            h = a * h + ut
+            return h, h
+
+        xs = u
+    else:
+
+        def step(h, inp):
+            at, ut = inp
+            h = at * h + ut
+            return h, h
+
+        xs = (a, u)
+    _, h = lax.scan(step, zi, xs, unroll=unroll)
+    return h
+
+
+def _scan_dense(A, u, zi, unroll):
+    if A.ndim == 2:
+
+        def step(h, ut):
+            h = A @ h + ut
+            return h, h
+
+        xs = u
+    else:
+
+        def step(h, inp):
+            At, ut = inp
+            h = At @ h + ut
+            return h, h
+
+        xs = (A, u)
+    _, h = lax.scan(step, zi, xs, unroll=unroll)
+    return h
+
+
+_SCANS = {"allpole": _scan_allpole, "diagonal": _scan_diagonal, "dense": _scan_dense}
+
+
+def previous_states(structure: Structure, out, zi):
+    """The state $s_{t-1}$ seen at every step: `(T, K)` lags or `(T, N)` states."""
+    if structure == "allpole":
+        order = zi.shape[0]
+        length = out.shape[0]
+        full = jnp.concatenate([zi[::-1], out])
+        return jnp.stack(
+            [full[order - k - 1 : order - k - 1 + length] for k in range(order)],
+            axis=-1,
+        )
+    return jnp.concatenate([zi[None], out[:-1]], axis=0)
+
+
+def _transition_tangent(structure: Structure, dcoeffs, prev):
+    """$\\dot M(c_t) s_{t-1}$ for every step."""
+    if structure == "allpole":
+        if dcoeffs.ndim == 1:
+            return -(prev @ dcoeffs)
+        return -jnp.sum(dcoeffs * prev, axis=-1)
+    if structure == "diagonal":
+        return dcoeffs * prev
+    if dcoeffs.ndim == 2:
+        return prev @ dcoeffs.T
+    return jnp.einsum("tij,tj->ti", dcoeffs, prev)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def recurrence(structure: Structure, unroll: int, coeffs, u, zi):
+    """Run the recursion; see the module docstring. Inputs share one dtype.
+
+    `coeffs` is constant (no time axis) or per-sample (leading axis `T`), `u`
+    has a leading time axis, and `zi` is the state before the first sample.
+    """
+    return _SCANS[structure](coeffs, u, zi, unroll)
+
+
+@recurrence.defjvp
+def _recurrence_jvp(structure, unroll, primals, tangents):
+    coeffs, u, zi = primals
+    dcoeffs, du, dzi = tangents
+    out = recurrence(structure, unroll, coeffs, u, zi)
+    prev = previous_states(structure, out, zi)
+    drive = du + _transition_tangent(structure, dcoeffs, prev)
+    dout = recurrence(structure, TANGENT_UNROLL, coeffs, drive, dzi)
+    return out, dout
