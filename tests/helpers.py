@@ -15,7 +15,7 @@ def tree_allclose(x, y, *, rtol=1e-12, atol=0.0):
     leaves_y, tree_y = jax.tree.flatten(y)
     if tree_x != tree_y:
         return False
-    for a, b in zip(leaves_x, leaves_y):
+    for a, b in zip(leaves_x, leaves_y, strict=True):
         a, b = np.asarray(a), np.asarray(b)
         if a.shape != b.shape:
             return False
@@ -55,7 +55,7 @@ check_grads = functools.partial(
 
 
 def stable_poly(rng, order, radius=0.95, complex_=False):
-    """Coefficients (without the leading 1) of a polynomial with poles inside `radius`."""
+    """Denominator coefficients, leading 1 dropped, with poles inside `radius`."""
     if complex_:
         r = radius * np.sqrt(rng.uniform(0.0, 1.0, order))
         poles = r * np.exp(2j * np.pi * rng.uniform(size=order))
