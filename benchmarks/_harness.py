@@ -1,0 +1,84 @@
+"""Interleaved timing of retrax against optional peer libraries.
+
+Every case is timed for every library inside one repeat, and the repeats are
+interleaved, so slow drifts of a shared machine hit all libraries alike. The
+table reports the median over repeats of each library's median time, and each
+peer's ratio to retrax (above 1: retrax is faster).
+"""
+
+import dataclasses
+import importlib
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    params: dict
+
+
+def median_ms(fn: Callable[[], object], number: int) -> float:
+    times = []
+    for _ in range(number):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def optional_import(name: str, notes: list[str]):
+    try:
+        return importlib.import_module(name)
+    except Exception as err:  # noqa: BLE001 - any failure means "not available"
+        notes.append(f"{name} not available ({type(err).__name__}: {err}); skipped")
+        return None
+
+
+def run_table(
+    cases: list[Case],
+    libraries: dict[str, Callable[[Case], Callable[[], object] | None]],
+    *,
+    repeats: int,
+    number: int,
+    reference: str = "retrax",
+) -> list[dict]:
+    """Time `libraries[lib](case)` callables; `None` means "not supported"."""
+    prepared = {}
+    for case in cases:
+        for lib, make in libraries.items():
+            fn = make(case)
+            if fn is not None:
+                for _ in range(3):  # compile and warm up
+                    fn()
+                prepared[case.name, lib] = fn
+    samples = {key: [] for key in prepared}
+    for rep in range(repeats):
+        for key, fn in prepared.items():
+            samples[key].append(median_ms(fn, number))
+        print(f"  repeat {rep + 1}/{repeats} done", file=sys.stderr, flush=True)
+    rows = []
+    for case in cases:
+        row = {"case": case.name}
+        for lib in libraries:
+            if (case.name, lib) in samples:
+                row[lib] = statistics.median(samples[case.name, lib])
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict], libraries: list[str], reference: str = "retrax"):
+    peers = [lib for lib in libraries if lib != reference]
+    head = ["case", f"{reference} ms"] + [f"{p} ms (ratio)" for p in peers]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row["case"], f"{row[reference]:.3f}" if reference in row else "-"]
+        for p in peers:
+            if p in row and reference in row:
+                cells.append(f"{row[p]:.3f} ({row[p] / row[reference]:.2f}x)")
+            else:
+                cells.append("-")
+        lines.append("| " + " | ".join(cells) + " |")
+    print("\n".join(lines))

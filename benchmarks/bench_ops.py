@@ -1,0 +1,132 @@
+"""Benchmark retrax's recursive ops against torchlpc and the JAX peers.
+
+Order-2 time-varying all-pole filter, float32, forward and forward+gradient
+with respect to every input (x, a, zi), B = 1 and 8 signals, 1 s and 10 s at
+44.1 kHz. Peers are optional: a missing one is skipped with a note.
+
+Run: `python benchmarks/bench_ops.py [--repeats 5] [--number 20] [--quick]`
+"""
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _harness import Case, optional_import, print_table, run_table  # noqa: E402
+
+from retrax.ops import allpole  # noqa: E402
+
+
+ORDER = 2
+
+
+def make_inputs(batch: int, length: int):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, length)).astype(np.float32)
+    # A slowly swept resonance, stable everywhere: radius 0.9, angle varies.
+    theta = np.linspace(0.1, 2.5, length)[None, :].repeat(batch, 0)
+    a = np.stack([-2 * 0.9 * np.cos(theta), np.full_like(theta, 0.81)], -1)
+    zi = rng.standard_normal((batch, ORDER)).astype(np.float32)
+    return x, a.astype(np.float32), zi
+
+
+def jax_case(filt, case: Case, *, batched_fn: bool = False):
+    """Time a JAX all-pole `filt(x, a, zi)`: unbatched at B=1, vmapped above."""
+    x, a, zi = (jnp.asarray(v) for v in make_inputs(case.params["B"], case.params["T"]))
+    if not batched_fn:
+        if case.params["B"] == 1:
+            x, a, zi = x[0], a[0], zi[0]
+            f = filt
+        else:
+            f = jax.vmap(filt)
+    else:
+        f = filt
+
+    if case.params["mode"] == "fwd":
+        g = jax.jit(f)
+    else:
+
+        def loss(x, a, zi):
+            return jnp.sum(f(x, a, zi) ** 2)
+
+        g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    return lambda: jax.block_until_ready(g(x, a, zi))
+
+
+def torch_case(lpc, torch, case: Case):
+    x, a, zi = (
+        torch.from_numpy(v) for v in make_inputs(case.params["B"], case.params["T"])
+    )
+    if case.params["mode"] == "fwd":
+
+        def run():
+            with torch.no_grad():
+                return lpc(x, a, zi)
+
+        return run
+    xs = [v.clone().requires_grad_(True) for v in (x, a, zi)]
+
+    def run():
+        for v in xs:
+            v.grad = None
+        lpc(*xs).square().sum().backward()
+
+    return run
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--number", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="1 s signals only")
+    args = parser.parse_args()
+
+    notes = []
+    libraries = {"retrax": lambda c: jax_case(allpole, c)}
+    torch = optional_import("torch", notes)
+    torchlpc = optional_import("torchlpc", notes) if torch else None
+    if torchlpc is not None:
+        torch.set_num_threads(os.cpu_count() or 1)
+        libraries["torchlpc"] = lambda c: torch_case(torchlpc.sample_wise_lpc, torch, c)
+    faustax_ops = optional_import("faustax.ops", notes)
+    if faustax_ops is not None:
+        libraries["faustax"] = lambda c: jax_case(faustax_ops.allpole, c)
+    korvax_ltv = optional_import("korvax.filter.ltv", notes)
+    if korvax_ltv is not None:
+        libraries["korvax"] = lambda c: jax_case(korvax_ltv.allpole, c)
+    jaxpole = optional_import("jaxpole.filter", notes)
+    if jaxpole is not None:
+        # jaxpole's filter takes a batch axis itself.
+        libraries["jaxpole"] = lambda c: (
+            jax_case(jaxpole.allpole, c, batched_fn=True)
+            if c.params["T"] < 100_000
+            else None
+        )
+
+    lengths = [44_100] if args.quick else [44_100, 441_000]
+    cases = [
+        Case(
+            f"allpole K=2 B={b} T={t // 44_100}s {mode}", {"B": b, "T": t, "mode": mode}
+        )
+        for t in lengths
+        for b in (1, 8)
+        for mode in ("fwd", "grad")
+    ]
+    print(
+        f"jax {jax.__version__}, {os.cpu_count()} CPU cores, float32, median ms "
+        f"over {args.repeats} interleaved repeats of {args.number} calls",
+        file=sys.stderr,
+    )
+    rows = run_table(cases, libraries, repeats=args.repeats, number=args.number)
+    print_table(rows, list(libraries))
+    for note in notes:
+        print(f"note: {note}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Recover an all-pole filter's coefficients from audio by gradient descent.
+
+A resonant order-4 all-pole filter colours white noise. Starting from a flat
+spectrum, Adam (optax) fits the filter, parametrised by reflection
+coefficients so that every step stays stable, until the same filter applied
+to the same noise reproduces the target. Every gradient step runs the adjoint
+filter backwards in time: no back-propagation through the 16,000-sample loop.
+
+Run: `python examples/quickstart.py` (add `--smoke` for a few-second check).
+"""
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from retrax.ops import allpole
+
+
+def poles_to_coefficients(radius, angle):
+    """Denominator coefficients (leading 1 dropped) of conjugate pole pairs."""
+    poles = jnp.concatenate(
+        [radius * jnp.exp(1j * angle), radius * jnp.exp(-1j * angle)]
+    )
+    poly = jnp.ones((1,), poles.dtype)
+    for p in poles:
+        poly = jnp.convolve(poly, jnp.asarray([1.0, -p]))
+    return jnp.real(poly[1:])
+
+
+def reflection_to_coefficients(k):
+    """Step-up recursion: reflection coefficients in (-1, 1) to a stable filter."""
+    a = k[:1]
+    for m in range(1, k.shape[0]):
+        a = jnp.concatenate([a + k[m] * a[::-1], k[m : m + 1]])
+    return a
+
+
+def main(smoke: bool = False) -> dict:
+    sample_rate = 16_000
+    length = 4_000 if smoke else 16_000
+    steps = 500 if smoke else 2_000
+    key = jax.random.key(0)
+    x = jax.random.normal(key, (length,))
+
+    # The unknown filter: resonances at 700 Hz and 2.2 kHz.
+    true_radius = jnp.asarray([0.97, 0.9])
+    true_angle = 2 * jnp.pi * jnp.asarray([700.0, 2200.0]) / sample_rate
+    a_true = poles_to_coefficients(true_radius, true_angle)
+    target = allpole(x, a_true)
+
+    # Learn reflection coefficients tanh(theta): every step stays stable.
+    def loss_fn(theta):
+        a = reflection_to_coefficients(jnp.tanh(theta))
+        return jnp.mean((allpole(x, a) - target) ** 2) / jnp.mean(target**2)
+
+    optimizer = optax.adam(1e-2)
+    theta = jnp.zeros(4)
+    state = optimizer.init(theta)
+
+    @jax.jit
+    def step(theta, state):
+        loss, grad = jax.value_and_grad(loss_fn)(theta)
+        updates, state = optimizer.update(grad, state)
+        return optax.apply_updates(theta, updates), state, loss
+
+    start = time.perf_counter()
+    for i in range(steps):
+        theta, state, loss = step(theta, state)
+        if i % max(steps // 5, 1) == 0:
+            print(f"step {i:5d}  relative loss {float(loss):.3e}")
+    elapsed = time.perf_counter() - start
+    a = reflection_to_coefficients(jnp.tanh(theta))
+
+    np.set_printoptions(precision=4, suppress=True)
+    print(f"\n{steps} Adam steps on {length} samples in {elapsed:.2f} s")
+    print("true coefficients      ", np.asarray(a_true))
+    print("recovered coefficients ", np.asarray(a))
+    error = float(jnp.max(jnp.abs(a - a_true)))
+    print(f"max coefficient error  {error:.2e}")
+    return {"a_true": a_true, "a": a, "loss": float(loss_fn(theta)), "error": error}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="a short run")
+    main(parser.parse_args().smoke)

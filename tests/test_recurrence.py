@@ -1,0 +1,373 @@
+"""The recurrence core and the ops built directly on it: allpole, linear_recurrence."""
+
+import re
+
+import equinox as eqx
+import jax
+import jax.ad_checkpoint
+import jax.extend.core
+import jax.numpy as jnp
+import lineax as lx
+import numpy as np
+import optimistix as optx
+import pytest
+import scipy.signal
+from helpers import assert_close, check_grads, naive_allpole, stable_poly
+
+from retrax.ops import allpole, linear_recurrence
+from retrax.ops._recurrence import recurrence
+
+
+REAL = (jnp.float32, jnp.float64)
+COMPLEX = (jnp.complex64, jnp.complex128)
+
+
+def _random(rng, shape, dtype):
+    out = rng.standard_normal(shape)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        out = out + 1j * rng.standard_normal(shape)
+    return jnp.asarray(out, dtype)
+
+
+def _time_varying(rng, length, order, dtype, radius=0.9):
+    """Slowly varying stable coefficients: a different stable filter per sample."""
+    complex_ = jnp.issubdtype(dtype, jnp.complexfloating)
+    rows = [stable_poly(rng, order, radius, complex_) for _ in range(length)]
+    return jnp.asarray(np.stack(rows), dtype)
+
+
+# ---------------------------------------------------------------- values
+
+
+@pytest.mark.parametrize("order", [1, 2, 4])
+def test_allpole_matches_scipy(order):
+    rng = np.random.default_rng(order)
+    x = rng.standard_normal(500)
+    for _ in range(5):
+        a = stable_poly(rng, order)
+        zi = rng.standard_normal(order)
+        y = allpole(jnp.asarray(x), jnp.asarray(a))
+        assert_close(y, scipy.signal.lfilter([1.0], [1.0, *a], x))
+        # zi[k] = y[-k-1]: scipy's lfiltic takes past outputs newest first too.
+        ref_zi = scipy.signal.lfiltic([1.0], [1.0, *a], zi)
+        ref = scipy.signal.lfilter([1.0], [1.0, *a], x, zi=ref_zi)[0]
+        assert_close(allpole(jnp.asarray(x), jnp.asarray(a), jnp.asarray(zi)), ref)
+
+
+@pytest.mark.parametrize("dtype", REAL + COMPLEX)
+@pytest.mark.parametrize("constant", [True, False])
+def test_allpole_matches_naive_scan(dtype, constant):
+    rng = np.random.default_rng(0)
+    length, order = 64, 3
+    x = _random(rng, length, dtype)
+    zi = _random(rng, order, dtype)
+    if constant:
+        complex_ = jnp.issubdtype(dtype, jnp.complexfloating)
+        a = jnp.asarray(stable_poly(rng, order, 0.95, complex_), dtype)
+    else:
+        a = _time_varying(rng, length, order, dtype)
+    y = allpole(x, a, zi)
+    assert y.dtype == dtype
+    rtol = 1e-12 if dtype in (jnp.float64, jnp.complex128) else 1e-5
+    assert_close(y, naive_allpole(x, a, zi), rtol=rtol)
+
+
+@pytest.mark.parametrize("constant", [True, False])
+def test_allpole_streaming_equals_one_call(constant):
+    rng = np.random.default_rng(1)
+    length, order = 90, 3
+    x = jnp.asarray(rng.standard_normal(length))
+    a = (
+        jnp.asarray(stable_poly(rng, order))
+        if constant
+        else _time_varying(rng, length, order, jnp.float64)
+    )
+    zi = jnp.asarray(rng.standard_normal(order))
+    y_full, zf_full = allpole(x, a, zi, return_zf=True)
+    state, blocks = zi, []
+    for sl in (slice(0, 30), slice(30, 32), slice(32, 90)):
+        y, state = allpole(x[sl], a if constant else a[sl], state, return_zf=True)
+        blocks.append(y)
+    assert_close(jnp.concatenate(blocks), y_full)
+    assert_close(state, zf_full)
+    assert_close(zf_full, y_full[::-1][:order])
+
+
+def test_allpole_final_state_shorter_than_order():
+    # A block shorter than the filter order still returns the right state.
+    x = jnp.asarray([1.0, 2.0])
+    a = jnp.asarray([0.1, 0.2, 0.3, 0.4])
+    zi = jnp.asarray([5.0, 6.0, 7.0, 8.0])
+    y, zf = allpole(x, a, zi, return_zf=True)
+    assert_close(zf, jnp.concatenate([y[::-1], zi[:2]]))
+    y_ref = naive_allpole(x, a, zi)
+    assert_close(y, y_ref)
+
+
+def test_linear_recurrence():
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal(50))
+    decay = jnp.asarray(rng.uniform(0.1, 0.99, 50))
+    expected, prev = [], 0.7
+    for t in range(50):
+        prev = float(x[t]) + float(decay[t]) * prev
+        expected.append(prev)
+    y, zf = linear_recurrence(decay, x, 0.7, return_zf=True)
+    assert_close(y, np.asarray(expected))
+    assert_close(zf, expected[-1])
+    assert zf.shape == ()
+    assert_close(linear_recurrence(0.5, x), allpole(x, jnp.asarray([-0.5])))
+
+
+def test_float32_stays_float32_with_python_scalars():
+    x = jnp.ones(8, jnp.float32)
+    assert allpole(x, jnp.asarray([0.5], jnp.float32)).dtype == jnp.float32
+    assert linear_recurrence(0.5, x).dtype == jnp.float32
+    assert linear_recurrence(0.5, x, zi=1.0).dtype == jnp.float32
+
+
+def test_jit_and_vmap():
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((4, 40)))
+    a = jnp.asarray(np.stack([stable_poly(rng, 2) for _ in range(4)]))
+    zi = jnp.asarray(rng.standard_normal((4, 2)))
+    batched = jax.jit(jax.vmap(allpole))(x, a, zi)
+    for i in range(4):
+        assert_close(batched[i], naive_allpole(x[i], a[i], zi[i]))
+    # Shared coefficients, batched signals.
+    shared = jax.vmap(allpole, in_axes=(0, None))(x, a[0])
+    assert_close(shared[1], naive_allpole(x[1], a[0]))
+
+
+# ---------------------------------------------------------------- derivatives
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.complex128])
+@pytest.mark.parametrize("constant", [True, False])
+def test_allpole_check_grads(dtype, constant):
+    rng = np.random.default_rng(4)
+    length, order = 10, 2
+    x = _random(rng, length, dtype)
+    zi = _random(rng, order, dtype)
+    if constant:
+        complex_ = jnp.issubdtype(dtype, jnp.complexfloating)
+        a = jnp.asarray(stable_poly(rng, order, 0.9, complex_), dtype)
+    else:
+        a = _time_varying(rng, length, order, dtype)
+    check_grads(allpole, (x, a, zi))
+
+
+def test_linear_recurrence_check_grads():
+    rng = np.random.default_rng(5)
+    decay = jnp.asarray(rng.uniform(0.2, 0.9, 8))
+    x = jnp.asarray(rng.standard_normal(8))
+    check_grads(linear_recurrence, (decay, x, jnp.asarray(0.3)))
+    check_grads(linear_recurrence, (jnp.asarray(0.6), x, jnp.asarray(-0.4)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.complex128])
+def test_gradients_equal_naive_scan_autodiff(dtype):
+    rng = np.random.default_rng(6)
+    length, order = 200, 3
+    x = _random(rng, length, dtype)
+    a = _time_varying(rng, length, order, dtype)
+    zi = _random(rng, order, dtype)
+    w = _random(rng, length, dtype)
+
+    def loss(filt):
+        return lambda *args: jnp.real(jnp.sum(w * filt(*args)))
+
+    ours = jax.grad(loss(allpole), argnums=(0, 1, 2))(x, a, zi)
+    ref = jax.grad(loss(naive_allpole), argnums=(0, 1, 2))(x, a, zi)
+    for g, r in zip(ours, ref, strict=True):
+        assert_close(g, r)
+    # Forward mode and Hessian-vector products agree too.
+    t = tuple(_random(rng, v.shape, dtype) for v in (x, a, zi))
+    _, jvp_ours = jax.jvp(allpole, (x, a, zi), t)
+    _, jvp_ref = jax.jvp(naive_allpole, (x, a, zi), t)
+    assert_close(jvp_ours, jvp_ref)
+
+
+def test_hessian_and_float32_grad():
+    rng = np.random.default_rng(7)
+    x = jnp.asarray(rng.standard_normal(12))
+    a = jnp.asarray([-0.5, 0.2])
+
+    def energy(filt):
+        return lambda a: jnp.sum(filt(x, a) ** 2)
+
+    assert_close(jax.hessian(energy(allpole))(a), jax.hessian(energy(naive_allpole))(a))
+    g32 = jax.grad(energy(allpole))(a.astype(jnp.float32))
+    assert g32.dtype == jnp.float32
+    assert_close(g32, jax.grad(energy(naive_allpole))(a), rtol=1e-5)
+
+
+def _scans(jaxpr):
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            found.append(eqn)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found.extend(_scans(sub))
+    return found
+
+
+def test_reverse_pass_is_the_adjoint_filter():
+    # The gradient holds one forward scan and one reversed scan: JAX transposes
+    # the tangent recursion into the adjoint filter instead of unrolling.
+    rng = np.random.default_rng(8)
+    x = jnp.asarray(rng.standard_normal(100))
+    a = _time_varying(rng, 100, 2, jnp.float64)
+    zi = jnp.zeros(2)
+
+    def loss(x, a, zi):
+        return jnp.sum(allpole(x, a, zi) ** 2)
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(x, a, zi).jaxpr
+    scans = _scans(jaxpr)
+    assert len(scans) == 2
+    assert sorted(eqn.params["reverse"] for eqn in scans) == [False, True]
+    # Neither scan carries more than the K lagged values: no carry history.
+    for eqn in scans:
+        carry = eqn.params["jaxpr"].in_avals[: eqn.params["num_carry"]]
+        assert sum(int(np.prod(v.shape)) for v in carry) <= 2
+    # Same under vmap: still one scan each way, on a batched carry.
+    batched = jax.make_jaxpr(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))))(
+        x[None].repeat(3, 0), a[None].repeat(3, 0), zi[None].repeat(3, 0)
+    )
+    assert len(_scans(batched.jaxpr)) == 2
+
+
+def test_saved_residuals_are_inputs_output_and_lags(capsys):
+    length, order = 100, 2
+    rng = np.random.default_rng(9)
+    x = jnp.asarray(rng.standard_normal(length))
+    a = _time_varying(rng, length, order, jnp.float64)
+    zi = jnp.zeros(order)
+
+    def loss(x, a, zi):
+        return jnp.sum(jnp.sin(allpole(x, a, zi)))
+
+    jax.ad_checkpoint.print_saved_residuals(loss, x, a, zi)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    shapes = []
+    for line in lines:
+        match = re.match(r"\s*\w+\[([\d,]*)\]", line)
+        assert match, line
+        dims = tuple(int(d) for d in match.group(1).split(",") if d)
+        shapes.append(dims)
+    # Allowed: the inputs (as arguments), (T,)-sized signals (the output and
+    # the cosine of it, which belongs to `sin`), the coefficients and at most
+    # one (T, K) array of lagged outputs. Nothing of size T x carry-history.
+    lag_arrays = [s for s in shapes if s == (length, order)]
+    for s in shapes:
+        assert s in {(length,), (length, order), (order,), ()}, (s, lines)
+    # `a` itself is an input; at most one more (T, K) array (the lags).
+    assert len(lag_arrays) <= 2, lines
+    assert sum(int(np.prod(s)) for s in shapes) <= 3 * length + 2 * length * order + 8
+
+
+def test_root_find_through_allpole():
+    # Find the constant coefficient whose filtered step response ends at 2.
+    x = jnp.ones(32)
+
+    def residual(a, _):
+        return allpole(x, a)[-1:] - 2.0
+
+    def solve(target_scale):
+        sol = optx.root_find(
+            lambda a, s: residual(a, None) * s,
+            optx.Newton(rtol=1e-12, atol=1e-12),
+            jnp.asarray([-0.3]),
+            args=target_scale,
+            adjoint=optx.ImplicitAdjoint(lx.AutoLinearSolver(well_posed=True)),
+        )
+        return sol.value
+
+    a = solve(1.0)
+    assert_close(allpole(x, a)[-1], 2.0, rtol=1e-10)
+
+    # The implicit gradient of the root with respect to a parameter of the
+    # residual: the steady gain is 1 / (1 + a), so the root of
+    # allpole(x, a)[-1] = c is (almost) a = 1/c - 1.
+    def root_of(c):
+        sol = optx.root_find(
+            lambda a, c: allpole(x, a)[-1:] - c,
+            optx.Newton(rtol=1e-12, atol=1e-12),
+            jnp.asarray([-0.3]),
+            args=c,
+            adjoint=optx.ImplicitAdjoint(lx.AutoLinearSolver(well_posed=True)),
+        )
+        return sol.value[0]
+
+    c = jnp.asarray(2.0)
+    grad = jax.grad(root_of)(c)
+    eps = 1e-6
+    fd = (root_of(c + eps) - root_of(c - eps)) / (2 * eps)
+    assert_close(grad, fd, rtol=1e-6)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_bad_input():
+    x = jnp.ones(10)
+    a = jnp.asarray([0.1, 0.2])
+    bad = (ValueError, TypeError)
+    with pytest.raises(bad, match="a"):
+        allpole(x, jnp.ones((9, 2)))  # mismatched length
+    with pytest.raises(bad, match="x"):
+        allpole(jnp.ones((2, 10)), a)  # wrong rank
+    with pytest.raises(bad, match="a"):
+        allpole(x, jnp.ones((10, 2, 1)))
+    with pytest.raises(bad, match="zi"):
+        allpole(x, a, jnp.ones(3))
+    with pytest.raises(TypeError, match="x"):
+        allpole(jnp.ones(10, jnp.int32), a)
+    with pytest.raises(TypeError, match="a"):
+        allpole(x, jnp.asarray([1, 2]))
+    with pytest.raises(bad, match="decay"):
+        linear_recurrence(jnp.ones(9), x)
+    with pytest.raises(bad, match="zi"):
+        linear_recurrence(0.5, x, jnp.ones(2))
+
+
+def test_unstable_filter_is_not_a_crash():
+    # Documented behaviour: the recursion grows, it does not raise.
+    y = allpole(jnp.ones(2000), jnp.asarray([-1.5]))
+    assert not bool(jnp.all(jnp.isfinite(y)))
+    assert float(y[10]) > 1.0
+
+
+def test_core_structures_agree():
+    # The diagonal and dense transitions of the core agree with one another
+    # and with a loop, including their gradients.
+    rng = np.random.default_rng(10)
+    length, n = 12, 3
+    a = jnp.asarray(rng.uniform(-0.9, 0.9, (length, n)))
+    u = jnp.asarray(rng.standard_normal((length, n)))
+    zi = jnp.asarray(rng.standard_normal(n))
+    diag = recurrence("diagonal", 2, a, u, zi)
+    dense = recurrence("dense", 2, jax.vmap(jnp.diag)(a), u, zi)
+    h, ref = np.asarray(zi), []
+    for t in range(length):
+        h = np.asarray(a[t]) * h + np.asarray(u[t])
+        ref.append(h)
+    assert_close(diag, np.stack(ref))
+    assert_close(dense, np.stack(ref))
+    check_grads(lambda a, u, z: recurrence("diagonal", 2, a, u, z), (a, u, zi))
+    A = jnp.asarray(rng.uniform(-0.4, 0.4, (n, n)))
+    check_grads(lambda A, u, z: recurrence("dense", 1, A, u, z), (A, u, zi))
+
+
+def test_filter_inside_equinox_module():
+    class OnePole(eqx.Module):
+        pole: jax.Array
+
+        def __call__(self, x):
+            return linear_recurrence(self.pole, x)
+
+    model = OnePole(jnp.asarray(0.5))
+    x = jnp.ones(16)
+    grads = eqx.filter_grad(lambda m: jnp.sum(m(x)))(model)
+    assert jnp.isfinite(grads.pole)
