@@ -12,8 +12,8 @@ import numpy as np
 import optimistix as optx
 import pytest
 import scipy.signal
-from helpers import assert_close, check_grads, naive_allpole, stable_poly
 
+from helpers import assert_close, check_grads, naive_allpole, stable_poly
 from retrax.ops import allpole, linear_recurrence
 from retrax.ops._recurrence import recurrence
 
