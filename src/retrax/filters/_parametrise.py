@@ -1,0 +1,90 @@
+"""Stable parametrisations of recursive filters for gradient-based training."""
+
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float, Inexact, Shaped
+
+from .._misc import as_inexact
+
+
+def rc2lpc(k: Shaped[ArrayLike, "*batch order"]) -> Inexact[Array, "*batch order"]:
+    r"""Reflection coefficients to all-pole (LPC) coefficients: the step-up recursion.
+
+    Starting from $a^{(1)} = [k_0]$, each stage appends one coefficient:
+    $a^{(m+1)}_i = a^{(m)}_i + k_m a^{(m)}_{m-1-i}$ for $i < m$ and
+    $a^{(m+1)}_m = k_m$. The filter $1 / (1 + \sum_i a_i z^{-i-1})$ is stable
+    exactly when every $|k_m| < 1$, so training `jnp.tanh(theta)` as the
+    reflection coefficients keeps every gradient step stable.
+
+    **Arguments:**
+
+    - `k`: reflection coefficients, shape `(..., K)`; leading axes (e.g. time)
+      are carried along.
+
+    **Returns:**
+
+    The coefficients `a` for `allpole` (leading 1 dropped), shape `(..., K)`.
+    """
+    k = as_inexact("k", k)
+    if k.ndim < 1 or k.shape[-1] == 0:
+        raise ValueError(
+            f"`k` must have shape (..., order) with order >= 1, got {k.shape}."
+        )
+    a = k[..., :1]
+    for m in range(1, k.shape[-1]):
+        km = k[..., m : m + 1]
+        a = jnp.concatenate([a + km * a[..., ::-1], km], axis=-1)
+    return a
+
+
+def lpc2rc(a: Shaped[ArrayLike, "*batch order"]) -> Inexact[Array, "*batch order"]:
+    r"""All-pole coefficients to reflection coefficients: the step-down recursion.
+
+    The inverse of `rc2lpc`. A filter is stable exactly when every returned
+    coefficient has magnitude below 1; a coefficient of magnitude 1 (a pole on
+    the unit circle) makes the recursion divide by zero and returns non-finite
+    values.
+
+    **Arguments:**
+
+    - `a`: the coefficients without the leading 1, shape `(..., K)`.
+
+    **Returns:**
+
+    The reflection coefficients, shape `(..., K)`.
+    """
+    a = as_inexact("a", a)
+    if a.ndim < 1 or a.shape[-1] == 0:
+        raise ValueError(
+            f"`a` must have shape (..., order) with order >= 1, got {a.shape}."
+        )
+    out = []
+    for m in range(a.shape[-1] - 1, -1, -1):
+        km = a[..., m : m + 1]
+        out.append(km)
+        if m:
+            head = a[..., :m]
+            a = (head - km * head[..., ::-1]) / (1 - km * km)
+    return jnp.concatenate(out[::-1], axis=-1)
+
+
+def biquad_denominator(
+    radius: Float[ArrayLike, "*batch"], angle: Float[ArrayLike, "*batch"]
+) -> Float[Array, "*batch 2"]:
+    r"""The denominator of a conjugate pole pair at $r e^{\pm i\theta}$.
+
+    $1 - 2 r \cos\theta\, z^{-1} + r^2 z^{-2}$, returned without the leading
+    1 as `[-2 r cos(theta), r^2]` for `allpole`/`lfilter`. Stable for
+    $0 \le r < 1$: train e.g. `radius = max_radius * jax.nn.sigmoid(p)`.
+
+    **Arguments:**
+
+    - `radius`: pole radius.
+    - `angle`: pole angle in radians ($2\pi f / f_s$ for a resonance at $f$).
+
+    **Returns:**
+
+    The two coefficients, shape `(..., 2)`.
+    """
+    radius = as_inexact("radius", radius)
+    angle = as_inexact("angle", angle)
+    return jnp.stack(jnp.broadcast_arrays(-2 * radius * jnp.cos(angle), radius**2), -1)
