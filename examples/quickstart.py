@@ -32,12 +32,16 @@ def poles_to_coefficients(radius, angle):
     return jnp.real(poly[1:])
 
 
+# --8<-- [start:parametrisation]
 def reflection_to_coefficients(k):
     """Step-up recursion: reflection coefficients in (-1, 1) to a stable filter."""
     a = k[:1]
     for m in range(1, k.shape[0]):
         a = jnp.concatenate([a + k[m] * a[::-1], k[m : m + 1]])
     return a
+
+
+# --8<-- [end:parametrisation]
 
 
 def magnitude_db(a, freqs, sample_rate):
@@ -77,12 +81,15 @@ def main(smoke: bool = False, plot: str | None = None) -> dict:
     key = jax.random.key(0)
     x = jax.random.normal(key, (length,))
 
+    # --8<-- [start:target]
     # The unknown filter: resonances at 700 Hz and 2.2 kHz.
     true_radius = jnp.asarray([0.97, 0.9])
     true_angle = 2 * jnp.pi * jnp.asarray([700.0, 2200.0]) / sample_rate
     a_true = poles_to_coefficients(true_radius, true_angle)
     target = allpole(x, a_true)
+    # --8<-- [end:target]
 
+    # --8<-- [start:training]
     # Learn reflection coefficients tanh(theta): every step stays stable.
     def loss_fn(theta):
         a = reflection_to_coefficients(jnp.tanh(theta))
@@ -97,6 +104,8 @@ def main(smoke: bool = False, plot: str | None = None) -> dict:
         loss, grad = jax.value_and_grad(loss_fn)(theta)
         updates, state = optimizer.update(grad, state)
         return optax.apply_updates(theta, updates), state, loss
+
+    # --8<-- [end:training]
 
     losses = []
     start = time.perf_counter()

@@ -48,6 +48,7 @@ def envelope_decay(sample_rate, time_constant=0.01):
     return float(np.exp(-1 / (time_constant * sample_rate)))
 
 
+# --8<-- [start:process]
 def process(x, gain, a, decay, state=None):
     """Filter, then follow the envelope; `state` is `(filter zi, envelope zi)`."""
     filter_zi, envelope_zi = (None, None) if state is None else state
@@ -56,6 +57,9 @@ def process(x, gain, a, decay, state=None):
         decay, (1 - decay) * jnp.abs(y), envelope_zi, return_zf=True
     )
     return (y, envelope), (filter_zf, envelope_zf)
+
+
+# --8<-- [end:process]
 
 
 def save_plot(path, y, envelope, sample_rate, block):
@@ -94,6 +98,7 @@ def main(smoke: bool = False, plot: str | None = None) -> dict:
     a, gain = sweeping_resonance(length, sample_rate)
     decay = envelope_decay(sample_rate)
 
+    # --8<-- [start:blocks]
     # One call on the whole signal.
     (y_full, env_full), _ = jax.jit(process)(x, gain, a, decay)
 
@@ -110,6 +115,7 @@ def main(smoke: bool = False, plot: str | None = None) -> dict:
         envs.append(env)
     y_blocks = jnp.concatenate(ys)
     env_blocks = jnp.concatenate(envs)
+    # --8<-- [end:blocks]
     elapsed = time.perf_counter() - start
 
     y_diff = float(jnp.max(jnp.abs(y_blocks - y_full)))
