@@ -31,3 +31,13 @@ def test_quickstart_smoke(capsys):
     assert "recovered coefficients" in capsys.readouterr().out
     # Even the short run must have made real progress from a flat start.
     assert result["loss"] < 1e-2
+
+
+def test_streaming_smoke(capsys):
+    result = load_example("streaming.py").main(smoke=True)
+    assert "max |blocks - one call|" in capsys.readouterr().out
+    # Block-by-block processing with return_zf must reproduce one call.
+    scale = float(abs(result["y_full"]).max())
+    assert result["y_blocks"].shape == result["y_full"].shape
+    assert result["y_diff"] <= 1e-6 * scale
+    assert result["envelope_diff"] <= 1e-6 * scale
