@@ -1,6 +1,7 @@
 """Differentiable linear recursive filters whose gradients run the adjoint filter."""
 
 from ._allpole import allpole as allpole, linear_recurrence as linear_recurrence
+from ._ballistics import ballistics as ballistics
 from ._filtfilt import filtfilt as filtfilt
 from ._fir import fir as fir
 from ._lfilter import lfilter as lfilter, lfilter_zi as lfilter_zi, lfiltic as lfiltic
