@@ -1,0 +1,109 @@
+"""Attack/release ballistics: a switched one-pole smoother (torchcomp)."""
+
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array, ArrayLike, Float, Shaped
+
+from .._misc import as_inexact, result_dtype
+from ._recurrence import DEFAULT_UNROLL, recurrence
+from ._validate import check_finite, check_signal
+
+
+def _coefficient(name: str, c, length: int) -> Array:
+    c = as_inexact(name, c)
+    if c.ndim > 1 or (c.ndim == 1 and c.shape[0] != length):
+        raise ValueError(
+            f"`{name}` must be a scalar or have one value per sample ({length},), "
+            f"got shape {c.shape}."
+        )
+    if jnp.issubdtype(c.dtype, jnp.complexfloating):
+        raise TypeError(f"`{name}` must be real, got {c.dtype}.")
+    return c
+
+
+def _decisions(x: Array, at: Array, rt: Array, zi: Array) -> Array:
+    """The switched recursion, returning where it chose the attack coefficient.
+
+    Its step is `a * y + u` with `a = 1 - c` and `u = c * x` formed outside
+    the loop, exactly as the core's diagonal step sees them, so that both
+    round alike and the core reproduces these values and decisions.
+    """
+
+    def step(y, inp):
+        xt, decay_a, decay_r, drive_a, drive_r = inp
+        attack = xt < y
+        decay = jnp.where(attack, decay_a, decay_r)
+        drive = jnp.where(attack, drive_a, drive_r)
+        return decay * y + drive, attack
+
+    inputs = (x, 1 - at, 1 - rt, at * x, rt * x)
+    _, attack = lax.scan(step, zi, inputs, unroll=DEFAULT_UNROLL)
+    return attack
+
+
+def ballistics(
+    x: Shaped[ArrayLike, " time"],
+    at: Shaped[ArrayLike, ""] | Shaped[ArrayLike, " time"] | float,
+    rt: Shaped[ArrayLike, ""] | Shaped[ArrayLike, " time"] | float,
+    zi: Shaped[ArrayLike, ""] | float | None = None,
+    *,
+    return_zf: bool = False,
+) -> Float[Array, " time"] | tuple[Float[Array, " time"], Float[Array, ""]]:
+    r"""Attack/release one-pole smoother of dynamics processors.
+
+    $$c_t = \begin{cases} a_t & x_t < y_{t-1} \\ r_t & \text{otherwise}
+      \end{cases}, \qquad y_t = (1 - c_t)\, y_{t-1} + c_t\, x_t,$$
+
+    the gain smoother of `torchcomp.compressor_core` (Yu et al., "Differentiable
+    all-pole filters for time-varying audio systems", DAFx 2024), with the same
+    argument meaning: applied to a gain, `at` acts when the gain falls
+    (attack) and `rt` when it rises (release). `at` and `rt` are smoothing
+    coefficients in $(0, 1]$, e.g. `retrax.dynamics.ms2coef(ms, sr)`.
+
+    Derivatives hold the switching decisions constant (the function is
+    piecewise smooth, and this is its derivative almost everywhere): the
+    output is the linear recursion with decay $1 - c_t$ and input
+    $c_t x_t$, run on retrax's recurrence core, so the cotangent flows
+    through that time-varying one-pole backwards in time. The forward values
+    are exactly those of the switched recursion.
+
+    **Arguments:**
+
+    - `x`: the input (e.g. a gain or level), real, shape `(T,)`.
+    - `at`: attack coefficient, a scalar or `(T,)`.
+    - `rt`: release coefficient, a scalar or `(T,)`.
+    - `zi`: the previous output $y_{-1}$, a scalar. Defaults to 0.
+    - `return_zf`: also return the last output, the `zi` of the next block.
+
+    **Returns:**
+
+    `y` of shape `(T,)`, or `(y, zf)` with the scalar `zf = y[T-1]`.
+
+    Non-finite `at` or `rt` raise an error (also under `jax.jit`).
+    """
+    x = as_inexact("x", x)
+    check_signal("x", x)
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        raise TypeError(f"`x` must be real (the switch compares), got {x.dtype}.")
+    length = x.shape[0]
+    at = _coefficient("at", at, length)
+    rt = _coefficient("rt", rt, length)
+    if zi is not None:
+        zi = _coefficient("zi", zi, length)
+        if zi.ndim != 0:
+            raise ValueError(f"`zi` must be a scalar, got shape {zi.shape}.")
+    dtype = result_dtype(x, at, rt, zi)
+    x = x.astype(dtype)
+    at = jnp.broadcast_to(check_finite("at", at.astype(dtype)), (length,))
+    rt = jnp.broadcast_to(check_finite("rt", rt.astype(dtype)), (length,))
+    zi = jnp.zeros((), dtype) if zi is None else zi.astype(dtype)
+    # the decisions are a stop-gradient function of the inputs: derivatives
+    # hold them constant, and the core then computes the same values
+    attack = _decisions(*(lax.stop_gradient(v) for v in (x, at, rt, zi)))
+    c = jnp.where(attack, at, rt)
+    y = recurrence(
+        "diagonal", DEFAULT_UNROLL, (1 - c)[:, None], (c * x)[:, None], zi[None]
+    )[:, 0]
+    if not return_zf:
+        return y
+    return y, y[-1]

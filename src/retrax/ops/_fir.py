@@ -1,0 +1,86 @@
+"""Finite impulse response filters (no recursion: a sum of shifted products)."""
+
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Inexact, Shaped
+
+from .._misc import as_inexact, result_dtype
+from ._validate import check_coeff_rank, check_finite, check_signal
+
+
+def fir_apply(b: Array, x: Array, zi: Array) -> Array:
+    """$y_t = \\sum_k b_{t,k} x_{t-k}$ with `zi[k] = x[-k-1]`; inputs share a dtype."""
+    n_taps = b.shape[-1]
+    order = n_taps - 1
+    length = x.shape[0]
+    full = jnp.concatenate([zi[::-1], x]) if order > 0 else x
+    y = None
+    for k in range(n_taps):
+        shifted = full[order - k : order - k + length]
+        term = (b[k] if b.ndim == 1 else b[:, k]) * shifted
+        y = term if y is None else y + term
+    return y
+
+
+def fir_state(x: Array, zi: Array, order: int) -> Array:
+    """The last `order` inputs, newest first, after the block `x`."""
+    return jnp.concatenate([x[::-1], zi])[:order]
+
+
+def fir(
+    b: Shaped[ArrayLike, "time taps"] | Shaped[ArrayLike, " taps"],
+    x: Shaped[ArrayLike, " time"],
+    zi: Shaped[ArrayLike, " fir_order"] | None = None,
+    *,
+    return_zf: bool = False,
+) -> (
+    Inexact[Array, " time"]
+    | tuple[Inexact[Array, " time"], Inexact[Array, " fir_order"]]
+):
+    r"""Finite impulse response filter with constant or time-varying taps.
+
+    $$y_t = \sum_{k=0}^{M} b_{t,k}\, x_{t-k},$$
+
+    i.e. `scipy.signal.lfilter(b, [1], x)` for constant taps, and the
+    per-sample (time-varying) FIR of philtorch for `b` of shape `(T, M+1)`.
+    There is no recursion, so it is computed as a vectorised sum of shifted
+    products and differentiated by JAX directly.
+
+    **Arguments:**
+
+    - `x`: the input signal, shape `(T,)`. Batch with `jax.vmap`.
+    - `b`: the taps, `(M+1,)` constant or `(T, M+1)` per sample.
+    - `zi`: the past inputs, newest first: `zi[k] = x[-k-1]`, shape `(M,)`.
+      Defaults to zeros.
+    - `return_zf`: also return the last `M` inputs (newest first), the `zi` of
+      the next block, so that a long signal can be filtered block by block.
+
+    **Returns:**
+
+    `y` of shape `(T,)`, or `(y, zf)` if `return_zf`. The dtype is the
+    promoted dtype of the inputs (float32, float64, complex64 or complex128).
+
+    Non-finite taps raise an error (also under `jax.jit`).
+    """
+    b = as_inexact("b", b)
+    x = as_inexact("x", x)
+    check_signal("x", x)
+    check_coeff_rank("b", b, x.shape[0], "taps")
+    n_taps = b.shape[-1]
+    if n_taps == 0:
+        raise ValueError("`b` must have at least one tap.")
+    order = n_taps - 1
+    if zi is not None:
+        zi = as_inexact("zi", zi)
+        if zi.shape != (order,):
+            raise ValueError(
+                f"`zi` must hold the last {order} inputs (len(b) - 1), shape "
+                f"({order},), got shape {zi.shape}."
+            )
+    dtype = result_dtype(x, b, zi)
+    x = x.astype(dtype)
+    b = check_finite("b", b.astype(dtype))
+    zi = jnp.zeros(order, dtype) if zi is None else zi.astype(dtype)
+    y = fir_apply(b, x, zi)
+    if not return_zf:
+        return y
+    return y, fir_state(x, zi, order)

@@ -1,0 +1,189 @@
+"""Linear state-space systems, dense and modal (diagonal), on the recurrence core."""
+
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Inexact, Shaped
+
+from .._misc import as_inexact, result_dtype
+from ._recurrence import DEFAULT_UNROLL, recurrence
+from ._validate import check_finite
+
+
+def _check_map(name: str, m: Array, shape: tuple[int, ...], length: int, what: str):
+    """`m` must be `shape` (constant) or `(length, *shape)` (per sample)."""
+    if m.shape == shape or m.shape == (length, *shape):
+        return
+    raise ValueError(
+        f"`{name}` must have shape {what} = {shape} or (time, {what[1:-1]}) = "
+        f"{(length, *shape)}, got shape {m.shape}."
+    )
+
+
+def _apply(m: Array, v: Array) -> Array:
+    """`m @ v[t]` for every `t`, `m` constant `(P, N)` or per sample `(T, P, N)`."""
+    if m.ndim == 2:
+        return v @ m.T
+    return jnp.einsum("tpn,tn->tp", m, v)
+
+
+def _run(structure, A, B, C, D, x, zi, n_state, return_zf, names):
+    """Shared body: validate, promote, run the core on `u = B x`, read out."""
+    a_name = names[0]
+    x = as_inexact("x", x)
+    if x.ndim != 2:
+        raise ValueError(
+            f"`x` must have shape (time, inputs), got shape {x.shape}. Use "
+            "`x[:, None]` for a single input, and `jax.vmap` to batch."
+        )
+    length, n_in = x.shape
+    if length == 0:
+        raise ValueError("`x` must have at least one sample.")
+    B = as_inexact("B", B)
+    C = as_inexact("C", C)
+    _check_map("B", B, (n_state, n_in), length, "(state, inputs)")
+    if C.ndim not in (2, 3) or C.shape[-1] != n_state:
+        raise ValueError(
+            f"`C` must have shape (outputs, state) or (time, outputs, state) with "
+            f"state = {n_state}, got shape {C.shape}."
+        )
+    n_out = C.shape[-2]
+    _check_map("C", C, (n_out, n_state), length, "(outputs, state)")
+    if D is not None:
+        D = as_inexact("D", D)
+        _check_map("D", D, (n_out, n_in), length, "(outputs, inputs)")
+    if zi is not None:
+        zi = as_inexact("zi", zi)
+        if zi.shape != (n_state,):
+            raise ValueError(
+                f"`zi` must be the initial state h[0] of shape ({n_state},), got "
+                f"shape {zi.shape}."
+            )
+    dtype = result_dtype(A, B, C, D, x, zi)
+    A = check_finite(a_name, A.astype(dtype))
+    B = check_finite("B", B.astype(dtype))
+    C = check_finite("C", C.astype(dtype))
+    x = x.astype(dtype)
+    zi = jnp.zeros(n_state, dtype) if zi is None else zi.astype(dtype)
+    # the core's s_t is h[t+1]: s_t = A_t s_{t-1} + B_t x_t with s_{-1} = h[0]
+    nxt = recurrence(structure, DEFAULT_UNROLL, A, _apply(B, x), zi)
+    h = jnp.concatenate([zi[None], nxt[:-1]])
+    y = _apply(C, h)
+    if D is not None:
+        y = y + _apply(check_finite("D", D.astype(dtype)), x)
+    if not return_zf:
+        return y
+    return y, nxt[-1]
+
+
+def state_space(
+    A: Shaped[ArrayLike, "state state"] | Shaped[ArrayLike, "time state state"],
+    B: Shaped[ArrayLike, "state inputs"] | Shaped[ArrayLike, "time state inputs"],
+    C: Shaped[ArrayLike, "outputs state"] | Shaped[ArrayLike, "time outputs state"],
+    D: Shaped[ArrayLike, "outputs inputs"]
+    | Shaped[ArrayLike, "time outputs inputs"]
+    | None,
+    x: Shaped[ArrayLike, "time inputs"],
+    zi: Shaped[ArrayLike, " state"] | None = None,
+    *,
+    return_zf: bool = False,
+) -> (
+    Inexact[Array, "time outputs"]
+    | tuple[Inexact[Array, "time outputs"], Inexact[Array, " state"]]
+):
+    r"""Discrete-time linear state-space system, MIMO, LTI or LPV.
+
+    $$h_{n+1} = A_n h_n + B_n x_n, \qquad y_n = C_n h_n + D_n x_n,
+      \qquad h_0 = z_i,$$
+
+    the standard discrete state-space model (e.g. `scipy.signal.dlsim` for
+    constant maps). Each map is constant (LTI) or given per sample (linear
+    parameter-varying), read from its rank. The state recursion runs on
+    retrax's recurrence core with the dense structure, so reverse mode is the
+    adjoint system run backwards in time,
+    $\lambda_n = C_n^\top g_n + A_n^\top \lambda_{n+1}$, storing only the
+    maps and the states. Cost $O(T N^2)$ per signal; for a diagonalisable
+    $A$ use `diag_state_space`, $O(T N)$.
+
+    **Arguments:**
+
+    - `A`: state transition, `(N, N)` or `(T, N, N)`.
+    - `B`: input map, `(N, M)` or `(T, N, M)`.
+    - `C`: output map, `(P, N)` or `(T, P, N)`.
+    - `D`: feedthrough, `(P, M)` or `(T, P, M)`, or `None` for none.
+    - `x`: the input, shape `(T, M)`; use `x[:, None]` for a single input and
+      `jax.vmap` to batch.
+    - `zi`: the initial state $h_0$, shape `(N,)`. Defaults to zeros.
+    - `return_zf`: also return $h_T$, the state after the last sample, the
+      `zi` of the next block (streaming).
+
+    **Returns:**
+
+    `y` of shape `(T, P)`, or `(y, zf)` if `return_zf`. The dtype is the
+    promoted dtype of the inputs (real or complex).
+
+    Non-finite maps raise an error (also under `jax.jit`); an unstable `A`
+    is not an error (the state grows as the recursion defines it).
+    """
+    A = as_inexact("A", A)
+    if A.ndim not in (2, 3) or A.shape[-1] != A.shape[-2]:
+        raise ValueError(
+            f"`A` must be square, shape (state, state) or (time, state, state), "
+            f"got shape {A.shape}."
+        )
+    n_state = A.shape[-1]
+    x_shape = jnp.shape(x)
+    if A.ndim == 3 and len(x_shape) >= 1 and A.shape[0] != x_shape[0]:
+        raise ValueError(
+            f"time-varying `A` must have one matrix per sample of `x`: `A` has "
+            f"{A.shape[0]} and `x` has {x_shape[0]} samples."
+        )
+    return _run("dense", A, B, C, D, x, zi, n_state, return_zf, ("A",))
+
+
+def diag_state_space(
+    a: Shaped[ArrayLike, " state"] | Shaped[ArrayLike, "time state"],
+    B: Shaped[ArrayLike, "state inputs"] | Shaped[ArrayLike, "time state inputs"],
+    C: Shaped[ArrayLike, "outputs state"] | Shaped[ArrayLike, "time outputs state"],
+    D: Shaped[ArrayLike, "outputs inputs"]
+    | Shaped[ArrayLike, "time outputs inputs"]
+    | None,
+    x: Shaped[ArrayLike, "time inputs"],
+    zi: Shaped[ArrayLike, " state"] | None = None,
+    *,
+    return_zf: bool = False,
+) -> (
+    Inexact[Array, "time outputs"]
+    | tuple[Inexact[Array, "time outputs"], Inexact[Array, " state"]]
+):
+    r"""State-space system in modal form, $A = \mathrm{diag}(a)$: $O(T N)$.
+
+    $$h_{n+1} = a_n \odot h_n + B_n x_n, \qquad y_n = C_n h_n + D_n x_n,
+      \qquad h_0 = z_i,$$
+
+    i.e. `state_space(jnp.diag(a), B, C, D, x)`: `N` decoupled one-pole
+    modes, the diagonalised (modal) realisation of a linear system, as used
+    by modal synthesis and diagonal state-space sequence models (S4D, LRU).
+    A real system with resonances has complex-conjugate eigenvalues: pass
+    complex `a`, `B`, `C` (e.g. from `jnp.linalg.eig`); the result is then
+    complex and the real system's output is its real part, `jnp.real(y)`.
+    The recursion runs on retrax's recurrence core (diagonal structure), so
+    reverse mode is the adjoint modes run backwards in time.
+
+    **Arguments:**
+
+    - `a`: the eigenvalues (mode decays), `(N,)` or `(T, N)` per sample.
+    - `B`, `C`, `D`, `x`, `zi`, `return_zf`: as in `state_space`.
+
+    **Returns:**
+
+    `y` of shape `(T, P)`, or `(y, zf)` with $h_T$ if `return_zf`.
+    """
+    a = as_inexact("a", a)
+    x_shape = jnp.shape(x)
+    if a.ndim not in (1, 2) or (
+        a.ndim == 2 and len(x_shape) >= 1 and a.shape[0] != x_shape[0]
+    ):
+        raise ValueError(
+            f"`a` must have shape (state,) or (time, state) with one row per "
+            f"sample of `x`, got shape {a.shape} for `x` of shape {x_shape}."
+        )
+    return _run("diagonal", a, B, C, D, x, zi, a.shape[-1], return_zf, ("a",))

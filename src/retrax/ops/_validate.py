@@ -1,0 +1,40 @@
+"""Private input checks shared by the filter ops."""
+
+import equinox as eqx
+import jax.numpy as jnp
+from jax import Array
+
+
+def check_signal(name: str, x: Array) -> None:
+    """A single signal of shape `(time,)` (batch with `jax.vmap`)."""
+    if x.ndim != 1:
+        raise ValueError(
+            f"`{name}` must be one signal of shape (time,), got shape {x.shape}. "
+            "Batch several signals with `jax.vmap`."
+        )
+
+
+def check_finite(name: str, value: Array) -> Array:
+    """Raise at run time (also under `jit`) if `value` has a `nan` or `inf`.
+
+    The check is only kept by JAX if the returned array is used.
+    """
+    return eqx.error_if(
+        value,
+        ~jnp.all(jnp.isfinite(value)),
+        f"`{name}` has non-finite (nan or inf) entries.",
+    )
+
+
+def check_coeff_rank(name: str, c: Array, length: int, what: str) -> None:
+    """Coefficients of shape `(n,)` (constant) or `(T, n)` (per sample)."""
+    if c.ndim not in (1, 2):
+        raise ValueError(
+            f"`{name}` must have shape ({what},) or (time, {what}), got shape "
+            f"{c.shape}."
+        )
+    if c.ndim == 2 and c.shape[0] != length:
+        raise ValueError(
+            f"time-varying `{name}` must have one row per sample of `x`: `{name}` "
+            f"has {c.shape[0]} rows and `x` has {length} samples."
+        )

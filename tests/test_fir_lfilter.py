@@ -1,0 +1,317 @@
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.signal as ss
+
+from helpers import assert_close, check_grads, stable_poly
+from retrax.ops import fir, lfilter, lfilter_zi, lfiltic
+
+
+def np_fir(b, x, zi):
+    """y[t] = sum_k b[t, k] x[t - k] as a plain loop."""
+    length = len(x)
+    b = np.broadcast_to(b, (length, b.shape[-1]))
+    past = list(zi)
+    y = np.zeros(length, np.result_type(b, x, zi))
+    for t in range(length):
+        line = [x[t]] + past
+        y[t] = sum(b[t, k] * line[k] for k in range(b.shape[1]))
+        past = line[: len(zi)]
+    return y
+
+
+def np_df2(b, a, x, zi):
+    """Direct form II over one delay line, a plain loop (a without the 1)."""
+    length = len(x)
+    b = np.broadcast_to(b, (length, b.shape[-1]))
+    a = np.broadcast_to(a, (length, a.shape[-1]))
+    line = list(zi)
+    y = np.zeros(length, np.result_type(b, a, x, zi))
+    for t in range(length):
+        w = x[t] - sum(a[t, k] * line[k] for k in range(a.shape[1]))
+        line = [w] + line
+        y[t] = sum(b[t, k] * line[k] for k in range(b.shape[1]))
+        line = line[: len(zi)]
+    return y, np.array(line)
+
+
+def jnp_df2(b, a, x, zi):
+    """Direct form II unrolled in Python: differentiated by JAX step by step."""
+    line = list(zi)
+    ys = []
+    for t in range(x.shape[0]):
+        w = x[t] - sum(a[k] * line[k] for k in range(a.shape[0]))
+        line = [w] + line
+        ys.append(sum(b[k] * line[k] for k in range(b.shape[0])))
+        line = line[: zi.shape[0]]
+    return jnp.stack(ys)
+
+
+def test_fir_matches_loop(getkey):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=12)
+    for b in (rng.normal(size=4), rng.normal(size=(12, 4)), rng.normal(size=1)):
+        zi = rng.normal(size=b.shape[-1] - 1)
+        assert_close(fir(b, x), np_fir(b, x, np.zeros_like(zi)))
+        y, zf = fir(b, x, zi, return_zf=True)
+        assert_close(y, np_fir(b, x, zi))
+        assert_close(zf, np.r_[x[::-1], zi][: len(zi)])
+    b = rng.normal(size=3)
+    assert_close(fir(b, x), ss.lfilter(b, [1.0], x))
+
+
+def test_fir_streaming():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=20)
+    for b in (rng.normal(size=5), rng.normal(size=(20, 5))):
+        zi = rng.normal(size=4)
+        ref, ref_zf = fir(b, x, zi, return_zf=True)
+        bs = [b[:2], b[2:9], b[9:]] if b.ndim == 2 else [b] * 3
+        z = zi
+        ys = []
+        for bk, xk in zip(bs, (x[:2], x[2:9], x[9:]), strict=True):
+            yk, z = fir(bk, xk, z, return_zf=True)
+            ys.append(yk)
+        assert_close(jnp.concatenate(ys), ref)
+        assert_close(z, ref_zf)
+
+
+@hypothesis.settings(deadline=None, max_examples=25)
+@hypothesis.given(
+    order=st.integers(0, 4),
+    n_zeros=st.integers(0, 4),
+    seed=st.integers(0, 2**31),
+    with_zi=st.booleans(),
+)
+def test_lfilter_matches_scipy(order, n_zeros, seed, with_zi):
+    rng = np.random.default_rng(seed)
+    a = stable_poly(rng, order) if order else np.zeros(0)
+    b = rng.normal(size=n_zeros + 1)
+    x = rng.normal(size=64)
+    n_state = max(order, n_zeros)
+    a_full = np.r_[1.0, a]
+    if with_zi and n_state:
+        zi = rng.normal(size=n_state)
+        ref, ref_zf = ss.lfilter(b, a_full, x, zi=zi)
+        y, zf = lfilter(b, a, x, zi, form="tdf2", return_zf=True)
+        assert_close(y, ref)
+        assert_close(zf, ref_zf)
+        ref, ref_zf = np_df2(b, a, x, zi)
+        y, zf = lfilter(b, a, x, zi, return_zf=True)
+        assert_close(y, ref)
+        assert_close(zf, ref_zf)
+        # the DF2 layout from lfiltic continues exactly as scipy's state does
+        past_y, past_x = rng.normal(size=n_state), rng.normal(size=n_state)
+        ref = ss.lfilter(b, a_full, x, zi=ss.lfiltic(b, a_full, past_y, past_x))[0]
+        assert_close(lfilter(b, a, x, lfiltic(b, a, past_y, past_x)), ref, rtol=1e-10)
+    else:
+        ref = ss.lfilter(b, a_full, x)
+        assert_close(lfilter(b, a, x), ref)
+        assert_close(lfilter(b, a, x, form="tdf2"), ref)
+
+
+def test_lfilter_time_varying_matches_loop():
+    rng = np.random.default_rng(2)
+    length = 40
+    a = np.stack([stable_poly(rng, 3) for _ in range(length)])
+    b = rng.normal(size=(length, 3))
+    x = rng.normal(size=length)
+    zi = rng.normal(size=3)
+    ref, ref_zf = np_df2(b, a, x, zi)
+    y, zf = lfilter(b, a, x, zi, return_zf=True)
+    assert_close(y, ref)
+    assert_close(zf, ref_zf)
+    # mixed: constant numerator, time-varying denominator and the reverse
+    assert_close(lfilter(b[0], a, x, zi), np_df2(b[0], a, x, zi)[0])
+    assert_close(lfilter(b, a[0], x, zi), np_df2(b, a[0], x, zi)[0])
+
+
+@pytest.mark.parametrize("form", ["df2", "tdf2"])
+@pytest.mark.parametrize("time_varying", [False, True])
+def test_lfilter_streaming(form, time_varying):
+    if form == "tdf2" and time_varying:
+        return
+    rng = np.random.default_rng(3)
+    length = 30
+    if time_varying:
+        a = np.stack([stable_poly(rng, 2) for _ in range(length)])
+        b = rng.normal(size=(length, 4))
+    else:
+        a, b = stable_poly(rng, 2), rng.normal(size=4)
+    x = rng.normal(size=length)
+    zi = rng.normal(size=3)
+    ref, ref_zf = lfilter(b, a, x, zi, return_zf=True, form=form)
+    cuts = [(0, 1), (1, 3), (3, 17), (17, 30)]
+    z, ys = zi, []
+    for lo, hi in cuts:
+        ak, bk = (a[lo:hi], b[lo:hi]) if time_varying else (a, b)
+        yk, z = lfilter(bk, ak, x[lo:hi], z, return_zf=True, form=form)
+        ys.append(yk)
+    assert_close(jnp.concatenate(ys), ref)
+    assert_close(z, ref_zf)
+
+
+def test_lfilter_zi_and_lfiltic_match_scipy():
+    rng = np.random.default_rng(4)
+    for order, n_zeros in [(2, 2), (4, 1), (1, 4), (3, 0)]:
+        a = stable_poly(rng, order)
+        b = rng.normal(size=n_zeros + 1)
+        a_full = np.r_[1.0, a]
+        n_state = max(order, n_zeros)
+        assert_close(lfilter_zi(b, a, form="tdf2"), ss.lfilter_zi(b, a_full))
+        df2 = lfilter_zi(b, a)
+        assert_close(df2, np.full(n_state, 1 / (1 + a.sum())))
+        # a unit step from the steady state stays at the DC gain
+        step = np.ones(16)
+        assert_close(lfilter(b, a, step, df2), np.full(16, b.sum() / a_full.sum()))
+        assert_close(
+            lfilter(b, a, step, lfilter_zi(b, a, "tdf2"), form="tdf2"),
+            np.full(16, b.sum() / a_full.sum()),
+        )
+        past_y = rng.normal(size=n_state - 1)  # shorter: zero padded
+        past_x = rng.normal(size=n_state + 2)  # longer: truncated
+        assert_close(
+            lfiltic(b, a, past_y, past_x, form="tdf2"),
+            ss.lfiltic(b, a_full, past_y, past_x),
+        )
+        assert_close(lfiltic(b, a, past_y, form="tdf2"), ss.lfiltic(b, a_full, past_y))
+
+
+def test_lfilter_complex():
+    rng = np.random.default_rng(5)
+    a = stable_poly(rng, 3, complex_=True)
+    b = rng.normal(size=3) + 1j * rng.normal(size=3)
+    x = rng.normal(size=32) + 1j * rng.normal(size=32)
+    zi = rng.normal(size=3) + 1j * rng.normal(size=3)
+    ref, ref_zf = ss.lfilter(b, np.r_[1.0, a], x, zi=zi)
+    y, zf = lfilter(b, a, x, zi, form="tdf2", return_zf=True)
+    assert y.dtype == jnp.complex128
+    assert_close(y, ref)
+    assert_close(zf, ref_zf)
+    assert_close(lfilter(b, a, x, zi), np_df2(b, a, x, zi)[0])
+    assert_close(fir(b, x), ss.lfilter(b, [1.0], x))
+    # real coefficients with a complex signal promote to complex
+    assert lfilter(b.real, a.real, x).dtype == jnp.complex128
+
+
+def test_float32_jit_vmap():
+    rng = np.random.default_rng(6)
+    b, a = ss.butter(2, 0.2)
+    x = rng.normal(size=(3, 128))
+    ref = ss.lfilter(b, a, x)
+    b32, a32, x32 = (jnp.asarray(v, jnp.float32) for v in (b, a[1:], x))
+    for form in ("df2", "tdf2"):
+        f = jax.jit(jax.vmap(lambda xx, form=form: lfilter(b32, a32, xx, form=form)))
+        y = f(x32)
+        assert y.dtype == jnp.float32
+        assert_close(y, ref, rtol=1e-5)
+    y = jax.jit(jax.vmap(fir, in_axes=(None, 0)))(b32, x32)
+    assert y.dtype == jnp.float32
+    assert_close(y, ss.lfilter(b, [1.0], x), rtol=1e-5)
+
+
+def test_fir_grads():
+    rng = np.random.default_rng(7)
+    x = jnp.asarray(rng.normal(size=10))
+    zi = jnp.asarray(rng.normal(size=2))
+    for b in (rng.normal(size=3), rng.normal(size=(10, 3))):
+        check_grads(fir, (jnp.asarray(b), x, zi))
+    f = lambda b, x, zi: jnp.concatenate(fir(b, x, zi, return_zf=True))
+    check_grads(f, (jnp.asarray(rng.normal(size=3)), x, zi))
+
+
+@pytest.mark.parametrize(
+    "form, time_varying", [("df2", False), ("df2", True), ("tdf2", False)]
+)
+def test_lfilter_grads(form, time_varying):
+    rng = np.random.default_rng(8)
+    length = 10
+    if time_varying:
+        a = np.stack([stable_poly(rng, 2, radius=0.8) for _ in range(length)])
+        b = rng.normal(size=(length, 3))
+    else:
+        a, b = stable_poly(rng, 2, radius=0.8), rng.normal(size=3)
+    x = rng.normal(size=length)
+    zi = rng.normal(size=2)
+
+    def f(b, a, x, zi):
+        y, zf = lfilter(b, a, x, zi, return_zf=True, form=form)
+        return jnp.concatenate([y, zf])
+
+    # second differences of a recursion have large third derivatives: a smaller
+    # step keeps the finite-difference truncation error below the tolerance
+    check_grads(f, tuple(jnp.asarray(v) for v in (b, a, x, zi)), eps=1e-5)
+
+
+def test_lfilter_hessian_matches_naive_autodiff():
+    rng = np.random.default_rng(10)
+    a, b = jnp.asarray(stable_poly(rng, 2)), jnp.asarray(rng.normal(size=3))
+    x, zi = jnp.asarray(rng.normal(size=10)), jnp.asarray(rng.normal(size=2))
+    v = jnp.asarray(rng.normal(size=10))
+
+    loss = lambda b, a, x, zi: lfilter(b, a, x, zi) @ v
+    ref = lambda b, a, x, zi: jnp_df2(b, a, x, zi) @ v
+    for argnum in range(4):
+        assert_close(
+            jax.hessian(loss, argnum)(b, a, x, zi),
+            jax.hessian(ref, argnum)(b, a, x, zi),
+        )
+
+
+def test_lfilter_zi_grads():
+    rng = np.random.default_rng(9)
+    a, b = jnp.asarray(stable_poly(rng, 2)), jnp.asarray(rng.normal(size=3))
+    y = jnp.asarray(rng.normal(size=2))
+    for form in ("df2", "tdf2"):
+        check_grads(lambda b, a, form=form: lfilter_zi(b, a, form), (b, a), eps=1e-5)
+        check_grads(
+            lambda b, a, y, form=form: lfiltic(b, a, y, y, form), (b, a, y), eps=1e-5
+        )
+
+
+def unchecked(f):
+    """`f` without the test suite's runtime type checker, as users call it.
+
+    Shape errors then reach the library's own `ValueError`s (the checker
+    rejects them first in the test run).
+    """
+    while hasattr(f, "__wrapped__"):
+        f = f.__wrapped__
+    return f
+
+
+def test_bad_input():
+    x = jnp.zeros(8)
+    lfilter_, fir_ = unchecked(lfilter), unchecked(fir)
+    with pytest.raises(ValueError, match="`x`"):
+        lfilter_(jnp.ones(2), jnp.ones(1), jnp.zeros((2, 8)))
+    with pytest.raises(ValueError, match="`a`"):
+        lfilter_(jnp.ones(2), jnp.ones((7, 1)), x)
+    with pytest.raises(ValueError, match="`b`"):
+        lfilter_(jnp.ones((8, 2, 1)), jnp.ones(1), x)
+    with pytest.raises(ValueError, match="`zi`"):
+        lfilter_(jnp.ones(3), jnp.ones(1), x, jnp.zeros(1))
+    with pytest.raises(ValueError, match="`zi`"):
+        lfilter_(jnp.ones(3), jnp.ones(1), x, jnp.zeros((2, 1)))
+    with pytest.raises(ValueError, match="form"):
+        lfilter_(jnp.ones(3), jnp.ones((8, 1)), x, form="tdf2")
+    with pytest.raises(ValueError, match="form"):
+        lfilter_(jnp.ones(3), jnp.ones(1), x, form="df1")
+    with pytest.raises(ValueError, match="`zi`"):
+        fir_(jnp.ones(3), x, jnp.zeros(3))
+    with pytest.raises(ValueError, match="`b`"):
+        fir_(jnp.ones((5, 3)), x)
+    with pytest.raises(ValueError, match="`y`"):
+        unchecked(lfiltic)(jnp.ones(3), jnp.ones(1), jnp.ones((2, 2)))
+    with pytest.raises(TypeError, match="`x`"):
+        fir_(jnp.ones(3), jnp.zeros(8, jnp.int32))
+    bad = jnp.array([1.0, jnp.nan])
+    with pytest.raises(Exception, match="`a` has non-finite"):
+        lfilter(jnp.ones(2), bad, x)
+    with pytest.raises(Exception, match="`b` has non-finite"):
+        jax.jit(fir)(jnp.array([1.0, jnp.inf]), x)
+    with pytest.raises(Exception, match="`a` has non-finite"):
+        jax.jit(lfilter, static_argnames="form")(jnp.ones(2), bad, x, form="tdf2")

@@ -1,0 +1,207 @@
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.signal as ss
+
+from helpers import assert_close, check_grads, stable_poly
+from retrax.ops import filtfilt, freqz, sosfilt, sosfreqz
+
+
+def unchecked(f):
+    """`f` without the test suite's runtime type checker, as users call it."""
+    while hasattr(f, "__wrapped__"):
+        f = f.__wrapped__
+    return f
+
+
+def designs():
+    for order in (1, 2, 4, 7, 12):
+        yield ss.butter(order, 0.1, output="sos")
+        yield ss.butter(order, [0.05, 0.3], btype="band", output="sos")
+        yield ss.cheby1(order, 1.0, 0.2, btype="high", output="sos")
+        yield ss.cheby2(order, 40.0, 0.25, output="sos")
+
+
+def test_sosfilt_matches_scipy_designs():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=256)
+    for sos in designs():
+        assert_close(sosfilt(sos, x), ss.sosfilt(sos, x))
+        # steady-state start, as scipy users write it
+        zi = ss.sosfilt_zi(sos) * x[0]
+        ref, ref_zf = ss.sosfilt(sos, x, zi=zi)
+        y, zf = sosfilt(sos, x, zi, return_zf=True)
+        assert_close(y, ref)
+        for s in range(sos.shape[0]):
+            assert_close(zf[s], ref_zf[s])
+
+
+@hypothesis.settings(deadline=None, max_examples=20)
+@hypothesis.given(n_sections=st.integers(1, 3), seed=st.integers(0, 2**31))
+def test_sosfilt_matches_scipy_random(n_sections, seed):
+    rng = np.random.default_rng(seed)
+    sos = np.concatenate(
+        [
+            rng.normal(size=(n_sections, 3)),
+            np.ones((n_sections, 1)),
+            np.stack([stable_poly(rng, 2) for _ in range(n_sections)]),
+        ],
+        axis=1,
+    )
+    x = rng.normal(size=64)
+    zi = rng.normal(size=(n_sections, 2))
+    ref, ref_zf = ss.sosfilt(sos, x, zi=zi)
+    y, zf = sosfilt(sos, x, zi, return_zf=True)
+    assert_close(y, ref)
+    for s in range(n_sections):
+        assert_close(zf[s], ref_zf[s])
+
+
+def test_sosfilt_streaming():
+    rng = np.random.default_rng(1)
+    sos = ss.butter(6, 0.2, output="sos")
+    x = rng.normal(size=40)
+    zi = ss.sosfilt_zi(sos) * x[0]
+    ref, ref_zf = sosfilt(sos, x, zi, return_zf=True)
+    z, ys = jnp.asarray(zi), []
+    for lo, hi in [(0, 1), (1, 2), (2, 15), (15, 40)]:
+        yk, z = sosfilt(sos, x[lo:hi], z, return_zf=True)
+        ys.append(yk)
+    assert_close(jnp.concatenate(ys), ref)
+    for s in range(sos.shape[0]):
+        assert_close(z[s], ref_zf[s])
+
+
+def test_sosfilt_float32_jit_vmap():
+    rng = np.random.default_rng(2)
+    sos = ss.butter(4, 0.2, output="sos")
+    x = rng.normal(size=(3, 128))
+    f = jax.jit(jax.vmap(sosfilt, in_axes=(None, 0)))
+    y = f(jnp.asarray(sos, jnp.float32), jnp.asarray(x, jnp.float32))
+    assert y.dtype == jnp.float32
+    assert_close(y, ss.sosfilt(sos, x), rtol=1e-5)
+
+
+def test_sosfilt_grads():
+    rng = np.random.default_rng(3)
+    sos = jnp.asarray(ss.butter(4, 0.3, output="sos"))
+    x = jnp.asarray(rng.normal(size=10))
+    zi = jnp.asarray(rng.normal(size=(2, 2)))
+
+    def f(sos_free, x, zi):
+        # a0 = 1 is a constraint, not a free parameter: perturb the rest only
+        sos = jnp.concatenate([sos_free[:, :3], jnp.ones((2, 1)), sos_free[:, 3:]], 1)
+        y, zf = sosfilt(sos, x, zi, return_zf=True)
+        return jnp.concatenate([y, zf.ravel()])
+
+    free = jnp.concatenate([sos[:, :3], sos[:, 4:]], axis=1)
+    check_grads(f, (free, x, zi), eps=1e-5)
+
+
+def test_sosfilt_bad_input():
+    sos = ss.butter(2, 0.2, output="sos")
+    x = jnp.zeros(8)
+    sosfilt_ = unchecked(sosfilt)
+    with pytest.raises(ValueError, match="`sos`"):
+        sosfilt_(jnp.ones((2, 5)), x)
+    with pytest.raises(ValueError, match="`zi`"):
+        sosfilt_(sos, x, jnp.zeros((2, 2)))
+    with pytest.raises(ValueError, match="`zi`"):
+        sosfilt_(sos, x, jnp.zeros(2))
+    with pytest.raises(ValueError, match="`x`"):
+        sosfilt_(sos, jnp.zeros((8, 1)))
+    unnormalised = np.array(sos) * 2.0
+    with pytest.raises(Exception, match="a0"):
+        sosfilt(unnormalised, x)
+    with pytest.raises(Exception, match="a0"):
+        jax.jit(sosfilt)(unnormalised, x)
+    with pytest.raises(Exception, match="`sos` has non-finite"):
+        jax.jit(sosfilt)(np.where(np.arange(6) == 1, np.nan, sos), x)
+
+
+@pytest.mark.parametrize("padtype", ["odd", "even", "constant", None])
+def test_filtfilt_matches_scipy(padtype):
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=200)
+    for b, a in [
+        ss.butter(4, 0.2),
+        ss.cheby1(3, 1.0, 0.3, btype="high"),
+        ([0.5, 0.5], [1.0]),
+    ]:
+        b, a = np.asarray(b), np.asarray(a)
+        ref = ss.filtfilt(b, a, x, padtype=padtype)
+        assert_close(filtfilt(b, a[1:], x, padtype=padtype), ref)
+        ref = ss.filtfilt(b, a, x, padtype=padtype, padlen=7)
+        assert_close(filtfilt(b, a[1:], x, padtype=padtype, padlen=7), ref)
+
+
+@hypothesis.settings(deadline=None, max_examples=20)
+@hypothesis.given(
+    order=st.integers(1, 4), n_zeros=st.integers(0, 4), seed=st.integers(0, 2**31)
+)
+def test_filtfilt_matches_scipy_random(order, n_zeros, seed):
+    rng = np.random.default_rng(seed)
+    a = stable_poly(rng, order)
+    b = rng.normal(size=n_zeros + 1)
+    x = rng.normal(size=64)
+    assert_close(filtfilt(b, a, x), ss.filtfilt(b, np.r_[1.0, a], x))
+
+
+def test_filtfilt_jit_vmap_float32_grads():
+    rng = np.random.default_rng(5)
+    b, a = ss.butter(2, 0.25)
+    x = rng.normal(size=(2, 64))
+    f = jax.jit(jax.vmap(filtfilt, in_axes=(None, None, 0)))
+    y = f(
+        jnp.asarray(b, jnp.float32),
+        jnp.asarray(a[1:], jnp.float32),
+        jnp.asarray(x, jnp.float32),
+    )
+    assert y.dtype == jnp.float32
+    assert_close(y, ss.filtfilt(b, a, x), rtol=1e-5)
+    args = (jnp.asarray(b), jnp.asarray(a[1:]), jnp.asarray(x[0, :12]))
+    check_grads(lambda b, a, x: filtfilt(b, a, x, padlen=3), args, eps=1e-5)
+
+
+def test_filtfilt_bad_input():
+    b, a = ss.butter(2, 0.2)
+    filtfilt_ = unchecked(filtfilt)
+    with pytest.raises(ValueError, match="`x` must be longer than `padlen` = 9"):
+        filtfilt(b, a[1:], jnp.zeros(9))
+    with pytest.raises(ValueError, match="`x` must be longer"):
+        filtfilt(b, a[1:], jnp.zeros(9), padlen=20)
+    filtfilt(b, a[1:], jnp.zeros(9), padtype=None)  # no extension: fine
+    with pytest.raises(ValueError, match="padtype"):
+        filtfilt_(b, a[1:], jnp.zeros(30), padtype="reflect")
+    with pytest.raises(ValueError, match="`a`"):
+        filtfilt_(b, jnp.ones((30, 2)), jnp.zeros(30))
+    with pytest.raises(Exception, match="`a` has non-finite"):
+        filtfilt(b, np.array([np.inf, 0.1]), jnp.zeros(30))
+
+
+def test_freqz_matches_scipy():
+    b, a = ss.cheby1(4, 1.0, 0.3)
+    for kwargs in [{}, {"whole": True}, {"fs": 48000.0}, {"include_nyquist": True}]:
+        w, h = freqz(b, a[1:], 64, **kwargs)
+        w_ref, h_ref = ss.freqz(b, a, 64, **kwargs)
+        assert_close(w, w_ref)
+        assert_close(h, h_ref)
+    freqs = np.linspace(0.0, 20000.0, 7)
+    w, h = freqz(b, a[1:], freqs, fs=44100.0)
+    assert_close(h, ss.freqz(b, a, freqs, fs=44100.0)[1])
+    assert_close(freqz(b, None, 16)[1], ss.freqz(b, 1.0, 16)[1])
+    sos = ss.butter(8, [0.1, 0.2], btype="band", output="sos")
+    for kwargs in [{}, {"whole": True}, {"fs": 48000.0}]:
+        w, h = sosfreqz(sos, 64, **kwargs)
+        w_ref, h_ref = ss.sosfreqz(sos, 64, **kwargs)
+        assert_close(w, w_ref)
+        assert_close(h, h_ref, rtol=1e-10)
+    # differentiable in the coefficients, e.g. for a magnitude loss
+    b, a = ss.butter(2, 0.3)
+    args = (jnp.asarray(b), jnp.asarray(a[1:]))
+    check_grads(lambda b, a: freqz(b, a, 16)[1], args, eps=1e-5)
+    sos = ss.butter(4, 0.3, output="sos")
+    check_grads(lambda sos: sosfreqz(sos, 16)[1], (jnp.asarray(sos),), eps=1e-5)
