@@ -1,0 +1,186 @@
+"""Gain computers of compressors, expanders and limiters (torchcomp's formulas)."""
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float, Shaped
+
+from .._misc import as_inexact, result_dtype
+from ..ops import ballistics, linear_recurrence
+from ._convert import amp2db, db2amp
+
+
+_Param = Shaped[ArrayLike, ""] | Shaped[ArrayLike, " time"] | float
+
+
+def _in_range(name, value, low, high, *, low_open=True, high_open=True):
+    """Check `low < value < high` under jit (`eqx.error_if`); returns `value`."""
+    bad = jnp.zeros((), bool)
+    if low is not None:
+        bad = bad | jnp.any(value <= low if low_open else value < low)
+    if high is not None:
+        bad = bad | jnp.any(value >= high if high_open else value > high)
+    bad = bad | jnp.any(~jnp.isfinite(value))
+    lo = "(" if low_open else "["
+    hi = ")" if high_open else "]"
+    interval = f"{lo}{low if low is not None else '-inf'}, "
+    interval += f"{high if high is not None else 'inf'}{hi}"
+    return eqx.error_if(value, bad, f"`{name}` must lie in {interval}.")
+
+
+def _signal(name, x):
+    x = as_inexact(name, x)
+    if x.ndim != 1:
+        raise ValueError(
+            f"`{name}` must be one signal of shape (time,), got shape {x.shape}. "
+            "Batch several signals with `jax.vmap`."
+        )
+    return x
+
+
+def avg(
+    x: Shaped[ArrayLike, " time"],
+    coef: _Param,
+    zi: Shaped[ArrayLike, ""] | float | None = None,
+    *,
+    return_zf: bool = False,
+) -> Float[Array, " time"] | tuple[Float[Array, " time"], Float[Array, ""]]:
+    r"""One-pole running average $y_n = c\, x_n + (1 - c)\, y_{n-1}$.
+
+    torchcomp's `avg(rms, avg_coef)` is the `zi=None` (zero start) case. It is
+    a `linear_recurrence` and shares its adjoint derivative rule.
+
+    **Arguments:**
+
+    - `x`: the signal, shape `(T,)` (typically a squared or absolute level).
+    - `coef`: the coefficient $c \in (0, 1]$, a scalar or per sample `(T,)`
+      (see `ms2coef`). Checked at run time.
+    - `zi`: the previous output $y_{-1}$, a scalar; defaults to 0.
+    - `return_zf`: also return the last output, to stream in blocks.
+
+    **Returns:**
+
+    The average, shape `(T,)`, or `(y, zf)`.
+    """
+    x = _signal("x", x)
+    coef = _in_range("coef", as_inexact("coef", coef), 0.0, 1.0, high_open=False)
+    dtype = result_dtype(x, coef)
+    coef = coef.astype(dtype)
+    return linear_recurrence(1 - coef, coef * x.astype(dtype), zi, return_zf=return_zf)
+
+
+def compexp_gain(
+    x_rms: Shaped[ArrayLike, " time"],
+    comp_thresh: _Param,
+    comp_ratio: _Param,
+    exp_thresh: _Param,
+    exp_ratio: _Param,
+    at: _Param,
+    rt: _Param,
+    *,
+    zi: Shaped[ArrayLike, ""] | float | None = None,
+    return_zf: bool = False,
+) -> Float[Array, " time"] | tuple[Float[Array, " time"], Float[Array, ""]]:
+    r"""Compressor-expander gain: a hard-knee static curve, then ballistics.
+
+    With $L_n = 20 \log_{10} x_n$ (the level in dB of `x_rms`),
+
+    $$g_n = \min\bigl(0,\ (1 - 1/R_c)(T_c - L_n),\ (1 - 1/R_e)(T_e - L_n)\bigr),$$
+
+    the linear gain $10^{g_n/20}$ is smoothed by `ballistics` with attack
+    coefficient `at` (used while the gain falls) and release `rt`, starting
+    from unity gain. Same formula and argument order as torchcomp 0.2's
+    `compexp_gain`, for one signal (batch with `jax.vmap`).
+
+    Unlike torchcomp, silence is allowed: levels are floored at the smallest
+    normal number of the dtype (about -758 dB in float32), so the gain and
+    its gradients stay finite when `x_rms` is 0.
+
+    **Arguments:**
+
+    - `x_rms`: the level detector's output (e.g. `jnp.sqrt(avg(x**2, c))`),
+      shape `(T,)`, non-negative.
+    - `comp_thresh`, `exp_thresh`: thresholds in dB.
+    - `comp_ratio`: compression ratio, > 1.
+    - `exp_ratio`: expansion ratio, in (0, 1).
+    - `at`, `rt`: attack and release coefficients in (0, 1) (see `ms2coef`),
+      scalars or per sample.
+    - `zi`: the gain before the first sample; defaults to 1.
+    - `return_zf`: also return the last gain, to stream in blocks.
+
+    **Returns:**
+
+    The linear gain, shape `(T,)`, or `(gain, zf)`. Multiply it with the
+    signal (and a makeup gain) to compress.
+    """
+    x_rms = _signal("x_rms", x_rms)
+    comp_ratio = _in_range(
+        "comp_ratio", as_inexact("comp_ratio", comp_ratio), 1.0, None
+    )
+    exp_ratio = _in_range("exp_ratio", as_inexact("exp_ratio", exp_ratio), 0.0, 1.0)
+    dtype = result_dtype(x_rms, comp_thresh, comp_ratio, exp_thresh, exp_ratio, at, rt)
+    comp_thresh, comp_ratio, exp_thresh, exp_ratio = (
+        jnp.asarray(v, dtype) for v in (comp_thresh, comp_ratio, exp_thresh, exp_ratio)
+    )
+    level = amp2db(x_rms.astype(dtype), floor=float(jnp.finfo(dtype).tiny))
+    gain_db = jnp.minimum(
+        jnp.minimum((1 - 1 / comp_ratio) * (comp_thresh - level), 0.0),
+        (1 - 1 / exp_ratio) * (exp_thresh - level),
+    )
+    zi = jnp.ones((), dtype) if zi is None else zi
+    return ballistics(db2amp(gain_db), at, rt, zi, return_zf=return_zf)
+
+
+def limiter_gain(
+    x: Shaped[ArrayLike, " time"],
+    threshold: _Param,
+    at: _Param,
+    rt: _Param,
+    *,
+    zi: Shaped[ArrayLike, " 2"] | None = None,
+    return_zf: bool = False,
+) -> Float[Array, " time"] | tuple[Float[Array, " time"], Float[Array, " 2"]]:
+    r"""Limiter gain: a peak detector, a hard ceiling, and gain ballistics.
+
+    The peak $p$ = `ballistics(|x|, at=rt, rt=at)` (attack and release
+    swapped, so the detector attacks on a rising level) starting at 0; the
+    static gain is $f_n = \min(1, 10^{\theta/20} / p_n)$; the output is
+    `ballistics(f, at, rt)` starting at 1. torchcomp 0.2's `limiter_gain`
+    for one signal.
+
+    Unlike torchcomp (whose gradients are NaN when the input starts silent,
+    where $p = 0$), the ceiling is evaluated only where the peak exceeds the
+    threshold, so gradients are finite on silent and constant input.
+
+    **Arguments:**
+
+    - `x`: the signal, shape `(T,)`.
+    - `threshold`: the ceiling in dB, <= 0.
+    - `at`, `rt`: attack and release coefficients in (0, 1).
+    - `zi`: the state `[peak, gain]` before the first sample; defaults to
+      `[0, 1]`.
+    - `return_zf`: also return the final `[peak, gain]` state.
+
+    **Returns:**
+
+    The linear gain, shape `(T,)`, or `(gain, zf)`.
+    """
+    x = _signal("x", x)
+    threshold = _in_range(
+        "threshold", as_inexact("threshold", threshold), None, 0.0, high_open=False
+    )
+    dtype = result_dtype(x, threshold, at, rt)
+    if zi is None:
+        zi = jnp.asarray([0.0, 1.0], dtype)
+    else:
+        zi = as_inexact("zi", zi)
+        if zi.shape != (2,):
+            raise ValueError(f"`zi` must be [peak, gain], shape (2,), got {zi.shape}.")
+        zi = zi.astype(dtype)
+    peak, peak_zf = ballistics(jnp.abs(x.astype(dtype)), rt, at, zi[0], return_zf=True)
+    ceiling = db2amp(threshold.astype(dtype))
+    over = peak > ceiling
+    static = jnp.where(over, ceiling / jnp.where(over, peak, 1.0), 1.0)
+    gain, gain_zf = ballistics(static, at, rt, zi[1], return_zf=True)
+    if not return_zf:
+        return gain
+    return gain, jnp.stack([peak_zf, gain_zf])

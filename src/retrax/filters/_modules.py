@@ -1,0 +1,172 @@
+"""Trainable effect modules: a compressor and a modal state-space filter."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
+
+from .._misc import as_inexact
+from ..dynamics import avg, compexp_gain, db2amp, ms2coef
+from ..ops import diag_state_space
+from ._eq import _inverse_softplus, _logit
+
+
+class Compressor(eqx.Module):
+    """A feed-forward compressor/expander with makeup gain, all parameters learnable.
+
+    The level is the RMS over a one-pole average, `sqrt(avg(x**2, c))`; the
+    gain is `compexp_gain` of that level; the output is
+    `x * gain * db2amp(makeup_db)`. Times are learned as logs of
+    milliseconds and the ratios through softplus and sigmoid, so every optax
+    step keeps them valid (compression ratio > 1, expansion ratio in (0, 1),
+    times > 0).
+
+    **Arguments:**
+
+    - `threshold_db`, `ratio`: the compressor's threshold (dB) and ratio (> 1).
+    - `attack_ms`, `release_ms`: the gain's attack and release times.
+    - `makeup_db`: the makeup gain in dB.
+    - `exp_threshold_db`, `exp_ratio`: the expander's threshold and ratio in
+      (0, 1); the default threshold (-120 dB) leaves the expander idle.
+    - `rms_ms`: the averaging time of the level detector.
+    - `sample_rate`: $f_s$ in Hz.
+    """
+
+    threshold_db: Float[Array, ""]
+    raw_ratio: Float[Array, ""]
+    log_attack_ms: Float[Array, ""]
+    log_release_ms: Float[Array, ""]
+    makeup_db: Float[Array, ""]
+    exp_threshold_db: Float[Array, ""]
+    raw_exp_ratio: Float[Array, ""]
+    log_rms_ms: Float[Array, ""]
+    sample_rate: float = eqx.field(static=True)
+
+    def __init__(
+        self,
+        threshold_db: float = -18.0,
+        ratio: float = 4.0,
+        attack_ms: float = 5.0,
+        release_ms: float = 100.0,
+        makeup_db: float = 0.0,
+        exp_threshold_db: float = -120.0,
+        exp_ratio: float = 0.5,
+        rms_ms: float = 10.0,
+        sample_rate: float | int = 44_100.0,
+    ):
+        if not ratio > 1:
+            raise ValueError("`ratio` must exceed 1.")
+        if not 0 < exp_ratio < 1:
+            raise ValueError("`exp_ratio` must lie in (0, 1).")
+        if min(attack_ms, release_ms, rms_ms) <= 0:
+            raise ValueError("`attack_ms`, `release_ms` and `rms_ms` must be positive.")
+        f = lambda v: jnp.asarray(v, float)  # noqa: E731
+        self.threshold_db = f(threshold_db)
+        self.raw_ratio = _inverse_softplus(f(ratio - 1.0))
+        self.log_attack_ms = jnp.log(f(attack_ms))
+        self.log_release_ms = jnp.log(f(release_ms))
+        self.makeup_db = f(makeup_db)
+        self.exp_threshold_db = f(exp_threshold_db)
+        self.raw_exp_ratio = _logit(f(exp_ratio))
+        self.log_rms_ms = jnp.log(f(rms_ms))
+        self.sample_rate = float(sample_rate)
+
+    @property
+    def ratio(self) -> Float[Array, ""]:
+        """The compression ratio."""
+        return 1.0 + jax.nn.softplus(self.raw_ratio)
+
+    @property
+    def exp_ratio(self) -> Float[Array, ""]:
+        """The expansion ratio."""
+        return jax.nn.sigmoid(self.raw_exp_ratio)
+
+    @property
+    def attack_ms(self) -> Float[Array, ""]:
+        """The attack time in ms."""
+        return jnp.exp(self.log_attack_ms)
+
+    @property
+    def release_ms(self) -> Float[Array, ""]:
+        """The release time in ms."""
+        return jnp.exp(self.log_release_ms)
+
+    def gain(self, x: Shaped[ArrayLike, " time"]) -> Float[Array, " time"]:
+        """The linear gain (without makeup) applied to one signal."""
+        x = as_inexact("x", x)
+        dt = x.dtype
+        sr = self.sample_rate
+        power = avg(x * x, ms2coef(jnp.exp(self.log_rms_ms), sr).astype(dt))
+        rms = jnp.sqrt(jnp.maximum(power, jnp.finfo(dt).tiny))
+        return compexp_gain(
+            rms,
+            self.threshold_db.astype(dt),
+            self.ratio.astype(dt),
+            self.exp_threshold_db.astype(dt),
+            self.exp_ratio.astype(dt),
+            ms2coef(self.attack_ms, sr).astype(dt),
+            ms2coef(self.release_ms, sr).astype(dt),
+        )
+
+    def __call__(self, x: Shaped[ArrayLike, " time"]) -> Float[Array, " time"]:
+        """Compress one signal `(T,)`; batch with `jax.vmap`."""
+        x = as_inexact("x", x)
+        return x * self.gain(x) * db2amp(self.makeup_db).astype(x.dtype)
+
+
+class StateSpaceFilter(eqx.Module):
+    """A learnable real filter in modal form with bounded pole radius.
+
+    `n_modes` complex-conjugate pole pairs $p_j = r_j e^{i\\theta_j}$ with
+    $r_j = r_{\\max}\\,\\sigma(\\rho_j)$, so the filter is stable for every
+    parameter value, and complex input and output weights; the output is
+    $y = \\mathrm{Re} \\sum_j c_j h_j + d\\,x$ with $h_{t+1} = p \\odot h_t + b\\,x_t$
+    (`diag_state_space`), which equals a real system of order `2 n_modes`.
+    All parameters are stored as real arrays (real and imaginary parts kept
+    apart), so optax treats them as ordinary real leaves.
+
+    **Arguments:**
+
+    - `n_modes`: the number of pole pairs.
+    - `key`: a PRNG key for the initial weights.
+    - `max_radius`: the largest pole radius (default 0.9995).
+    """
+
+    raw_radius: Float[Array, " modes"]
+    angle: Float[Array, " modes"]
+    b: Float[Array, "modes 2"]
+    c: Float[Array, "modes 2"]
+    d: Float[Array, ""]
+    max_radius: float = eqx.field(static=True)
+
+    def __init__(self, n_modes: int, key: PRNGKeyArray, max_radius: float = 0.9995):
+        if n_modes < 1:
+            raise ValueError("`n_modes` must be at least 1.")
+        if not 0 < max_radius < 1:
+            raise ValueError("`max_radius` must lie in (0, 1).")
+        k1, k2, k3 = jax.random.split(key, 3)
+        self.raw_radius = jnp.zeros(n_modes, float) + 2.0
+        self.angle = jnp.linspace(0.05, 3.0, n_modes, dtype=float)
+        self.b = jax.random.normal(k1, (n_modes, 2), float) / jnp.sqrt(n_modes)
+        self.c = jax.random.normal(k2, (n_modes, 2), float) / jnp.sqrt(n_modes)
+        self.d = jax.random.normal(k3, (), float) * 0.1
+        self.max_radius = float(max_radius)
+
+    @property
+    def poles(self) -> Array:
+        """The complex poles (one of each conjugate pair)."""
+        radius = self.max_radius * jax.nn.sigmoid(self.raw_radius)
+        return jax.lax.complex(
+            radius * jnp.cos(self.angle), radius * jnp.sin(self.angle)
+        )
+
+    def __call__(self, x: Shaped[ArrayLike, " time"]) -> Float[Array, " time"]:
+        """Filter one real signal `(T,)`; batch with `jax.vmap`."""
+        x = as_inexact("x", x)
+        ctype = jnp.complex128 if x.dtype == jnp.float64 else jnp.complex64
+        poles = self.poles.astype(ctype)
+        b = jax.lax.complex(self.b[:, 0], self.b[:, 1]).astype(ctype)[:, None]
+        c = jax.lax.complex(self.c[:, 0], self.c[:, 1]).astype(ctype)[None, :]
+        # A conjugate pair contributes 2 Re(c h): the real system's output.
+        y = diag_state_space(poles, b, 2 * c, None, x.astype(ctype)[:, None])
+        return jnp.real(y[:, 0]) + self.d.astype(x.dtype) * x

@@ -1,0 +1,161 @@
+"""Dynamics: conversions and gain computers against closed forms and naive loops."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import assert_close, check_grads
+from retrax.dynamics import (
+    amp2db,
+    avg,
+    coef2ms,
+    compexp_gain,
+    db2amp,
+    limiter_gain,
+    ms2coef,
+)
+
+
+def _switched_one_pole(x, at, rt, zi):
+    """torchcomp's compressor_core for one signal, as a plain loop."""
+    y, prev = np.empty(len(x)), float(zi)
+    for t, xt in enumerate(np.asarray(x)):
+        c = at if xt < prev else rt
+        prev = (1 - c) * prev + c * xt
+        y[t] = prev
+    return y
+
+
+def _compexp_reference(x_rms, ct, cr, et, er, at, rt):
+    level = 20 * np.log10(np.asarray(x_rms))
+    g = np.minimum(
+        np.minimum((1 - 1 / cr) * (ct - level), 0.0), (1 - 1 / er) * (et - level)
+    )
+    return _switched_one_pole(10 ** (g / 20), at, rt, 1.0)
+
+
+def _limiter_reference(x, threshold, at, rt):
+    peak = _switched_one_pole(np.abs(np.asarray(x)), rt, at, 0.0)
+    ceiling = 10 ** (threshold / 20)
+    static = np.where(peak > ceiling, ceiling / np.maximum(peak, 1e-300), 1.0)
+    return _switched_one_pole(static, at, rt, 1.0)
+
+
+def test_conversions():
+    assert_close(amp2db(jnp.asarray([1.0, 10.0, 0.5])), [0.0, 20.0, 20 * np.log10(0.5)])
+    assert_close(db2amp(jnp.asarray([-6.0, 0.0])), [10 ** (-6 / 20), 1.0])
+    assert_close(db2amp(amp2db(jnp.asarray([0.3, 2.0]))), [0.3, 2.0])
+    assert float(amp2db(jnp.asarray(0.0))) == -np.inf
+    assert_close(amp2db(jnp.asarray(0.0), floor=1e-10), -200.0)
+    ms = jnp.asarray([1.0, 10.0, 250.0])
+    assert_close(ms2coef(ms, 44_100), 1 - np.exp(-2200 / (np.asarray(ms) * 44_100)))
+    assert_close(coef2ms(ms2coef(ms, 48_000), 48_000), ms, rtol=1e-12)
+    check_grads(lambda m: coef2ms(ms2coef(m, 16_000), 16_000), (ms,))
+
+
+def test_avg_matches_loop_and_streams():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.uniform(0, 1, 64))
+    c = 0.2
+    expected, prev = [], 0.0
+    for v in np.asarray(x):
+        prev = c * v + (1 - c) * prev
+        expected.append(prev)
+    assert_close(avg(x, c), np.asarray(expected))
+    y1, z = avg(x[:20], c, return_zf=True)
+    y2 = avg(x[20:], c, z)
+    assert_close(jnp.concatenate([y1, y2]), np.asarray(expected))
+    check_grads(lambda x, c: avg(x, c), (x[:10], jnp.asarray(0.3)))
+
+
+def _level_signal(rng, length):
+    # A level that crosses both thresholds, away from exact corners.
+    env = np.abs(np.sin(np.linspace(0, 3 * np.pi, length))) + 0.01
+    return jnp.asarray(env * rng.uniform(0.8, 1.2, length))
+
+
+def test_compexp_gain_matches_reference():
+    rng = np.random.default_rng(1)
+    x = _level_signal(rng, 400)
+    params = (-12.0, 4.0, -30.0, 0.5, 0.3, 0.05)
+    assert_close(compexp_gain(x, *params), _compexp_reference(x, *params))
+
+
+def test_limiter_gain_matches_reference():
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal(400)) * 0.8
+    params = (-6.0, 0.4, 0.02)
+    assert_close(limiter_gain(x, *params), _limiter_reference(x, *params))
+
+
+def test_streaming_gain_computers():
+    rng = np.random.default_rng(3)
+    x = _level_signal(rng, 100)
+    params = (-12.0, 4.0, -30.0, 0.5, 0.3, 0.05)
+    full = compexp_gain(x, *params)
+    g1, z = compexp_gain(x[:37], *params, return_zf=True)
+    g2 = compexp_gain(x[37:], *params, zi=z)
+    assert_close(jnp.concatenate([g1, g2]), full)
+    y = jnp.asarray(rng.standard_normal(100))
+    full = limiter_gain(y, -3.0, 0.3, 0.05)
+    l1, z = limiter_gain(y[:50], -3.0, 0.3, 0.05, return_zf=True)
+    l2 = limiter_gain(y[50:], -3.0, 0.3, 0.05, zi=z)
+    assert_close(jnp.concatenate([l1, l2]), full)
+
+
+def test_gradients_of_every_parameter():
+    rng = np.random.default_rng(4)
+    x = _level_signal(rng, 12)
+    args = tuple(jnp.asarray(v) for v in (-12.0, 4.0, -30.0, 0.5, 0.3, 0.05))
+    # The dB curve (log10, then 10**) is strongly curved: the default step's
+    # second-order truncation error is ~1e-5, a step of 1e-6 brings it to ~1e-9.
+    check_grads(compexp_gain, (x, *args), eps=1e-6)
+    y = jnp.asarray(rng.standard_normal(12))
+    check_grads(
+        limiter_gain, (y, jnp.asarray(-4.0), jnp.asarray(0.3), jnp.asarray(0.05))
+    )
+
+
+@pytest.mark.parametrize("signal", ["silent", "silent_start", "constant"])
+def test_gradients_finite_on_silence_and_constants(signal):
+    x = {
+        "silent": jnp.zeros(64),
+        "silent_start": jnp.concatenate([jnp.zeros(16), jnp.ones(48) * 0.9]),
+        "constant": jnp.full(64, 0.5),
+    }[signal]
+
+    def loss(x, thr, at, rt):
+        return jnp.sum(limiter_gain(x, thr, at, rt)) + jnp.sum(
+            compexp_gain(jnp.abs(x), thr, 3.0, -40.0, 0.5, at, rt)
+        )
+
+    grads = jax.grad(loss, argnums=(0, 1, 2, 3))(x, -6.0, 0.3, 0.05)
+    for g in grads:
+        assert bool(jnp.all(jnp.isfinite(g)))
+
+
+def test_float32_and_vmap():
+    x = jnp.abs(jax.random.normal(jax.random.key(0), (3, 50), jnp.float32)) + 0.01
+    out = jax.jit(
+        jax.vmap(lambda x: compexp_gain(x, -10.0, 4.0, -40.0, 0.5, 0.2, 0.05))
+    )(x)
+    assert out.dtype == jnp.float32 and out.shape == (3, 50)
+    thr = jnp.asarray([-3.0, -6.0, -9.0], jnp.float32)
+    out = jax.vmap(lambda x, t: limiter_gain(x, t, 0.3, 0.05))(x, thr)
+    assert out.dtype == jnp.float32
+
+
+def test_bad_input():
+    x = jnp.ones(8)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="comp_ratio"):
+        compexp_gain(x, -10.0, 0.5, -40.0, 0.5, 0.2, 0.05)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="exp_ratio"):
+        compexp_gain(x, -10.0, 4.0, -40.0, 2.0, 0.2, 0.05)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="threshold"):
+        limiter_gain(x, 3.0, 0.2, 0.05)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="coef"):
+        avg(x, 0.0)
+    with pytest.raises((ValueError, TypeError), match="x"):
+        limiter_gain(jnp.ones((2, 8)), -3.0, 0.2, 0.05)

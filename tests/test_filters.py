@@ -1,0 +1,211 @@
+"""Filter components: the TPT SVF, RBJ sections, and trainable modules."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import scipy.signal
+
+from helpers import assert_close, check_grads
+from retrax.filters import SVF, Biquad, Compressor, ParametricEQ, StateSpaceFilter, svf
+from retrax.filters._eq import rbj_section
+
+
+MODES = ["lowpass", "bandpass", "highpass", "notch", "allpass", "peak"]
+
+
+def _tpt_loop(x, cutoff, q, sr, mode, zi=(0.0, 0.0)):
+    """Cytomic's SVF equations, sample by sample, in numpy."""
+    n = len(x)
+    cutoff = np.broadcast_to(np.asarray(cutoff, float), n)
+    q = np.broadcast_to(np.asarray(q, float), n)
+    ic1, ic2 = zi
+    out = np.empty(n)
+    for t in range(n):
+        g = np.tan(np.pi * cutoff[t] / sr)
+        k = 1 / q[t]
+        a1 = 1 / (1 + g * (g + k))
+        a2 = g * a1
+        a3 = g * a2
+        v0 = x[t]
+        v3 = v0 - ic2
+        v1 = a1 * ic1 + a2 * v3
+        v2 = ic2 + a2 * ic1 + a3 * v3
+        ic1, ic2 = 2 * v1 - ic1, 2 * v2 - ic2
+        low, band, high = v2, v1, v0 - k * v1 - v2
+        out[t] = {
+            "lowpass": low,
+            "bandpass": band,
+            "highpass": high,
+            "notch": low + high,
+            "allpass": low + high - k * band,
+            "peak": low - high,
+        }[mode]
+    return out, np.asarray([ic1, ic2])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_svf_matches_tpt_equations(mode):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(300)
+    y = svf(jnp.asarray(x), 1200.0, 2.0, 16_000.0, mode)
+    assert_close(y, _tpt_loop(x, 1200.0, 2.0, 16_000.0, mode)[0])
+    # Modulated cutoff and resonance.
+    cutoff = 300 + 3000 * (1 + np.sin(np.linspace(0, 6, 300))) / 2
+    q = np.linspace(0.5, 8.0, 300)
+    y = svf(jnp.asarray(x), jnp.asarray(cutoff), jnp.asarray(q), 16_000.0, mode)
+    assert_close(y, _tpt_loop(x, cutoff, q, 16_000.0, mode)[0])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_svf_response_is_prewarped_bilinear_transform(mode):
+    sr, fc, q = 48_000.0, 3_000.0, 1.7
+    n = 8192
+    impulse = jnp.zeros(n).at[0].set(1.0)
+    h = np.fft.rfft(np.asarray(svf(impulse, fc, q, sr, mode)))
+    w = 2 * np.pi * np.fft.rfftfreq(n)
+    z = np.exp(1j * w)
+    g = np.tan(np.pi * fc / sr)
+    s = (z - 1) / (z + 1) / g  # bilinear transform prewarped at the cutoff
+    k = 1 / q
+    den = s**2 + k * s + 1
+    num = {
+        "lowpass": 1,
+        "bandpass": s,
+        "highpass": s**2,
+        "notch": s**2 + 1,
+        "allpass": s**2 - k * s + 1,
+        "peak": 1 - s**2,
+    }[mode]
+    expected = num / den
+    err = np.max(np.abs(h - expected))
+    assert err < 1e-9, err
+
+
+def test_svf_streaming_and_state():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(100)
+    y_ref, zf_ref = _tpt_loop(x, 800.0, 0.9, 8_000.0, "bandpass", zi=(0.3, -0.2))
+    zi = jnp.asarray([0.3, -0.2])
+    y1, z = svf(
+        jnp.asarray(x[:40]), 800.0, 0.9, 8_000.0, "bandpass", zi, return_zf=True
+    )
+    y2, zf = svf(
+        jnp.asarray(x[40:]), 800.0, 0.9, 8_000.0, "bandpass", z, return_zf=True
+    )
+    assert_close(jnp.concatenate([y1, y2]), y_ref)
+    assert_close(zf, zf_ref)
+
+
+def test_svf_gradients():
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal(12))
+    check_grads(
+        lambda x, c, q: svf(x, c, q, 8_000.0, "lowpass"),
+        (x, jnp.asarray(900.0), jnp.asarray(1.3)),
+        eps=1e-3,
+    )
+    cutoff = jnp.linspace(500.0, 1500.0, 12)
+    check_grads(lambda c: svf(x, c, 2.0, 8_000.0, "peak"), (cutoff,), eps=1e-3)
+
+
+def test_svf_bad_input():
+    x = jnp.ones(16)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="cutoff"):
+        svf(x, 4_000.0, 1.0, 8_000.0)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="cutoff"):
+        svf(x, -3.0, 1.0, 8_000.0)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="q"):
+        svf(x, 1_000.0, 0.0, 8_000.0)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="non-finite"):
+        svf(x.at[3].set(jnp.nan), 1_000.0, 1.0, 8_000.0)
+    with pytest.raises((ValueError, TypeError), match="mode"):
+        svf(x, 1_000.0, 1.0, 8_000.0, "comb")
+    with pytest.raises((ValueError, TypeError), match="cutoff"):
+        svf(x, jnp.ones(5) * 100, 1.0, 8_000.0)
+    with pytest.raises(ValueError, match="cutoff"):
+        SVF(5_000.0, 1.0, 8_000.0)
+
+
+def test_rbj_sections_match_cookbook_gains():
+    sr = 48_000.0
+    for shape, f0 in (("peak", 1_000.0), ("lowshelf", 200.0), ("highshelf", 8_000.0)):
+        sos = np.asarray(rbj_section(shape, f0, 6.0, 0.7071, sr))[None]
+        freqs = np.asarray([1.0, f0, sr / 2 - 1.0])
+        _, h = scipy.signal.sosfreqz(sos, worN=freqs, fs=sr)
+        db = 20 * np.log10(np.abs(h))
+        if shape == "peak":
+            assert_close(db[1], 6.0, rtol=1e-9)
+            assert abs(db[0]) < 0.01 and abs(db[2]) < 0.01
+        elif shape == "lowshelf":
+            assert_close(db[0], 6.0, rtol=1e-4)
+            assert_close(db[1], 3.0, rtol=1e-6)
+        else:
+            assert_close(db[2], 6.0, rtol=1e-4)
+            assert_close(db[1], 3.0, rtol=1e-6)
+
+
+def _fit(model, x, target, steps, lr):
+    opt = optax.adam(lr)
+    state = opt.init(eqx.filter(model, eqx.is_inexact_array))
+
+    @eqx.filter_jit
+    def step(model, state):
+        def loss(m):
+            return jnp.mean((m(x) - target) ** 2)
+
+        value, grads = eqx.filter_value_and_grad(loss)(model)
+        updates, state = opt.update(grads, state)
+        return eqx.apply_updates(model, updates), state, value
+
+    losses = []
+    # optax's Adam mixes its int32 step count with floats: standard promotion.
+    with jax.numpy_dtype_promotion("standard"):
+        for _ in range(steps):
+            model, state, value = step(model, state)
+            losses.append(float(value))
+    return model, losses
+
+
+def test_modules_train_with_optax(getkey):
+    x = jax.random.normal(getkey(), (512,))
+    target = SVF(1_500.0, 2.0, 16_000.0, "lowpass")(x)
+    model, losses = _fit(SVF(800.0, 0.9, 16_000.0, "lowpass"), x, target, 150, 0.05)
+    assert losses[-1] < 0.05 * losses[0]
+    eq_target = ParametricEQ(
+        [200.0, 1_000.0, 6_000.0], [3.0, -6.0, 4.0], None, 16_000.0
+    )(x)
+    eq, losses = _fit(
+        ParametricEQ([200.0, 1_000.0, 6_000.0], sample_rate=16_000.0),
+        x,
+        eq_target,
+        100,
+        0.1,
+    )
+    assert losses[-1] < 0.05 * losses[0]
+    bq = Biquad(jnp.asarray([1.0, 0.0, 0.0]), 0.5, 1.0)
+    bq_target = Biquad(jnp.asarray([0.5, 0.2, 0.1]), 0.9, 0.6)(x)
+    bq, losses = _fit(bq, x, bq_target, 200, 0.03)
+    assert losses[-1] < 0.1 * losses[0]
+    assert float(bq.radius) < 0.999
+
+
+def test_compressor_and_state_space_modules(getkey):
+    x = jax.random.normal(getkey(), (256,)) * jnp.linspace(0.01, 1.0, 256)
+    comp = Compressor(threshold_db=-20.0, ratio=4.0, sample_rate=8_000.0)
+    y = comp(x)
+    assert y.shape == x.shape and bool(jnp.all(jnp.abs(y) <= jnp.abs(x) + 1e-12))
+    grads = eqx.filter_grad(lambda m: jnp.sum(m(x) ** 2))(comp)
+    leaves = jax.tree.leaves(eqx.filter(grads, eqx.is_inexact_array))
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
+    # Silence: finite gradients.
+    grads = eqx.filter_grad(lambda m: jnp.sum(m(jnp.zeros(64))))(comp)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+    ssf = StateSpaceFilter(4, getkey())
+    y = ssf(x)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert bool(jnp.all(jnp.abs(ssf.poles) < 1))
+    y32 = jax.jit(jax.vmap(ssf))(jnp.ones((2, 32), jnp.float32))
+    assert y32.dtype == jnp.float32
