@@ -6,7 +6,7 @@ relations, in JAX and Equinox.
 
 import importlib.metadata
 
-from . import ops as ops
+from . import diffusion as diffusion, ops as ops
 
 
 __version__ = importlib.metadata.version("retrax")

@@ -1,0 +1,17 @@
+"""Small diffusion models over a factor's coordinates: schedules, noise
+predictors, closed-form mixtures, training and sampling."""
+
+from ._mixture import (
+    GaussianMixtureEps as GaussianMixtureEps,
+    mixture_logdensity as mixture_logdensity,
+)
+from ._models import TimeEmbedding as TimeEmbedding, TimeMLP as TimeMLP
+from ._predictor import (
+    AbstractExactPredictor as AbstractExactPredictor,
+    AbstractPredictor as AbstractPredictor,
+    NoisePredictor as NoisePredictor,
+    default_input as default_input,
+    epsilon_jacobian as epsilon_jacobian,
+    epsilon_vjp_params as epsilon_vjp_params,
+)
+from ._schedule import VPSDE as VPSDE, AbstractNoiseSchedule as AbstractNoiseSchedule
