@@ -14,4 +14,13 @@ from ._predictor import (
     epsilon_jacobian as epsilon_jacobian,
     epsilon_vjp_params as epsilon_vjp_params,
 )
+from ._sample import (
+    log_likelihood as log_likelihood,
+    sample_ancestral as sample_ancestral,
+    sample_conditional as sample_conditional,
+    sample_ddim as sample_ddim,
+    sample_euler_maruyama as sample_euler_maruyama,
+    sample_ode as sample_ode,
+)
 from ._schedule import VPSDE as VPSDE, AbstractNoiseSchedule as AbstractNoiseSchedule
+from ._train import fit as fit
