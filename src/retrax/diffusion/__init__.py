@@ -1,11 +1,20 @@
 """Small diffusion models over a factor's coordinates: schedules, noise
 predictors, closed-form mixtures, training and sampling."""
 
+from ._energy import EnergyNetwork as EnergyNetwork
 from ._mixture import (
     GaussianMixtureEps as GaussianMixtureEps,
+    OnlineKDE as OnlineKDE,
+    kde_bandwidth as kde_bandwidth,
+    kde_predictor as kde_predictor,
     mixture_logdensity as mixture_logdensity,
 )
-from ._models import TimeEmbedding as TimeEmbedding, TimeMLP as TimeMLP
+from ._models import (
+    ChannelTransformer as ChannelTransformer,
+    FiLMResidualMLP as FiLMResidualMLP,
+    TimeEmbedding as TimeEmbedding,
+    TimeMLP as TimeMLP,
+)
 from ._predictor import (
     AbstractExactPredictor as AbstractExactPredictor,
     AbstractPredictor as AbstractPredictor,
