@@ -239,30 +239,59 @@ def test_custom_input_adapter(getkey):
     assert_close(pred.epsilon(x, 0.3), model(2.0 * x, 0.3), rtol=1e-15)
 
 
-@pytest.mark.parametrize("kind", ["mlp", "mixture"])
+def energy_predictor(key):
+    return rd.EnergyNetwork(rd.TimeMLP(3, out_size=1, hidden=16, key=key), SCHED)
+
+
+def online_kde_predictor():
+    kde = rd.OnlineKDE(3, 4, 0.3)
+    for x in mixture().means:
+        kde = kde.observe(x)
+    return kde.predictor(SCHED)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "mixture", "kde", "online_kde", "energy"])
 def test_jit_vmap_grad_through_predictors(kind, getkey):
-    pred = mlp_predictor(getkey(), n=3) if kind == "mlp" else mixture()
+    pred = {
+        "mlp": lambda: mlp_predictor(getkey(), n=3),
+        "mixture": mixture,
+        "kde": lambda: rd.kde_predictor(
+            SCHED, jax.random.normal(getkey(), (9, 3)), 0.3
+        ),
+        "online_kde": online_kde_predictor,
+        "energy": lambda: energy_predictor(getkey()),
+    }[kind]()
     xs = jax.random.normal(getkey(), (5, 3))
     ts = jnp.linspace(0.01, 0.9, 5)
     ref = jnp.stack([pred.epsilon(x, t) for x, t in zip(xs, ts, strict=True)])
-    got = eqx.filter_jit(lambda p, xs, ts: jax.vmap(p.epsilon)(xs, ts))(pred, xs, ts)
-    assert_close(got, ref, rtol=1e-12)
-    jacs = jax.vmap(lambda x, t: rd.epsilon_jacobian(pred, x, t))(xs, ts)
-    assert jacs.shape == (5, 3, 3)
 
     def loss(p):
         return jnp.sum(jax.vmap(p.denoise)(xs, ts) ** 2)
 
-    g = eqx.filter_grad(loss)(pred)
-    assert all(jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(g))
-    gx = jax.grad(lambda x: jnp.sum(pred.score(x, 0.2)))(xs[0])
+    @eqx.filter_jit
+    def transformed(pred):
+        eps = jax.vmap(pred.epsilon)(xs, ts)
+        jacs = jax.vmap(lambda x, t: rd.epsilon_jacobian(pred, x, t))(xs, ts)
+        grads = eqx.filter_grad(loss)(pred)
+        gx = jax.grad(lambda x: jnp.sum(pred.score(x, 0.2)))(xs[0])
+        gt = jax.grad(lambda t: jnp.sum(pred.epsilon(xs[0], t)))(jnp.float64(0.3))
+        return eps, jacs, grads, gx, gt
+
+    eps, jacs, grads, gx, gt = transformed(pred)
+    assert_close(eps, ref, rtol=1e-12)
+    assert jacs.shape == (5, 3, 3)
+    assert_close(jacs[2], rd.epsilon_jacobian(pred, xs[2], ts[2]), rtol=1e-12)
+    leaves = jax.tree.leaves(eqx.filter(grads, eqx.is_inexact_array))
+    assert leaves and all(jnp.all(jnp.isfinite(leaf)) for leaf in leaves)
     assert_close(
         gx,
         -jnp.sum(rd.epsilon_jacobian(pred, xs[0], 0.2), 0) / SCHED.sigma(0.2),
         rtol=1e-12,
     )
-    gt = jax.grad(lambda t: jnp.sum(pred.epsilon(xs[0], t)))(0.3)
-    assert jnp.isfinite(gt)
+    # d eps / dt against a central difference
+    h = 1e-6
+    fd = (pred.epsilon(xs[0], 0.3 + h) - pred.epsilon(xs[0], 0.3 - h)) / (2 * h)
+    assert_close(gt, jnp.sum(fd), rtol=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["mlp", "mixture"])
@@ -278,3 +307,26 @@ def test_float32(kind, getkey):
     assert rd.epsilon_jacobian(pred, x, 0.1, mode="fd").dtype == jnp.float32
     key = getkey()
     assert pred.denoising_loss(key, x, 0.1).dtype == jnp.float32
+
+
+def test_default_input_is_identity():
+    x, t = jnp.array([1.0, 2.0]), jnp.float64(0.3)
+    out = rd.default_input(x, t)
+    assert out[0] is x and out[1] is t
+
+
+def test_every_public_name_is_documented():
+    import inspect
+
+    for name in dir(rd):
+        if name.startswith("_"):
+            continue
+        obj = getattr(rd, name)
+        if inspect.ismodule(obj):
+            continue
+        assert inspect.getdoc(obj), name
+        if inspect.isclass(obj):
+            for attr, member in vars(obj).items():
+                if attr.startswith("_") or not callable(member):
+                    continue
+                assert inspect.getdoc(getattr(obj, attr)), f"{name}.{attr}"

@@ -85,10 +85,8 @@ def test_fit_is_deterministic_and_chunked(getkey):
     data = jax.random.normal(getkey(), (64, 2))
     pred = rd.NoisePredictor(rd.TimeMLP(2, hidden=8, depth=1, key=getkey()), SCHED)
     key = getkey()
-    a, la = rd.fit(pred, data, key, steps=25, batch_size=8, progress=False)
-    b, lb = rd.fit(
-        pred, data, key, steps=25, batch_size=8, progress=False, chunk_size=10
-    )
+    a, la = rd.fit(pred, data, key, steps=8, batch_size=8, progress=False)
+    b, lb = rd.fit(pred, data, key, steps=8, batch_size=8, progress=False, chunk_size=3)
     # chunking (3 chunks, the last one padded) does not change the result
     assert_close(la, lb, rtol=1e-12)
     leaves_a = jax.tree.leaves(eqx.filter(a, eqx.is_inexact_array))
@@ -100,7 +98,7 @@ def test_fit_is_deterministic_and_chunked(getkey):
     opt = optax.adam(1e-3)
     state = opt.init(params)
     ref = []
-    for i in range(25):
+    for i in range(8):
         k_idx, k_t, k_eps = jax.random.split(jax.random.fold_in(key, i), 3)
         x0 = data[jax.random.randint(k_idx, (8,), 0, 64)]
         t = jax.random.uniform(k_t, (8,), jnp.float64, 1e-3, 0.2)
@@ -236,9 +234,6 @@ def test_log_likelihood_matches_mixture():
     ll = jax.vmap(lambda x: rd.log_likelihood(MIX, x, prior=exact_prior))(xs)
     ref = jax.vmap(lambda x: rd.mixture_logdensity(MIX, x, SCHED.t_min))(xs)
     assert_close(ll, ref, atol=1e-3, rtol=0)
-    # the divergence from forward-mode AD of epsilon gives the same numbers
-    ll_fwd = rd.log_likelihood(MIX, xs[0], prior=exact_prior, jacobian_mode="fwd")
-    assert_close(ll_fwd, ll[0], rtol=1e-8)
 
 
 def test_log_likelihood_gaussian_closed_form():
