@@ -277,7 +277,7 @@ def test_samplers_float32_jit_and_errors(getkey):
         assert x.dtype == jnp.float32 and jnp.all(jnp.isfinite(x))
     x = rd.sample_ode(mix32, key, 2, dtype=jnp.float32, rtol=1e-3, atol=1e-3)
     assert x.dtype == jnp.float32 and jnp.all(jnp.isfinite(x))
-    with pytest.raises(ValueError, match="final time"):
+    with pytest.raises(ValueError, match="t_end"):
         rd.sample_ancestral(MIX, key, 2, t_end=0.0)
     with pytest.raises(ValueError, match="steps"):
         rd.sample_ddim(MIX, key, 2, steps=0)
@@ -302,6 +302,8 @@ def test_samplers_float32_jit_and_errors(getkey):
         rd.log_likelihood(MIX, jnp.array([jnp.nan, 0.0]))
     with pytest.raises(ValueError, match="t1"):
         rd.log_likelihood(MIX, jnp.zeros(2), t1=1e-4)
+    with pytest.raises(ValueError, match="t0"):
+        rd.log_likelihood(MIX, jnp.zeros(2), t0=0.0)
 
 
 def test_samplers_with_trained_network(gaussian_fit):

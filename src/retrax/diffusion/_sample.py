@@ -25,12 +25,12 @@ def _check_steps(steps: int) -> None:
         raise ValueError(f"`steps` must be a positive integer, got {steps!r}.")
 
 
-def _t_end(pred: AbstractPredictor, t_end: float | None) -> float:
+def _t_end(pred: AbstractPredictor, t_end: float | None, name: str = "t_end") -> float:
     t_end = pred.schedule.t_min if t_end is None else float(t_end)
     if not 0.0 < t_end < 1.0:
         raise ValueError(
-            f"the final time must lie in (0, 1) (at t = 0 the noise scale is 0 "
-            f"and the score is singular), got {t_end}."
+            f"`{name}` must lie in (0, 1) (at t = 0 the noise scale is 0 and the "
+            f"score is singular), got {t_end}."
         )
     return t_end
 
@@ -432,7 +432,7 @@ def log_likelihood(
     if x.ndim != 1:
         raise ValueError(f"`x` must be one point of shape (n,), got shape {x.shape}.")
     x = eqx.error_if(x, ~jnp.all(jnp.isfinite(x)), "`x` must be finite.")
-    t0 = _t_end(pred, t0)
+    t0 = _t_end(pred, t0, "t0")
     if not t0 < t1 <= 1.0:
         raise ValueError(f"`t1` must lie in (t0, 1] = ({t0}, 1], got {t1}.")
     dtype = x.dtype
