@@ -130,7 +130,19 @@ def test_mixture_zero_weight_and_point_masses(getkey):
     single = rd.GaussianMixtureEps(SCHED, means[:1], 0.0)
     assert_close(mix.epsilon(x, t), single.epsilon(x, t), rtol=1e-14)
     assert jnp.all(jnp.isfinite(mix.jacobian(x, t)))
-    assert jnp.all(jnp.isfinite(rd.epsilon_vjp_params(mix, x, t, x).means))
+    grads = rd.epsilon_vjp_params(mix, x, t, x)
+    assert jnp.all(jnp.isfinite(grads.means))
+    # an empty component still has the derivative of adding weight to it:
+    # against a one-sided difference from weight 0
+    h = 1e-7
+
+    def eps_at(w2):
+        m = rd.GaussianMixtureEps(SCHED, means, 0.0, jnp.array([1.0, w2]))
+        return jnp.dot(m.epsilon(x, t), x)
+
+    fd = (eps_at(h) - eps_at(0.0)) / h
+    assert_close(grads.weights[1], fd, rtol=1e-5)
+    assert float(jnp.abs(grads.weights[1])) > 0
 
 
 def test_mixture_bad_input():

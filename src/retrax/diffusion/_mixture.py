@@ -107,15 +107,19 @@ class GaussianMixtureEps(AbstractExactPredictor):
         d = x - alpha * mu
         u = d / c[:, None]
         w = self.weights.astype(dtype)
-        positive = w > 0
-        logw = jnp.where(positive, jnp.log(jnp.where(positive, w, 1)), -jnp.inf)
-        logw = logw - jnp.log(jnp.sum(w))
+        w = w / jnp.sum(w)
         n = x.shape[0]
-        loglik = (
-            logw - 0.5 * n * jnp.log(2 * jnp.pi * c) - 0.5 * jnp.sum(d * u, axis=-1)
-        )
-        gamma = jax.nn.softmax(loglik)
-        return alpha, sigma, c, u, gamma, loglik
+        loglik = -0.5 * n * jnp.log(2 * jnp.pi * c) - 0.5 * jnp.sum(d * u, axis=-1)
+        # Log-sum-exp with the weights as multipliers rather than log-weights,
+        # so that an empty (zero-weight) component still has the correct,
+        # nonzero derivative with respect to its weight. The shift is the
+        # largest live log-likelihood; the cap only bounds the terms of empty
+        # components, which may lie above it.
+        shift = jax.lax.stop_gradient(jnp.max(jnp.where(w > 0, loglik, -jnp.inf)))
+        scaled = w * jnp.exp(jnp.minimum(loglik - shift, 50.0))
+        total = jnp.sum(scaled)
+        gamma = scaled / total
+        return alpha, sigma, c, u, gamma, shift + jnp.log(total)
 
     def logdensity(
         self, x: Float[ArrayLike, " n"], t: Float[ArrayLike, ""] | float
@@ -133,8 +137,8 @@ class GaussianMixtureEps(AbstractExactPredictor):
         """
         x = as_state("x", x)
         t = time_like(t, x)
-        *_, loglik = self._terms(x, t)
-        return jax.nn.logsumexp(loglik)
+        *_, logp = self._terms(x, t)
+        return logp
 
     def epsilon(
         self, x: Float[ArrayLike, " n"], t: Float[ArrayLike, ""] | float
