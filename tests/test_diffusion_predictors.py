@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import retrax.diffusion as rd
 from helpers import assert_close, tree_allclose
@@ -342,3 +343,44 @@ def test_every_public_name_is_documented():
                 if attr.startswith("_") or not callable(member):
                     continue
                 assert inspect.getdoc(getattr(obj, attr)), f"{name}.{attr}"
+
+
+@eqx.filter_jit
+def _mixture_identities(mix, x, t, w):
+    jac = mix.jacobian(x, t)
+    jac_ad = jax.jacfwd(mix.epsilon)(x, t)
+    _, pullback = jax.vjp(
+        lambda m: eqx.tree_at(lambda p: p.means, mix, m).epsilon(x, t), mix.means
+    )
+    score = jax.grad(rd.mixture_logdensity, argnums=1)(mix, x, t)
+    return (
+        jac,
+        jac_ad,
+        mix.vjp_means(x, t, w),
+        pullback(w)[0],
+        mix.epsilon(x, t),
+        -SCHED.sigma(t) * score,
+    )
+
+
+@settings(deadline=None, max_examples=25)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    t=st.floats(1e-3, 1.0),
+    spread=st.floats(0.1, 3.0),
+)
+def test_mixture_identities_property(seed, t, spread):
+    keys = jax.random.split(jax.random.key(seed), 5)
+    means = spread * jax.random.normal(keys[0], (4, 3))
+    scales = jax.random.uniform(keys[1], (4,), minval=0.05, maxval=1.0)
+    weights = jax.random.uniform(keys[2], (4,), minval=0.05, maxval=1.0)
+    mix = rd.GaussianMixtureEps(SCHED, means, scales, weights)
+    x = spread * jax.random.normal(keys[3], (3,))
+    w = jax.random.normal(keys[4], (3,))
+    jac, jac_ad, vjp, vjp_ad, eps, eps_ref = _mixture_identities(
+        mix, x, jnp.float64(t), w
+    )
+    assert_close(jac, jac_ad, rtol=1e-10)
+    assert_close(jac, jac.T, rtol=1e-13)
+    assert_close(vjp, vjp_ad, rtol=1e-10)
+    assert_close(eps, eps_ref, rtol=1e-10)

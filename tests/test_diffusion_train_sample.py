@@ -315,3 +315,25 @@ def test_samplers_with_trained_network(gaussian_fit):
         assert xs.shape == (8, 2) and jnp.all(jnp.isfinite(xs))
     ll = rd.log_likelihood(trained, GAUSS_MEAN, rtol=1e-4, atol=1e-4)
     assert jnp.isfinite(ll)
+
+
+@pytest.mark.slow
+def test_circle_mlp_end_to_end():
+    # the spec's circle model: 5,122 parameters, Adam 1e-3, batch 256, 6,000
+    # steps on t ~ U(1e-3, 0.2); its epsilon against the (near-exact) KDE of
+    # the 4,096 training points, whose spacing is far below the 0.02 noise
+    key = jax.random.key(0)
+    theta = jax.random.uniform(jax.random.fold_in(key, 1), (4096,), maxval=2 * jnp.pi)
+    noise = 0.02 * jax.random.normal(jax.random.fold_in(key, 2), (4096, 2))
+    data = jnp.stack([jnp.cos(theta), jnp.sin(theta)], axis=1) + noise
+    pred = rd.NoisePredictor(rd.TimeMLP(2, key=jax.random.fold_in(key, 3)), SCHED)
+    trained, losses = rd.fit(pred, data, jax.random.fold_in(key, 4), steps=6000)
+    assert losses.shape == (6000,)
+    kde = rd.kde_predictor(SCHED, data, 0.02)
+    eps = jax.random.normal(jax.random.fold_in(key, 5), (1000, 2))
+    for t in [0.05, 0.1, 0.2]:
+        xt = jax.vmap(SCHED.perturb, (0, None, 0))(data[:1000], t, eps)
+        got = jax.vmap(trained.epsilon, (0, None))(xt, t)
+        ref = jax.vmap(kde.epsilon, (0, None))(xt, t)
+        # within 5% of the reference's mean square
+        assert float(jnp.mean((got - ref) ** 2)) < 0.05 * float(jnp.mean(ref**2))
