@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
-from ._predictor import AbstractExactPredictor, as_state, time_like
+from ._predictor import AbstractExactPredictor, as_state, is_key, time_like
 from ._schedule import AbstractNoiseSchedule
 
 
@@ -114,7 +114,7 @@ class EnergyNetwork(AbstractExactPredictor):
             )
         keys = (
             jax.random.split(key_or_eps, x0.shape[0])
-            if _is_single_key(key_or_eps)
+            if is_key(key_or_eps)
             else as_state("eps", key_or_eps)
         )
 
@@ -122,12 +122,3 @@ class EnergyNetwork(AbstractExactPredictor):
             return jnp.mean(jax.vmap(model.denoising_loss)(keys, x0, t))
 
         return eqx.filter_value_and_grad(loss_fn)(self)
-
-
-def _is_single_key(x) -> bool:
-    dtype = getattr(x, "dtype", None)
-    if dtype is None:
-        return False
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
-        return jnp.ndim(x) == 0
-    return dtype == jnp.uint32 and jnp.shape(x) == (2,)

@@ -13,12 +13,12 @@ from ._schedule import AbstractNoiseSchedule, as_time
 
 
 def is_key(x: Any) -> bool:
-    """Whether `x` is a PRNG key (new-style typed key or legacy `uint32[2]`)."""
+    """Whether `x` is one PRNG key (a scalar typed key or a legacy `uint32[2]`)."""
     dtype = getattr(x, "dtype", None)
     if dtype is None:
         return False
     if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
-        return True
+        return jnp.ndim(x) == 0
     return dtype == jnp.uint32 and jnp.shape(x) == (2,)
 
 
