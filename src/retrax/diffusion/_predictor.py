@@ -199,8 +199,10 @@ class NoisePredictor(AbstractPredictor):
 
 
 class AbstractExactPredictor(AbstractPredictor):
-    """A noise predictor with a closed-form Jacobian.
+    """A noise predictor that supplies its own exact Jacobian.
 
+    A closed form ([`retrax.diffusion.GaussianMixtureEps`][]) or a structured
+    derivative (the symmetric Hessian of [`retrax.diffusion.EnergyNetwork`][]);
     [`retrax.diffusion.epsilon_jacobian`][] uses `jacobian` for
     `mode="auto"` or `mode="exact"`.
     """
@@ -240,9 +242,9 @@ def epsilon_jacobian(
     - `mode`: `"fwd"` (`jax.jacfwd`, n forward passes: best for the small
       `n` of a factor), `"rev"` (`jax.jacrev`), `"fd"` (central finite
       differences, for models that cannot be differentiated; not exact),
-      `"exact"` (the closed form of an
-      [`retrax.diffusion.AbstractExactPredictor`][]), or `"auto"` (exact when
-      available, otherwise forward mode).
+      `"exact"` (the predictor's own `jacobian`, for an
+      [`retrax.diffusion.AbstractExactPredictor`][]), or `"auto"` (that one
+      when available, otherwise forward mode).
     - `fd_step`: the finite-difference step for `mode="fd"`; by default
       `eps_machine^(1/3) * max(1, |x|_inf)`.
 
@@ -262,7 +264,7 @@ def epsilon_jacobian(
     if mode == "exact":
         if not exact:
             raise ValueError(
-                f"{type(pred).__name__} has no closed-form Jacobian; use "
+                f"{type(pred).__name__} has no exact Jacobian of its own; use "
                 "mode='fwd', 'rev' or 'fd'."
             )
         return pred.jacobian(x, t)
