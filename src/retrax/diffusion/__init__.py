@@ -1,5 +1,14 @@
-"""Small diffusion models over a factor's coordinates: schedules, noise
-predictors, closed-form mixtures, training and sampling."""
+"""Small diffusion models over a factor's coordinates.
+
+- Schedules: `AbstractNoiseSchedule`, `VPSDE`.
+- Noise predictors: `AbstractPredictor`, `NoisePredictor` (a network),
+  `GaussianMixtureEps` and `kde_predictor` (exact, closed form),
+  `EnergyNetwork` (a conservative field), `OnlineKDE` (a streaming mixture);
+  their derivatives `epsilon_jacobian` and `epsilon_vjp_params`.
+- Networks: `TimeEmbedding`, `TimeMLP`, `FiLMResidualMLP`, `ChannelTransformer`.
+- Training: `fit`. Sampling: `sample_ancestral`, `sample_euler_maruyama`,
+  `sample_ddim`, `sample_ode`, `sample_conditional`, and `log_likelihood`.
+"""
 
 from ._energy import EnergyNetwork as EnergyNetwork
 from ._mixture import (
