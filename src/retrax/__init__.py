@@ -6,7 +6,12 @@ relations, in JAX and Equinox.
 
 import importlib.metadata
 
-from . import dynamics as dynamics, filters as filters, ops as ops
+from . import (
+    diffusion as diffusion,
+    dynamics as dynamics,
+    filters as filters,
+    ops as ops,
+)
 
 
 __version__ = importlib.metadata.version("retrax")

@@ -1,0 +1,44 @@
+"""Small diffusion models over a factor's coordinates.
+
+- Schedules: `AbstractNoiseSchedule`, `VPSDE`.
+- Noise predictors: `AbstractPredictor`, `NoisePredictor` (a network),
+  `GaussianMixtureEps` and `kde_predictor` (exact, closed form),
+  `EnergyNetwork` (a conservative field), `OnlineKDE` (a streaming mixture);
+  their derivatives `epsilon_jacobian` and `epsilon_vjp_params`.
+- Networks: `TimeEmbedding`, `TimeMLP`, `FiLMResidualMLP`, `ChannelTransformer`.
+- Training: `fit`. Sampling: `sample_ancestral`, `sample_euler_maruyama`,
+  `sample_ddim`, `sample_ode`, `sample_conditional`, and `log_likelihood`.
+"""
+
+from ._energy import EnergyNetwork as EnergyNetwork
+from ._mixture import (
+    GaussianMixtureEps as GaussianMixtureEps,
+    OnlineKDE as OnlineKDE,
+    kde_bandwidth as kde_bandwidth,
+    kde_predictor as kde_predictor,
+    mixture_logdensity as mixture_logdensity,
+)
+from ._models import (
+    ChannelTransformer as ChannelTransformer,
+    FiLMResidualMLP as FiLMResidualMLP,
+    TimeEmbedding as TimeEmbedding,
+    TimeMLP as TimeMLP,
+)
+from ._predictor import (
+    AbstractExactPredictor as AbstractExactPredictor,
+    AbstractPredictor as AbstractPredictor,
+    NoisePredictor as NoisePredictor,
+    default_input as default_input,
+    epsilon_jacobian as epsilon_jacobian,
+    epsilon_vjp_params as epsilon_vjp_params,
+)
+from ._sample import (
+    log_likelihood as log_likelihood,
+    sample_ancestral as sample_ancestral,
+    sample_conditional as sample_conditional,
+    sample_ddim as sample_ddim,
+    sample_euler_maruyama as sample_euler_maruyama,
+    sample_ode as sample_ode,
+)
+from ._schedule import VPSDE as VPSDE, AbstractNoiseSchedule as AbstractNoiseSchedule
+from ._train import fit as fit

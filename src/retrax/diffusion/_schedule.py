@@ -1,0 +1,261 @@
+"""Noise schedules: the variance-preserving SDE of Song et al. (2021)."""
+
+import abc
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.typing import DTypeLike
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
+
+
+def as_time(t: Shaped[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
+    """Convert `t` to a floating array and check that it lies in `[0, 1]`.
+
+    Concrete values are checked eagerly (a `ValueError`); traced values under
+    `jit` through `eqx.error_if`.
+    """
+    t = jnp.asarray(t)
+    if not jnp.issubdtype(t.dtype, jnp.floating):
+        if jnp.issubdtype(t.dtype, jnp.complexfloating):
+            raise TypeError(f"the time `t` must be real, got dtype {t.dtype}.")
+        t = t.astype(jnp.result_type(float))
+    msg = "the time `t` must lie in [0, 1] (diffusion time), got a value outside it."
+    if isinstance(t, jax.core.Tracer):
+        return eqx.error_if(t, ~((t >= 0) & (t <= 1)), msg)
+    if not bool(jnp.all((t >= 0) & (t <= 1))):
+        raise ValueError(f"{msg[:-1]}: {t}.")
+    return t
+
+
+class AbstractNoiseSchedule(eqx.Module):
+    r"""A variance-preserving noise schedule.
+
+    The forward (noising) process is $x_t = \alpha_t x_0 + \sigma_t \epsilon$,
+    $\epsilon \sim N(0, I)$, with $\alpha_t^2 + \sigma_t^2 = 1$, given by the
+    integrated rate $B(t) = \int_0^t \beta(s)\, ds$:
+    $\alpha_t = e^{-B/2}$, $\sigma_t = \sqrt{1 - e^{-B}}$. It is the marginal
+    of the SDE $dx = -\tfrac12 \beta(t) x\, dt + \sqrt{\beta(t)}\, dw$
+    (Song et al., "Score-based generative modeling through stochastic
+    differential equations", ICLR 2021).
+
+    Subclasses define `beta`, `integrated_beta` and the field `t_min`; every
+    other quantity follows from those two.
+    """
+
+    t_min: eqx.AbstractVar[float]
+
+    @abc.abstractmethod
+    def beta(self, t: Float[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
+        r"""The noise rate $\beta(t)$.
+
+        **Arguments:**
+
+        - `t`: diffusion time(s) in `[0, 1]`.
+
+        **Returns:**
+
+        $\beta(t)$, shaped and typed like `t`.
+        """
+
+    @abc.abstractmethod
+    def integrated_beta(
+        self, t: Float[ArrayLike, "*shape"] | float
+    ) -> Float[Array, "*shape"]:
+        r"""The integrated rate $B(t) = \int_0^t \beta(s)\, ds$.
+
+        **Arguments:**
+
+        - `t`: diffusion time(s) in `[0, 1]`.
+
+        **Returns:**
+
+        $B(t)$, shaped and typed like `t`.
+        """
+
+    def alpha(self, t: Float[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
+        r"""The signal scale $\alpha_t = e^{-B(t)/2}$.
+
+        **Arguments:**
+
+        - `t`: diffusion time(s) in `[0, 1]`.
+
+        **Returns:**
+
+        $\alpha_t$, shaped and typed like `t`.
+        """
+        return jnp.exp(-0.5 * self.integrated_beta(t))
+
+    def sigma(self, t: Float[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
+        r"""The noise scale $\sigma_t = \sqrt{-\mathrm{expm1}(-B(t))}$.
+
+        Computed through `expm1`, so it keeps full relative accuracy as
+        $t \to 0$ where $1 - e^{-B}$ would cancel.
+
+        **Arguments:**
+
+        - `t`: diffusion time(s) in `[0, 1]`.
+
+        **Returns:**
+
+        $\sigma_t$, shaped and typed like `t`.
+        """
+        return jnp.sqrt(-jnp.expm1(-self.integrated_beta(t)))
+
+    def snr(self, t: Float[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
+        r"""The signal-to-noise ratio $\alpha_t / \sigma_t$ (not squared).
+
+        **Arguments:**
+
+        - `t`: diffusion time(s) in `[0, 1]`.
+
+        **Returns:**
+
+        $\alpha_t / \sigma_t$, shaped like `t` (infinite at `t = 0`).
+        """
+        return self.alpha(t) / self.sigma(t)
+
+    def drift(
+        self, x: Float[ArrayLike, "*dims"], t: Float[ArrayLike, ""] | float
+    ) -> Float[Array, "*dims"]:
+        r"""The forward SDE drift $f(x, t) = -\tfrac12 \beta(t)\, x$.
+
+        **Arguments:**
+
+        - `x`: the state.
+        - `t`: a scalar diffusion time in `[0, 1]`.
+
+        **Returns:**
+
+        $f(x, t)$, shaped and typed like `x`.
+        """
+        x = jnp.asarray(x)
+        return (-0.5 * self.beta(t)).astype(x.dtype) * x
+
+    def diffusion(
+        self, t: Float[ArrayLike, "*shape"] | float
+    ) -> Float[Array, "*shape"]:
+        r"""The forward SDE diffusion coefficient $g(t) = \sqrt{\beta(t)}$.
+
+        **Arguments:**
+
+        - `t`: diffusion time(s) in `[0, 1]`.
+
+        **Returns:**
+
+        $g(t)$, shaped and typed like `t`.
+        """
+        return jnp.sqrt(self.beta(t))
+
+    def perturb(
+        self,
+        x0: Float[ArrayLike, "*dims"],
+        t: Float[ArrayLike, ""] | float,
+        eps: Float[ArrayLike, "..."],
+    ) -> Float[Array, "*dims"]:
+        r"""Noise clean data: $x_t = \alpha_t x_0 + \sigma_t \epsilon$.
+
+        **Arguments:**
+
+        - `x0`: clean data.
+        - `t`: a scalar diffusion time in `[0, 1]`.
+        - `eps`: the standard normal noise, shaped like `x0`.
+
+        **Returns:**
+
+        $x_t$, shaped and typed like `x0`.
+        """
+        x0 = jnp.asarray(x0)
+        eps = jnp.asarray(eps)
+        if x0.shape != eps.shape:
+            raise ValueError(
+                f"`eps` must have the shape of `x0`: got {eps.shape} and {x0.shape}."
+            )
+        dtype = x0.dtype
+        return self.alpha(t).astype(dtype) * x0 + self.sigma(t).astype(
+            dtype
+        ) * eps.astype(dtype)
+
+    def sample_time(
+        self,
+        key: PRNGKeyArray,
+        shape: tuple[int, ...] = (),
+        dtype: DTypeLike | None = None,
+    ) -> Float[Array, "*shape"]:
+        """Draw diffusion times uniformly on `[t_min, 1]`.
+
+        **Arguments:**
+
+        - `key`: a PRNG key.
+        - `shape`: the shape of the draw; a scalar by default.
+        - `dtype`: a floating dtype; JAX's default float by default.
+
+        **Returns:**
+
+        Uniform times of the given shape.
+        """
+        dtype = jnp.result_type(float) if dtype is None else dtype
+        return jax.random.uniform(
+            key, shape, dtype=dtype, minval=self.t_min, maxval=1.0
+        )
+
+    def marginal_variance(
+        self,
+        t: Float[ArrayLike, "*shape"] | float,
+        v0: Float[ArrayLike, "*shape"] | float,
+    ) -> Float[Array, "*shape"]:
+        r"""The variance of $x_t$ when $x_0$ has variance `v0`:
+        $\alpha_t^2 v_0 + \sigma_t^2$.
+
+        **Arguments:**
+
+        - `t`: diffusion time(s) in `[0, 1]`.
+        - `v0`: the data variance (per coordinate).
+
+        **Returns:**
+
+        $\alpha_t^2 v_0 + \sigma_t^2$.
+        """
+        alpha = self.alpha(t)
+        v0 = jnp.asarray(v0).astype(alpha.dtype)
+        return alpha**2 * v0 + self.sigma(t) ** 2
+
+
+class VPSDE(AbstractNoiseSchedule):
+    r"""The variance-preserving SDE with a linear rate.
+
+    $\beta(t) = \beta_{\min} + t(\beta_{\max} - \beta_{\min})$, so
+    $B(t) = \beta_{\min} t + (\beta_{\max} - \beta_{\min}) t^2 / 2$
+    (Song et al., ICLR 2021; the continuous limit of DDPM's linear schedule).
+
+    **Arguments:**
+
+    - `beta_min`: the rate at `t = 0`, positive.
+    - `beta_max`: the rate at `t = 1`, at least `beta_min`.
+    - `t_min`: the smallest time used for training and sampling, in `[0, 1)`.
+    """
+
+    beta_min: float = 0.1
+    beta_max: float = 20.0
+    t_min: float = 1e-3
+
+    def __check_init__(self):
+        if not self.beta_min > 0:
+            raise ValueError(f"`beta_min` must be positive, got {self.beta_min}.")
+        if not self.beta_max >= self.beta_min:
+            raise ValueError(
+                f"`beta_max` must be at least `beta_min`: got beta_max="
+                f"{self.beta_max} < beta_min={self.beta_min}."
+            )
+        if not 0 <= self.t_min < 1:
+            raise ValueError(f"`t_min` must lie in [0, 1), got {self.t_min}.")
+
+    def beta(self, t: Float[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
+        t = as_time(t)
+        return self.beta_min + t * (self.beta_max - self.beta_min)
+
+    def integrated_beta(
+        self, t: Float[ArrayLike, "*shape"] | float
+    ) -> Float[Array, "*shape"]:
+        t = as_time(t)
+        return t * (self.beta_min + 0.5 * t * (self.beta_max - self.beta_min))
