@@ -1,0 +1,41 @@
+"""Every public name of every subpackage has an entry in the API pages."""
+
+import pathlib
+import re
+
+import pytest
+
+import retrax
+
+
+DOCS = pathlib.Path(__file__).parent.parent / "docs" / "api"
+SUBPACKAGES = ["ops", "dynamics", "filters", "diffusion"]
+
+
+def _documented() -> set[str]:
+    names = set()
+    for page in DOCS.glob("*.md"):
+        names.update(re.findall(r"^::: (retrax\.[\w.]+)", page.read_text(), re.M))
+    return names
+
+
+@pytest.mark.parametrize("subpackage", SUBPACKAGES)
+def test_every_public_name_is_documented(subpackage):
+    module = getattr(retrax, subpackage)
+    public = {
+        f"retrax.{subpackage}.{name}"
+        for name in dir(module)
+        if not name.startswith("_")
+        and not isinstance(getattr(module, name), type(retrax))
+    }
+    missing = sorted(public - _documented())
+    assert not missing, f"add these to docs/api/{subpackage}.md: {missing}"
+
+
+def test_documented_names_exist():
+    for name in _documented():
+        module, attr = name.rsplit(".", 1)
+        obj = retrax
+        for part in module.split(".")[1:]:
+            obj = getattr(obj, part)
+        assert hasattr(obj, attr), name
