@@ -161,7 +161,9 @@ def test_grads(op, time_varying):
         y, zf = f(A, B, C, D, x, zi, return_zf=True)
         return jnp.concatenate([y.ravel(), zf])
 
-    check_grads(g, tuple(jnp.asarray(v) for v in (A, B, C, D, x, zi)), eps=1e-5)
+    check_grads(
+        jax.jit(g), tuple(jnp.asarray(v) for v in (A, B, C, D, x, zi)), eps=1e-5
+    )
 
 
 def test_complex_grads_match_dense():
@@ -183,7 +185,9 @@ def test_complex_grads_match_dense():
     g2 = jax.grad(loss_dense, argnums=(0, 1, 2))(*args)
     for u, v in zip(g1, g2, strict=True):
         assert_close(u, v)
-    check_grads(lambda a, B, C: diag_state_space(a, B, C, None, x), args, eps=1e-5)
+    check_grads(
+        jax.jit(lambda a, B, C: diag_state_space(a, B, C, None, x)), args, eps=1e-5
+    )
 
 
 def test_float32_complex64_jit_vmap():
