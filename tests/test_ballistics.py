@@ -64,6 +64,11 @@ def test_matches_switched_recursion():
             same = np.asarray(jax.jit(_one_pole)(1 - c, c * x, zi))
             np.testing.assert_array_equal(np.asarray(y), same)
             assert_close(y, scan_ballistics(jnp.asarray(x), at, rt, zi), rtol=1e-15)
+            # the primal of the derivative path (the core's recursion with the
+            # decisions held) gives the same values
+            jx = jnp.asarray(x)
+            y_jvp, _ = jax.jvp(ballistics, (jx, at, rt, zi), (jx, at, rt, zi))
+            np.testing.assert_array_equal(np.asarray(y_jvp), np.asarray(y))
     # zi defaults to 0
     assert_close(ballistics(x, 0.3, 0.05), np_ballistics(x, 0.3, 0.05, 0.0))
 
