@@ -184,7 +184,7 @@ def test_filtfilt_bad_input():
 
 def test_freqz_matches_scipy():
     b, a = ss.cheby1(4, 1.0, 0.3)
-    for kwargs in [{}, {"whole": True}, {"fs": 48000.0}, {"include_nyquist": True}]:
+    for kwargs in [{}, {"whole": True}, {"fs": 48000}, {"include_nyquist": True}]:
         w, h = freqz(b, a[1:], 64, **kwargs)
         w_ref, h_ref = ss.freqz(b, a, 64, **kwargs)
         assert_close(w, w_ref)
