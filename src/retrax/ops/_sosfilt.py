@@ -90,7 +90,7 @@ def sosfilt(
     return y, jnp.stack(zf)
 
 
-def _frequencies(worN, whole: bool, fs: float, include_nyquist: bool):
+def _frequencies(worN, whole: bool, fs: float | int, include_nyquist: bool):
     if isinstance(worN, int):
         if worN < 1:
             raise ValueError(f"`worN` must be a positive integer, got {worN}.")
