@@ -64,6 +64,11 @@ def test_matches_switched_recursion():
             same = np.asarray(jax.jit(_one_pole)(1 - c, c * x, zi))
             np.testing.assert_array_equal(np.asarray(y), same)
             assert_close(y, scan_ballistics(jnp.asarray(x), at, rt, zi), rtol=1e-15)
+            # the primal of the derivative path (the core's recursion with the
+            # decisions held) gives the same values
+            jx = jnp.asarray(x)
+            y_jvp, _ = jax.jvp(ballistics, (jx, at, rt, zi), (jx, at, rt, zi))
+            np.testing.assert_array_equal(np.asarray(y_jvp), np.asarray(y))
     # zi defaults to 0
     assert_close(ballistics(x, 0.3, 0.05), np_ballistics(x, 0.3, 0.05, 0.0))
 
@@ -97,14 +102,14 @@ def test_grads_away_from_switches():
     x = away_from_switches(rng, length)
     args = (jnp.asarray(x), jnp.asarray(0.4), jnp.asarray(0.1), jnp.asarray(0.5))
     f = lambda x, at, rt, zi: jnp.stack(ballistics(x, at, rt, zi, return_zf=True)[:1])
-    check_grads(f, args, eps=1e-5)
+    check_grads(jax.jit(f), args, eps=1e-5)
     per_sample = (
         args[0],
         jnp.full(length, 0.4) + 0.01 * jnp.arange(length, dtype=jnp.float64),
         jnp.full(length, 0.1),
         args[3],
     )
-    check_grads(lambda *a: ballistics(*a), per_sample, eps=1e-5)
+    check_grads(jax.jit(ballistics), per_sample, eps=1e-5)
 
 
 def test_grad_is_the_frozen_one_pole():
@@ -126,10 +131,10 @@ def test_grad_is_the_frozen_one_pole():
 
     one = jnp.asarray(1.0)
     for argnum in (0, 1):
-        assert_close(jax.grad(ours, argnum)(x, one), jax.grad(frozen, argnum)(x, one))
-        assert_close(
-            jax.hessian(ours, argnum)(x, one), jax.hessian(frozen, argnum)(x, one)
-        )
+        grads = [jax.jit(jax.grad(f, argnum))(x, one) for f in (ours, frozen)]
+        assert_close(*grads)
+    hessians = [jax.jit(jax.hessian(f, 1))(x, one) for f in (ours, frozen)]
+    assert_close(*hessians)
 
 
 def test_float32_jit_vmap():

@@ -79,7 +79,7 @@ def test_fir_streaming():
         assert_close(z, ref_zf)
 
 
-@hypothesis.settings(deadline=None, max_examples=25)
+@hypothesis.settings(deadline=None, max_examples=15)
 @hypothesis.given(
     order=st.integers(0, 4),
     n_zeros=st.integers(0, 4),
@@ -218,9 +218,9 @@ def test_fir_grads():
     x = jnp.asarray(rng.normal(size=10))
     zi = jnp.asarray(rng.normal(size=2))
     for b in (rng.normal(size=3), rng.normal(size=(10, 3))):
-        check_grads(fir, (jnp.asarray(b), x, zi))
+        check_grads(jax.jit(fir), (jnp.asarray(b), x, zi))
     f = lambda b, x, zi: jnp.concatenate(fir(b, x, zi, return_zf=True))
-    check_grads(f, (jnp.asarray(rng.normal(size=3)), x, zi))
+    check_grads(jax.jit(f), (jnp.asarray(rng.normal(size=3)), x, zi))
 
 
 @pytest.mark.parametrize(
@@ -243,7 +243,7 @@ def test_lfilter_grads(form, time_varying):
 
     # second differences of a recursion have large third derivatives: a smaller
     # step keeps the finite-difference truncation error below the tolerance
-    check_grads(f, tuple(jnp.asarray(v) for v in (b, a, x, zi)), eps=1e-5)
+    check_grads(jax.jit(f), tuple(jnp.asarray(v) for v in (b, a, x, zi)), eps=1e-5)
 
 
 def test_lfilter_hessian_matches_naive_autodiff():

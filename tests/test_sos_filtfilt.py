@@ -18,7 +18,7 @@ def unchecked(f):
 
 
 def designs():
-    for order in (1, 2, 4, 7, 12):
+    for order in (1, 4, 12):
         yield ss.butter(order, 0.1, output="sos")
         yield ss.butter(order, [0.05, 0.3], btype="band", output="sos")
         yield ss.cheby1(order, 1.0, 0.2, btype="high", output="sos")
@@ -98,7 +98,7 @@ def test_sosfilt_grads():
         return jnp.concatenate([y, zf.ravel()])
 
     free = jnp.concatenate([sos[:, :3], sos[:, 4:]], axis=1)
-    check_grads(f, (free, x, zi), eps=1e-5)
+    check_grads(jax.jit(f), (free, x, zi), eps=1e-5)
 
 
 def test_sosfilt_bad_input():
@@ -163,7 +163,7 @@ def test_filtfilt_jit_vmap_float32_grads():
     assert y.dtype == jnp.float32
     assert_close(y, ss.filtfilt(b, a, x), rtol=1e-5)
     args = (jnp.asarray(b), jnp.asarray(a[1:]), jnp.asarray(x[0, :12]))
-    check_grads(lambda b, a, x: filtfilt(b, a, x, padlen=3), args, eps=1e-5)
+    check_grads(jax.jit(lambda b, a, x: filtfilt(b, a, x, padlen=3)), args, eps=1e-5)
 
 
 def test_filtfilt_bad_input():
@@ -184,7 +184,7 @@ def test_filtfilt_bad_input():
 
 def test_freqz_matches_scipy():
     b, a = ss.cheby1(4, 1.0, 0.3)
-    for kwargs in [{}, {"whole": True}, {"fs": 48000.0}, {"include_nyquist": True}]:
+    for kwargs in [{}, {"whole": True}, {"fs": 48000}, {"include_nyquist": True}]:
         w, h = freqz(b, a[1:], 64, **kwargs)
         w_ref, h_ref = ss.freqz(b, a, 64, **kwargs)
         assert_close(w, w_ref)

@@ -161,7 +161,9 @@ def test_grads(op, time_varying):
         y, zf = f(A, B, C, D, x, zi, return_zf=True)
         return jnp.concatenate([y.ravel(), zf])
 
-    check_grads(g, tuple(jnp.asarray(v) for v in (A, B, C, D, x, zi)), eps=1e-5)
+    check_grads(
+        jax.jit(g), tuple(jnp.asarray(v) for v in (A, B, C, D, x, zi)), eps=1e-5
+    )
 
 
 def test_complex_grads_match_dense():
@@ -183,7 +185,9 @@ def test_complex_grads_match_dense():
     g2 = jax.grad(loss_dense, argnums=(0, 1, 2))(*args)
     for u, v in zip(g1, g2, strict=True):
         assert_close(u, v)
-    check_grads(lambda a, B, C: diag_state_space(a, B, C, None, x), args, eps=1e-5)
+    check_grads(
+        jax.jit(lambda a, B, C: diag_state_space(a, B, C, None, x)), args, eps=1e-5
+    )
 
 
 def test_float32_complex64_jit_vmap():
@@ -235,3 +239,42 @@ def test_bad_input():
         diag_state_space(np.array([0.5, np.inf, 0.1]), B, C, D, x)
     with pytest.raises(Exception, match="`D` has non-finite"):
         state_space(A, B, C, np.full((1, 2), np.nan), x)
+
+
+@pytest.mark.parametrize("op", ["dense", "diag"])
+@pytest.mark.parametrize("time_varying", [False, True])
+def test_blocked_evaluation(monkeypatch, op, time_varying):
+    # long signals run in blocks; force short blocks, with a remainder
+    import retrax.ops._state_space as module
+
+    monkeypatch.setattr(module, "chunk_length", lambda n_state: 8)
+    rng = np.random.default_rng(8)
+    length = 30
+    A, B, C, D = random_system(rng, 3, 2, 2, length if time_varying else None)
+    if op == "diag":
+        A = rng.uniform(-0.9, 0.9, size=(length, 3) if time_varying else (3,))
+        A_dense = np.apply_along_axis(np.diag, -1, A) if time_varying else np.diag(A)
+    else:
+        A_dense = A
+    f = state_space if op == "dense" else diag_state_space
+    x = rng.normal(size=(length, 2))
+    zi = rng.normal(size=3)
+    ref, ref_zf = np_state_space(A_dense, B, C, D, x, zi)
+    y, zf = f(A, B, C, D, x, zi, return_zf=True)
+    assert_close(y, ref)
+    assert_close(zf, ref_zf)
+    # an exact number of blocks
+    sl = (lambda v: v[:24]) if time_varying else (lambda v: v)
+    ref, _ = np_state_space(sl(A_dense), sl(B), sl(C), sl(D), x[:24], zi)
+    assert_close(f(sl(A), sl(B), sl(C), sl(D), x[:24], zi), ref)
+
+    def g(A, B, C, D, x, zi):
+        y, zf = f(A, B, C, D, x, zi, return_zf=True)
+        return jnp.concatenate([y.ravel(), zf])
+
+    args = tuple(jnp.asarray(v) for v in (A, B, C, D, x, zi))
+    check_grads(jax.jit(g), args, eps=1e-5)
+    # vmap over signals through the blocks
+    xs = jnp.stack([args[4], 2 * args[4]])
+    batched = jax.vmap(lambda x: f(*args[:4], x, args[5]))(xs)
+    assert_close(batched[1], f(*args[:4], xs[1], args[5]))

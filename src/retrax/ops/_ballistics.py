@@ -1,5 +1,8 @@
 """Attack/release ballistics: a switched one-pole smoother (torchcomp)."""
 
+import functools
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Shaped
@@ -21,8 +24,8 @@ def _coefficient(name: str, c, length: int) -> Array:
     return c
 
 
-def _decisions(x: Array, at: Array, rt: Array, zi: Array) -> Array:
-    """The switched recursion, returning where it chose the attack coefficient.
+def _switched(x: Array, at: Array, rt: Array, zi: Array) -> tuple[Array, Array]:
+    """The switched recursion: where it chose the attack coefficient, and `y`.
 
     Its step is `a * y + u` with `a = 1 - c` and `u = c * x` formed outside
     the loop, exactly as the core's diagonal step sees them, so that both
@@ -34,11 +37,34 @@ def _decisions(x: Array, at: Array, rt: Array, zi: Array) -> Array:
         attack = xt < y
         decay = jnp.where(attack, decay_a, decay_r)
         drive = jnp.where(attack, drive_a, drive_r)
-        return decay * y + drive, attack
+        y = decay * y + drive
+        return y, (attack, y)
 
     inputs = (x, 1 - at, 1 - rt, at * x, rt * x)
-    _, attack = lax.scan(step, zi, inputs, unroll=DEFAULT_UNROLL)
-    return attack
+    _, (attack, y) = lax.scan(step, zi, inputs, unroll=DEFAULT_UNROLL)
+    return attack, y
+
+
+def _linearised(attack: Array, x: Array, at: Array, rt: Array, zi: Array) -> Array:
+    """The one-pole recursion with the decisions `attack` held, on the core."""
+    c = jnp.where(attack, at, rt)
+    decay, drive = (1 - c)[:, None], (c * x)[:, None]
+    return recurrence("diagonal", DEFAULT_UNROLL, decay, drive, zi[None])[:, 0]
+
+
+@jax.custom_jvp
+def _ballistics(x: Array, at: Array, rt: Array, zi: Array) -> Array:
+    # without derivatives, the switched recursion alone gives the values
+    return _switched(x, at, rt, zi)[1]
+
+
+@_ballistics.defjvp
+def _ballistics_jvp(primals, tangents):
+    # the decisions are a stop-gradient function of the inputs; with them
+    # held, the derivative (of every order) is the core's linear recursion,
+    # whose values are those of the switched recursion
+    attack, _ = _switched(*(lax.stop_gradient(v) for v in primals))
+    return jax.jvp(functools.partial(_linearised, attack), primals, tangents)
 
 
 def ballistics(
@@ -97,13 +123,7 @@ def ballistics(
     at = jnp.broadcast_to(check_finite("at", at.astype(dtype)), (length,))
     rt = jnp.broadcast_to(check_finite("rt", rt.astype(dtype)), (length,))
     zi = jnp.zeros((), dtype) if zi is None else zi.astype(dtype)
-    # the decisions are a stop-gradient function of the inputs: derivatives
-    # hold them constant, and the core then computes the same values
-    attack = _decisions(*(lax.stop_gradient(v) for v in (x, at, rt, zi)))
-    c = jnp.where(attack, at, rt)
-    y = recurrence(
-        "diagonal", DEFAULT_UNROLL, (1 - c)[:, None], (c * x)[:, None], zi[None]
-    )[:, 0]
+    y = _ballistics(x, at, rt, zi)
     if not return_zf:
         return y
     return y, y[-1]

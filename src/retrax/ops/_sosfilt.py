@@ -90,7 +90,7 @@ def sosfilt(
     return y, jnp.stack(zf)
 
 
-def _frequencies(worN, whole: bool, fs: float, include_nyquist: bool):
+def _frequencies(worN, whole: bool, fs: float | int, include_nyquist: bool):
     if isinstance(worN, int):
         if worN < 1:
             raise ValueError(f"`worN` must be a positive integer, got {worN}.")
@@ -118,7 +118,7 @@ def freqz(
     worN: int | Shaped[ArrayLike, " freqs"] = 512,
     *,
     whole: bool = False,
-    fs: float = 2 * jnp.pi,
+    fs: float | int = 2 * jnp.pi,
     include_nyquist: bool = False,
 ) -> tuple[Inexact[Array, " freqs"], Inexact[Array, " freqs"]]:
     r"""Frequency response $H(e^{j\omega}) = B(e^{j\omega}) / A(e^{j\omega})$.
@@ -167,7 +167,7 @@ def sosfreqz(
     worN: int | Shaped[ArrayLike, " freqs"] = 512,
     *,
     whole: bool = False,
-    fs: float = 2 * jnp.pi,
+    fs: float | int = 2 * jnp.pi,
     include_nyquist: bool = False,
 ) -> tuple[Inexact[Array, " freqs"], Inexact[Array, " freqs"]]:
     r"""Frequency response of second-order sections, as `scipy.signal.sosfreqz`.

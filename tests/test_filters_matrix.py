@@ -1,0 +1,92 @@
+"""Every filter op under jit, vmap, grad and jvp in every supported dtype.
+
+The exhaustive matrix is slow (one compilation per cell): run with `-m slow`.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.signal as ss
+
+from helpers import assert_close
+from retrax.ops import (
+    ballistics,
+    diag_state_space,
+    filtfilt,
+    fir,
+    lfilter,
+    sosfilt,
+    state_space,
+)
+
+
+T = 16
+REAL = [jnp.float32, jnp.float64]
+COMPLEX = [jnp.complex64, jnp.complex128]
+
+
+def _cases(rng):
+    """(name, op, args, supported dtypes): args are float64 numpy arrays."""
+    b, a = ss.butter(2, 0.3)
+    sos = ss.butter(4, 0.3, output="sos")
+    x = rng.normal(size=T)
+    A = 0.5 * np.eye(3) + 0.1 * rng.normal(size=(3, 3))
+    B, C, D = rng.normal(size=(3, 2)), rng.normal(size=(2, 3)), rng.normal(size=(2, 2))
+    xm = rng.normal(size=(T, 2))
+    return [
+        ("fir", fir, (rng.normal(size=3), x), REAL + COMPLEX),
+        ("fir_tv", fir, (rng.normal(size=(T, 3)), x), REAL + COMPLEX),
+        ("lfilter", lfilter, (b, a[1:], x), REAL + COMPLEX),
+        (
+            "lfilter_tv",
+            lfilter,
+            (np.tile(b, (T, 1)), np.tile(a[1:], (T, 1)), x),
+            REAL + COMPLEX,
+        ),
+        ("lfilter_tdf2", lambda *v: lfilter(*v, form="tdf2"), (b, a[1:], x), REAL),
+        ("filtfilt", lambda *v: filtfilt(*v, padlen=3), (b, a[1:], x), REAL),
+        ("sosfilt", sosfilt, (sos, x), REAL),
+        ("state_space", state_space, (A, B, C, D, xm), REAL + COMPLEX),
+        (
+            "diag_state_space",
+            diag_state_space,
+            (rng.uniform(-0.9, 0.9, 3), B, C, D, xm),
+            REAL + COMPLEX,
+        ),
+        ("ballistics", ballistics, (np.abs(x), np.array(0.4), np.array(0.1)), REAL),
+    ]
+
+
+CASES = _cases(np.random.default_rng(0))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("dtype", REAL + COMPLEX, ids=lambda d: jnp.dtype(d).name)
+def test_transforms(case, dtype):
+    _, op, args, dtypes = case
+    if dtype not in dtypes:
+        pytest.skip("not a supported dtype for this op")
+    args = tuple(jnp.asarray(v).astype(dtype) for v in args)
+    tol = 1e-4 if jnp.finfo(dtype).bits <= 32 else 1e-12
+    ref = np.asarray(op(*(v.astype(_wide(dtype)) for v in args)))
+    y = jax.jit(op)(*args)
+    assert y.dtype == dtype
+    assert_close(y, ref, rtol=tol)
+    batched = jax.vmap(op, in_axes=(None,) * (len(args) - 1) + (0,))(
+        *args[:-1], jnp.stack([args[-1], 2 * args[-1]])
+    )
+    assert_close(batched[0], ref, rtol=tol)
+    # every argument: reverse mode and forward mode agree
+    loss = lambda *v: jnp.sum(jnp.real(op(*v)) ** 2)
+    grads = jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))(*args)
+    tangents = tuple(jnp.ones_like(v) for v in args)
+    _, dloss = jax.jvp(loss, args, tangents)
+    total = sum(jnp.sum(jnp.real(g)) for g in grads)
+    # JAX convention: d loss[v + s t] / ds = Re <grad, t> for real tangents t
+    assert_close(dloss, total, rtol=10 * tol)
+
+
+def _wide(dtype):
+    return jnp.complex128 if jnp.issubdtype(dtype, jnp.complexfloating) else jnp.float64
