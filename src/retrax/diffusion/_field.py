@@ -97,7 +97,10 @@ class ImplicitDiffusion(eqx.Module):
         """
         z = self.check_point("z", z)
         dtype = z.dtype
-        t = self.nodes.t.astype(dtype)
+        # Adding a zero stages `t` into any enclosing trace: the schedule's time
+        # check branches on `isinstance(t, Tracer)`, and a concrete `t` closed over
+        # by a jitted function would otherwise be checked with `bool()` on a tracer.
+        t = self.nodes.t.astype(dtype) + jnp.zeros((), dtype)
         e = self.nodes.eps.astype(dtype)
         w = self.nodes.w.astype(dtype)
         schedule = self.pred.schedule

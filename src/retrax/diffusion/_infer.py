@@ -27,9 +27,40 @@ def _gate(z, scale):
 def _gate_jvp(primals, tangents):
     z, scale = primals
     tz, _ = tangents
-    # Linear in the tangent, so reverse mode transposes it: a solve that did not
-    # converge gives NaN derivatives, never a silent number.
     return z, tz * jax.lax.stop_gradient(scale)
+
+
+@jax.custom_jvp
+def _poison(leaves, scale, like):
+    return jnp.zeros_like(like)
+
+
+@_poison.defjvp
+def _poison_jvp(primals, tangents):
+    leaves, scale, like = primals
+    t_leaves, _, _ = tangents
+    total = sum(
+        jnp.sum(t.astype(like.dtype))
+        for t in jax.tree.leaves(t_leaves)
+        if jnp.issubdtype(t.dtype, jnp.inexact)
+    )
+    out = jnp.zeros_like(like)
+    return out, out + jax.lax.stop_gradient(scale) * total
+
+
+def _never_silent(z, inputs, converged):
+    """`z`, whose derivatives are NaN when the solve did not converge.
+
+    Linear in the tangents, so reverse mode transposes it. The cotangent fed to
+    the implicit (adjoint) linear solve is zeroed rather than NaN'ed (lineax
+    rejects non-finite right-hand sides), and NaN reaches every input through a
+    separate path instead.
+    """
+    dtype = z.dtype
+    one = jnp.where(converged, jnp.ones((), dtype), jnp.zeros((), dtype))
+    nan = jnp.where(converged, jnp.zeros((), dtype), jnp.array(jnp.nan, dtype))
+    leaves = [x for x in jax.tree.leaves(inputs) if eqx.is_inexact_array(x)]
+    return _gate(z, one) + _poison(leaves, nan, z)
 
 
 def default_tol(dtype) -> float:
@@ -167,8 +198,7 @@ def implicit_infer(
             converged & ~stable, RESULTS.unstable_root, RESULTS.promote(sol.result)
         ),
     )
-    nan = jnp.array(jnp.nan, dtype)
-    z = _gate(sol.value, jnp.where(converged, jnp.ones((), dtype), nan))
+    z = _never_silent(sol.value, (model, z0, rho), converged)
     residual = jnp.where(clamped, jnp.zeros((), dtype), state.f)
     out = ImplicitSolution(
         z=z,

@@ -1,5 +1,7 @@
 """Field nodes: the fixed noise levels and noise draws an implicit field averages."""
 
+from collections.abc import Sequence
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -25,9 +27,9 @@ class FieldNodes(eqx.Module):
     - `w`: the nonnegative node weights, shape `(K,)`.
     """
 
-    t: Float[Array, " K"]
-    eps: Float[Array, "K n"]
-    w: Float[Array, " K"]
+    t: Float[Array, " _K"]
+    eps: Float[Array, "_K n"]
+    w: Float[Array, " _K"]
 
     def __check_init__(self):
         t, eps, w = self.t, self.eps, self.w
@@ -81,7 +83,7 @@ def _levels_array(levels, dtype):
 def field_nodes(
     key: PRNGKeyArray,
     n: int,
-    levels: Float[ArrayLike, " levels"] | None = None,
+    levels: Float[ArrayLike, " levels"] | Sequence[float] | None = None,
     samples: int = 4,
     antithetic: bool = True,
     dtype: DTypeLike | None = None,
