@@ -1,6 +1,7 @@
 """Small diffusion models over a factor's coordinates: schedules, noise
 predictors, closed-form mixtures, training and sampling."""
 
+from ._energy import EnergyNetwork as EnergyNetwork
 from ._field import ImplicitDiffusion as ImplicitDiffusion
 from ._infer import (
     implicit_infer as implicit_infer,
@@ -8,9 +9,17 @@ from ._infer import (
 )
 from ._mixture import (
     GaussianMixtureEps as GaussianMixtureEps,
+    OnlineKDE as OnlineKDE,
+    kde_bandwidth as kde_bandwidth,
+    kde_predictor as kde_predictor,
     mixture_logdensity as mixture_logdensity,
 )
-from ._models import TimeEmbedding as TimeEmbedding, TimeMLP as TimeMLP
+from ._models import (
+    ChannelTransformer as ChannelTransformer,
+    FiLMResidualMLP as FiLMResidualMLP,
+    TimeEmbedding as TimeEmbedding,
+    TimeMLP as TimeMLP,
+)
 from ._nodes import (
     FieldNodes as FieldNodes,
     density_lambda as density_lambda,
@@ -25,6 +34,15 @@ from ._predictor import (
     epsilon_jacobian as epsilon_jacobian,
     epsilon_vjp_params as epsilon_vjp_params,
 )
+from ._sample import (
+    log_likelihood as log_likelihood,
+    sample_ancestral as sample_ancestral,
+    sample_conditional as sample_conditional,
+    sample_ddim as sample_ddim,
+    sample_euler_maruyama as sample_euler_maruyama,
+    sample_ode as sample_ode,
+)
 from ._schedule import VPSDE as VPSDE, AbstractNoiseSchedule as AbstractNoiseSchedule
 from ._solution import RESULTS as RESULTS, ImplicitSolution as ImplicitSolution
 from ._solver import GuardedNewton as GuardedNewton
+from ._train import fit as fit

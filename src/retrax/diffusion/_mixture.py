@@ -1,9 +1,10 @@
 """Gaussian-mixture data distributions with exact noise predictors, and KDEs."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from ._predictor import AbstractExactPredictor, as_state, time_like
 from ._schedule import AbstractNoiseSchedule
@@ -225,3 +226,213 @@ def mixture_logdensity(
     The scalar log-density.
     """
     return mixture.logdensity(x, t)
+
+
+def kde_predictor(
+    schedule: AbstractNoiseSchedule,
+    data: Float[ArrayLike, "num n"],
+    bandwidth: Float[ArrayLike, ""] | float,
+) -> GaussianMixtureEps:
+    r"""The exact noise predictor of a Gaussian kernel density estimate.
+
+    The KDE $\tfrac1N \sum_i N(x_i, h^2 I)$ is a mixture with one component
+    per data point, so its noise predictor is exact
+    ([`retrax.diffusion.GaussianMixtureEps`][]): a training-free model of the
+    data, accurate where the data are dense.
+
+    **Arguments:**
+
+    - `schedule`: the noise schedule.
+    - `data`: the points, shape `(num, n)`.
+    - `bandwidth`: the kernel standard deviation $h$ (e.g. from
+      [`retrax.diffusion.kde_bandwidth`][]).
+
+    **Returns:**
+
+    A `GaussianMixtureEps` with equal weights.
+    """
+    return GaussianMixtureEps(schedule, data, bandwidth)
+
+
+@jax.jit
+def _kde_heldout_loglik(train, test, hs):
+    n = train.shape[1]
+    d2 = jnp.sum((test[:, None, :] - train[None, :, :]) ** 2, axis=-1)
+
+    def mean_loglik(h):
+        log_norm = 0.5 * n * jnp.log(2 * jnp.pi * h**2) + jnp.log(train.shape[0])
+        return jnp.mean(jax.nn.logsumexp(-0.5 * d2 / h**2, axis=1) - log_norm)
+
+    return jax.vmap(mean_loglik)(hs)
+
+
+def kde_bandwidth(
+    data: Float[ArrayLike, "num n"],
+    holdout: float = 0.2,
+    *,
+    key: PRNGKeyArray | None = None,
+    candidates: Float[ArrayLike, " k"] | None = None,
+) -> Float[Array, ""]:
+    r"""Choose a KDE bandwidth by held-out likelihood.
+
+    A random fraction `holdout` of the points is set aside; the bandwidth is
+    the candidate maximising the mean log-density of the held-out points under
+    the KDE of the rest. The default candidates are 49 log-spaced values
+    from $10^{-3}$ to $10^{1/2}$ times the data's scale (the root mean
+    coordinate variance), refined by a second grid of 25 around the best.
+
+    **Arguments:**
+
+    - `data`: the points, shape `(num, n)`, at least 2 of them.
+    - `holdout`: the held-out fraction, in `(0, 1)`.
+    - `key`: a PRNG key for the split; a fixed key by default, so the result
+      is deterministic.
+    - `candidates`: explicit positive bandwidths to choose from instead.
+
+    **Returns:**
+
+    The chosen bandwidth, a scalar.
+    """
+    data = as_state("data", data)
+    if data.ndim != 2 or data.shape[0] < 2:
+        raise ValueError(
+            "`data` must have shape (num, n) with at least 2 points, got shape "
+            f"{data.shape}."
+        )
+    if not 0.0 < holdout < 1.0:
+        raise ValueError(f"`holdout` must lie in (0, 1), got {holdout}.")
+    if _is_concrete(data) and not bool(jnp.all(jnp.isfinite(data))):
+        raise ValueError("`data` must be finite.")
+    num = data.shape[0]
+    n_test = min(max(1, round(holdout * num)), num - 1)
+    key = jax.random.key(0) if key is None else key
+    perm = jax.random.permutation(key, num)
+    test, train = data[perm[:n_test]], data[perm[n_test:]]
+
+    def score(hs):
+        return _kde_heldout_loglik(train, test, hs)
+
+    if candidates is not None:
+        cands = as_state("candidates", candidates).astype(data.dtype)
+        if cands.ndim != 1 or cands.shape[0] == 0:
+            raise ValueError("`candidates` must be a non-empty vector.")
+        return cands[jnp.argmax(score(cands))]
+    scale = jnp.sqrt(jnp.mean(jnp.var(data, axis=0)))
+    scale = jnp.where(scale > 0, scale, 1.0)
+    coarse = scale * jnp.logspace(-3.0, 0.5, 49, dtype=data.dtype)
+    best = coarse[jnp.argmax(score(coarse))]
+    ratio = jnp.asarray(10.0 ** (3.5 / 48), data.dtype)
+    fine = best * jnp.logspace(-1.0, 1.0, 25, dtype=data.dtype) ** jnp.log10(ratio)
+    return fine[jnp.argmax(score(fine))]
+
+
+class OnlineKDE(eqx.Module):
+    r"""A fixed-budget Gaussian mixture that absorbs a stream of observations.
+
+    Each [`retrax.diffusion.OnlineKDE.observe`][] first multiplies every
+    weight by `forget` and frees components whose weight falls below
+    `prune`; then a point within `merge_radius` of the nearest live component
+    is merged into it (weight-averaged mean, weight + 1), and otherwise it
+    takes a new slot with weight 1: a free one if any, else the lightest
+    (which is forgotten). Array sizes never change, so `observe` jits and
+    scans; it returns a new object (functional update).
+
+    **Arguments:**
+
+    - `dim`: the dimension `n` of the points.
+    - `budget`: the number of components.
+    - `bandwidth`: every component's standard deviation.
+    - `forget`: the per-observation weight decay, in `(0, 1]`.
+    - `merge_radius`: the merge distance; the bandwidth by default.
+    - `prune`: the weight below which a component is freed.
+    - `dtype`: JAX's default float by default.
+    """
+
+    means: Float[Array, "budget n"]
+    weights: Float[Array, " budget"]
+    bandwidth: float
+    forget: float
+    merge_radius: float
+    prune: float
+
+    def __init__(
+        self,
+        dim: int,
+        budget: int,
+        bandwidth: float,
+        *,
+        forget: float = 0.99,
+        merge_radius: float | None = None,
+        prune: float = 1e-3,
+        dtype=None,
+    ):
+        for name, value in (("dim", dim), ("budget", budget)):
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        if not bandwidth > 0:
+            raise ValueError(f"`bandwidth` must be positive, got {bandwidth}.")
+        if not 0 < forget <= 1:
+            raise ValueError(f"`forget` must lie in (0, 1], got {forget}.")
+        merge_radius = bandwidth if merge_radius is None else merge_radius
+        if not merge_radius >= 0:
+            raise ValueError(f"`merge_radius` must be nonnegative, got {merge_radius}.")
+        if not prune >= 0:
+            raise ValueError(f"`prune` must be nonnegative, got {prune}.")
+        dtype = jnp.result_type(float) if dtype is None else dtype
+        self.means = jnp.zeros((budget, dim), dtype)
+        self.weights = jnp.zeros((budget,), dtype)
+        self.bandwidth = float(bandwidth)
+        self.forget = float(forget)
+        self.merge_radius = float(merge_radius)
+        self.prune = float(prune)
+
+    def observe(self, x: Float[ArrayLike, " n"]) -> "OnlineKDE":
+        """Absorb one observation.
+
+        **Arguments:**
+
+        - `x`: the point, shape `(n,)`; must be finite.
+
+        **Returns:**
+
+        The updated `OnlineKDE` (this one is unchanged).
+        """
+        x = as_state("x", x)
+        if x.shape != self.means.shape[1:]:
+            raise ValueError(
+                f"`x` must have shape {self.means.shape[1:]}, got {x.shape}."
+            )
+        x = eqx.error_if(
+            x, ~jnp.all(jnp.isfinite(x)), "the observation `x` must be finite."
+        )
+        x = x.astype(self.means.dtype)
+        w = self.weights * self.forget
+        w = jnp.where(w < self.prune, 0.0, w)
+        live = w > 0
+        d2 = jnp.where(live, jnp.sum((self.means - x) ** 2, axis=1), jnp.inf)
+        near = jnp.argmin(d2)
+        merge = d2[near] <= self.merge_radius**2
+        w_near = w[near]
+        merged = (w_near * self.means[near] + x) / (w_near + 1)
+        slot = jnp.where(merge, near, jnp.argmin(w))
+        mean = jnp.where(merge, merged, x)
+        weight = jnp.where(merge, w_near + 1, jnp.ones((), w.dtype))
+        return eqx.tree_at(
+            lambda k: (k.means, k.weights),
+            self,
+            (self.means.at[slot].set(mean), w.at[slot].set(weight)),
+        )
+
+    def predictor(self, schedule: AbstractNoiseSchedule) -> GaussianMixtureEps:
+        """The exact noise predictor of the current mixture.
+
+        **Arguments:**
+
+        - `schedule`: the noise schedule.
+
+        **Returns:**
+
+        A [`retrax.diffusion.GaussianMixtureEps`][] over all slots (free slots
+        have weight 0). Raises if nothing has been observed yet.
+        """
+        return GaussianMixtureEps(schedule, self.means, self.bandwidth, self.weights)
