@@ -4,8 +4,16 @@ predictors, closed-form mixtures, training and sampling."""
 from ._energy import EnergyNetwork as EnergyNetwork
 from ._field import ImplicitDiffusion as ImplicitDiffusion
 from ._infer import (
+    ImplicitRoots as ImplicitRoots,
+    LaplaceBelief as LaplaceBelief,
+    MixtureBelief as MixtureBelief,
+    implicit_energy as implicit_energy,
     implicit_infer as implicit_infer,
+    implicit_laplace as implicit_laplace,
+    implicit_mixture as implicit_mixture,
     implicit_pullback as implicit_pullback,
+    implicit_roots as implicit_roots,
+    laplace_belief as laplace_belief,
 )
 from ._mixture import (
     GaussianMixtureEps as GaussianMixtureEps,
