@@ -94,13 +94,17 @@ def _check_query(model, z0, rho, z_init):
     return z0, rho, z_init
 
 
-def _solver(tol: float, matrix_free: bool) -> GuardedNewton:
+def _krylov(tol: float, dtype) -> lx.GMRES:
+    # A hundredth of the nonlinear tolerance, but not below what the dtype can
+    # resolve: lineax's GMRES reports breakdown when asked for the impossible.
+    inner = max(0.01 * tol, 1e3 * float(jnp.finfo(dtype).eps))
+    return lx.GMRES(rtol=inner, atol=inner, restart=40)
+
+
+def _solver(tol: float, matrix_free: bool, dtype) -> GuardedNewton:
     if matrix_free:
         return GuardedNewton(
-            rtol=tol,
-            atol=tol,
-            matrix_free=True,
-            linear_solver=lx.GMRES(rtol=0.01 * tol, atol=0.01 * tol, restart=40),
+            rtol=tol, atol=tol, matrix_free=True, linear_solver=_krylov(tol, dtype)
         )
     return GuardedNewton(rtol=tol, atol=tol)
 
@@ -183,14 +187,10 @@ def _infer(
     clamped = clamp_mask(rho)
     y0 = jnp.where(clamped, z0, z_init)
     if adjoint_solver is None:
-        adjoint_solver = (
-            lx.GMRES(rtol=0.01 * tol, atol=0.01 * tol, restart=40)
-            if matrix_free
-            else lx.LU()
-        )
+        adjoint_solver = _krylov(tol, dtype) if matrix_free else lx.LU()
     sol = optx.root_find(
         _query_residual,
-        _solver(tol, matrix_free),
+        _solver(tol, matrix_free, dtype),
         y0,
         args=(model, z0, rho),
         options={"fixed": clamped},

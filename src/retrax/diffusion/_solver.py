@@ -48,20 +48,31 @@ def _lanczos_min(matvec, n: int, steps: int, dtype, free: Array):
     alphas = jnp.zeros((m,), dtype)
     betas = jnp.zeros((m,), dtype)
 
+    active = jnp.zeros((m,), bool)
+
     def body(i, carry):
-        basis, alphas, betas = carry
+        basis, alphas, betas, active = carry
         q = basis[i]
+        live = jnp.any(q != 0)
         w = jnp.where(free, matvec(q), 0)
         a = jnp.dot(q, w)
         w = w - basis.T @ (basis @ w)
         w = w - basis.T @ (basis @ w)
         b = jnp.linalg.norm(w)
-        ok = b > 1e3 * jnp.finfo(dtype).eps
+        ok = live & (b > 1e3 * jnp.finfo(dtype).eps * (1 + jnp.abs(a)))
         nxt = jnp.where(ok, w / jnp.where(ok, b, 1), 0)
         basis = basis.at[i + 1].set(nxt)
-        return basis, alphas.at[i].set(a), betas.at[i].set(jnp.where(ok, b, 0))
+        alphas = alphas.at[i].set(a)
+        betas = betas.at[i].set(jnp.where(ok, b, 0))
+        return basis, alphas, betas, active.at[i].set(live)
 
-    basis, alphas, betas = lax.fori_loop(0, m, body, (basis, alphas, betas))
+    basis, alphas, betas, active = lax.fori_loop(
+        0, m, body, (basis, alphas, betas, active)
+    )
+    # After a breakdown (an invariant subspace found) the remaining rows are
+    # decoupled; park them far above the spectrum so they never count as lowest.
+    big = jnp.sqrt(jnp.finfo(dtype).max) * 1e-3
+    alphas = jnp.where(active, alphas, big)
     tri = jnp.diag(alphas) + jnp.diag(betas[:-1], 1) + jnp.diag(betas[:-1], -1)
     evals, evecs = jnp.linalg.eigh(tri)
     return evals[0], basis[:m].T @ evecs[:, 0]
