@@ -350,6 +350,7 @@ def test_bad_queries():
 # -- matrix-free mode ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_matrix_free_matches_dense(twisted):
     model, sol = twisted
 
