@@ -382,3 +382,11 @@ def test_matrix_free_larger_space_and_saddle_escape():
         assert bool(s.converged) and bool(s.stable)
         assert float(jnp.min(jnp.abs(s.z[3:]))) > 0.3  # on a component, not at 0
     assert_close(mf.z, dense.z, rtol=1e-7)
+    # the matrix-free adjoint (GMRES on VJPs) against the explicit formulas
+    zbar = jnp.linspace(-1.0, 1.0, n)
+
+    def f(a):
+        return jnp.dot(zbar, rd.implicit_infer(model, a, rho, matrix_free=True).z)
+
+    _, p_z0, _ = rd.implicit_pullback(model, dense, z0, rho, zbar)
+    assert_close(jax.grad(f)(z0), p_z0, rtol=1e-6)
