@@ -80,9 +80,11 @@ def plot(relation, answers, path):
     plt.close(fig)
 
 
-def main(smoke: bool = False, plot_path: str | None = "circle_mlp.png") -> dict:
+def main(
+    smoke: bool = False, plot_path: str | None = "circle_mlp.png", seed: int = 0
+) -> dict:
     jax.config.update("jax_enable_x64", True)
-    key = jax.random.key(0)
+    key = jax.random.key(seed)
     k_data, k_model, k_fit, k_nodes = jax.random.split(key, 4)
     steps = 300 if smoke else 6000
 
@@ -190,5 +192,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a few-second run")
     parser.add_argument("--plot", default="circle_mlp.png", help="PNG output path")
+    parser.add_argument("--seed", type=int, default=0, help="data, model, nodes")
     args = parser.parse_args()
-    main(smoke=args.smoke, plot_path=args.plot)
+    main(smoke=args.smoke, plot_path=args.plot, seed=args.seed)
