@@ -106,23 +106,52 @@ def main(
     relation = rd.ImplicitDiffusion(to_float64(pred), nodes)
     rho = jnp.array([jnp.inf, 0.0])
     h = 1e-5
-    # The table's queries and the finite-difference twins of the first one
-    # (x +- h), all in one vmapped solve.
-    z0 = jnp.array([[x, y0] for x, y0, _ in QUERIES] + [[0.6 + h, 0.5], [0.6 - h, 0.5]])
-    sols = jax.vmap(lambda q: rd.implicit_infer(relation, q, rho, tol=1e-13))(z0)
+    # The adjoint (implicit function theorem) derivative of the first query's
+    # loss, with respect to the clamped x and to every weight.
+    x, y0 = jnp.asarray(0.6), jnp.asarray(0.5)
+    grad_model, grad_x = eqx.filter_jit(
+        eqx.filter_grad(lambda args: answer_loss(args[0], args[1], y0))
+    )((relation, x))
+    g_hidden = grad_model.pred.model.layers[1].weight
+    i, j = np.unravel_index(int(jnp.argmax(jnp.abs(g_hidden))), g_hidden.shape)
+    weight = relation.pred.model.layers[1].weight
+
+    def with_weight(v):
+        return eqx.tree_at(
+            lambda r: r.pred.model.layers[1].weight, relation, weight.at[i, j].set(v)
+        )
+
+    # One vmapped solve answers the table's queries and the central-difference
+    # twins of the first one: x +- h, and the hidden weight +- h.
+    cases = [(relation, [x_, y_]) for x_, y_, _ in QUERIES]
+    cases += [(relation, [0.6 + h, 0.5]), (relation, [0.6 - h, 0.5])]
+    cases += [(with_weight(weight[i, j] + h), [0.6, 0.5])]
+    cases += [(with_weight(weight[i, j] - h), [0.6, 0.5])]
+    relations = jax.tree.map(
+        lambda *leaves: jnp.stack(leaves) if eqx.is_array(leaves[0]) else leaves[0],
+        *[r for r, _ in cases],
+    )
+    z0 = jnp.array([q for _, q in cases])
+    sols = eqx.filter_jit(
+        eqx.filter_vmap(lambda r, q: rd.implicit_infer(r, q, rho, tol=1e-13))
+    )(relations, z0)
+    losses_fd = 0.5 * (sols.z[3:, 1] - 0.7) ** 2
+    fd_x = (losses_fd[0] - losses_fd[1]) / (2 * h)
+    fd_w = (losses_fd[2] - losses_fd[3]) / (2 * h)
+
     answers, rows = [], []
     print(
         "\n  x clamped | y start |  answer (x, y)     | radius | spec y | conv | stable"
     )
-    for q, (x, y0, spec) in enumerate(QUERIES):
+    for q, (xq, yq, spec) in enumerate(QUERIES):
         z = np.asarray(sols.z[q])
         radius = float(np.hypot(*z))
         conv, stable = bool(sols.converged[q]), bool(sols.stable[q])
         answers.append(z)
         rows.append(
             {
-                "x": x,
-                "y0": y0,
+                "x": xq,
+                "y0": yq,
                 "y": float(z[1]),
                 "spec_y": spec,
                 "radius": radius,
@@ -132,29 +161,10 @@ def main(
             }
         )
         print(
-            f"  {x:9.2f} | {y0:7.2f} | ({z[0]:+.4f}, {z[1]:+.4f}) | {radius:.4f} "
+            f"  {xq:9.2f} | {yq:7.2f} | ({z[0]:+.4f}, {z[1]:+.4f}) | {radius:.4f} "
             f"| {spec:+.2f}  | {conv!s:4} | {stable}"
         )
 
-    # Adjoint (implicit function theorem) derivative against central differences.
-    x, y0 = jnp.asarray(0.6), jnp.asarray(0.5)
-    grad_model, grad_x = eqx.filter_grad(
-        lambda args: answer_loss(args[0], args[1], y0)
-    )((relation, x))
-    loss_pm = 0.5 * (sols.z[3:, 1] - 0.7) ** 2
-    fd_x = (loss_pm[0] - loss_pm[1]) / (2 * h)
-    g_hidden = grad_model.pred.model.layers[1].weight
-    i, j = np.unravel_index(int(jnp.argmax(jnp.abs(g_hidden))), g_hidden.shape)
-    weight = relation.pred.model.layers[1].weight
-
-    def with_weight(v):
-        new = eqx.tree_at(
-            lambda r: r.pred.model.layers[1].weight, relation, weight.at[i, j].set(v)
-        )
-        return answer_loss(new, x, y0)
-
-    loss_w = jax.vmap(with_weight)(weight[i, j] + jnp.array([h, -h]))
-    fd_w = (loss_w[0] - loss_w[1]) / (2 * h)
     rel_x = abs(float(grad_x - fd_x)) / abs(float(fd_x))
     rel_w = abs(float(g_hidden[i, j] - fd_w)) / abs(float(fd_w))
     print("\nd/dθ of (y - 0.7)^2/2 at the first query: adjoint vs central differences")
@@ -166,7 +176,7 @@ def main(
     )
     print(f"    relative difference {rel_w:.1e}")
 
-    jac = relation.prior_jacobian(jnp.asarray(answers[0]))
+    jac = eqx.filter_jit(lambda r, z: r.prior_jacobian(z))(relation, sols.z[0])
     asym = float(jnp.linalg.norm(jac - jac.T) / jnp.linalg.norm(jac))
     print(
         f"\nJacobian asymmetry |J - J^T| / |J| at the first answer: {asym:.3f}"
