@@ -381,3 +381,30 @@ def test_matrix_free_larger_space_and_saddle_escape():
 
     _, p_z0, _ = rd.implicit_pullback(model, dense, z0, rho, zbar)
     assert_close(jax.grad(f)(z0), p_z0, rtol=1e-6)
+
+
+def test_guarded_newton_as_an_optimistix_root_finder():
+    # r(y) = grad of the double well (|y|^2 - 1)^2 / 4 + y_2^2/2 in 2-D: the origin
+    # is a root (a maximum in y_1), the stable roots are y = (+-1, 0).
+    def fn(y, _):
+        return jnp.stack([y[0] ** 3 - y[0], y[1]])
+
+    start = jnp.array([0.0, 0.3])
+    plain = optx.root_find(fn, optx.Newton(rtol=1e-10, atol=1e-10), start)
+    assert_close(plain.value, jnp.zeros(2), atol=1e-10)  # settles on the maximum
+    solver = rd.GuardedNewton(rtol=1e-10, atol=1e-10)
+    sol = optx.root_find(fn, solver, start, max_steps=50)
+    # escape along the negative-curvature direction, made positive: y_1 -> +1
+    assert_close(sol.value, jnp.array([1.0, 0.0]), atol=1e-10)
+    assert bool(sol.stats["stable"]) and bool(sol.stats["converged"])
+    # a fixed (clamped) coordinate is left alone and kept out of the stability test
+    fixed = optx.root_find(
+        lambda y, _: jnp.stack([y[0] - 0.5, y[1] ** 3 - y[1]]),
+        solver,
+        jnp.array([0.5, 0.0]),
+        options={"fixed": jnp.array([True, False])},
+        max_steps=50,
+    )
+    assert_close(fixed.value, jnp.array([0.5, 1.0]), atol=1e-10)
+    with pytest.raises(ValueError, match="max_step"):
+        rd.GuardedNewton(rtol=1e-8, atol=1e-8, max_step=0.0)

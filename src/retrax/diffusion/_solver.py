@@ -19,6 +19,7 @@ class _GuardedState(eqx.Module):
     stable: Bool[Array, ""]
     lmin: Float[Array, ""]
     vmin: Float[Array, " n"]
+    reflect: Float[Array, "n n"] | None
 
 
 def _fixed_mask(options: dict[str, Any], y: Array) -> Array:
@@ -88,12 +89,17 @@ class GuardedNewton(optx.AbstractRootFinder):
 
     - where $\mathrm{sym}(J_{FF})$ is positive definite: a Newton step with
       Armijo backtracking on $\tfrac12\|r\|^2$;
-    - elsewhere: a Levenberg step $-(J + \mu D_F)^{-1} r$ with
-      $\mu = 2\max(-\lambda_{\min}, 0)$ (plus a small floor), which makes the
-      symmetric part of the shifted matrix positive definite and so moves
-      *down* the potential, away from saddles and maxima (near a saddle it
-      doubles the distance along the unstable direction each step), capped
-      at `max_step * (1 + max|y|)`;
+    - elsewhere: a saddle-free step (Dauphin et al., "Identifying and
+      attacking the saddle point problem in high-dimensional non-convex
+      optimization", NeurIPS 2014) $-(J + \Delta)^{-1} r$, where the
+      symmetric $\Delta = V\,\mathrm{diag}(\max(|\lambda|, \epsilon) -
+      \lambda)\,V^\top$ from the eigendecomposition of $\mathrm{sym}(J_{FF})$
+      turns its eigenvalues into their absolute values: directions of negative
+      curvature are reversed (near a saddle the distance along them doubles
+      each step), positive ones keep their Newton step. Matrix-free, the shift
+      is a Levenberg one, $\Delta = \mu D_F$ with
+      $\mu = 2\max(-\lambda_{\min}, 0)$. Either step is capped at
+      `max_step * (1 + max|y|)`;
     - at a root that is not stable (converged, residual about 0): a step of
       length `escape_radius * (1 + max|y|)` along the eigenvector of
       $\mathrm{sym}(J_{FF})$ with the most negative eigenvalue, its
@@ -163,6 +169,7 @@ class GuardedNewton(optx.AbstractRootFinder):
 
             lmin, vmin = _lanczos_min(symmv, n, self.lanczos_steps, dtype, free)
             jac = None
+            reflect = None
         else:
 
             def twice(_y):
@@ -180,6 +187,13 @@ class GuardedNewton(optx.AbstractRootFinder):
             masked = jnp.where(on_free, evals, jnp.inf)
             idx = jnp.argmin(masked)
             lmin, vmin = masked[idx], evecs[:, idx]
+            # Saddle-free shift: adding it to J turns every eigenvalue of
+            # sym(J_FF) into max(|lambda|, floor), so directions of negative
+            # curvature are reversed and positive ones keep their Newton step.
+            floor = jnp.sqrt(jnp.finfo(dtype).eps) * (jnp.max(jnp.abs(evals)) + 1)
+            shift = jnp.where(on_free, jnp.maximum(jnp.abs(evals), floor) - evals, 0)
+            reflect = (evecs * shift) @ evecs.T
+            reflect = jnp.where(both, reflect, 0)
         scale = self.atol + self.rtol * jnp.max(jnp.abs(y))
         converged = self.norm(f) <= scale
         stable = lmin > 0
@@ -190,12 +204,14 @@ class GuardedNewton(optx.AbstractRootFinder):
             stable=stable,
             lmin=lmin,
             vmin=_oriented(jnp.where(free, vmin, 0)),
+            reflect=reflect,
         )
 
     def _solve(self, fn, y, args, state, fixed, shift):
-        """Solve $(J + \\mathrm{shift}\\, D_F) d = -f$."""
-        shift_diag = jnp.where(fixed, 0, shift).astype(y.dtype)
+        """Solve $(J + \\mathrm{shift}\\, D_F) d = -f$ (matrix-free), or the
+        Newton or saddle-free system (dense)."""
         if self.matrix_free:
+            shift_diag = jnp.where(fixed, 0, shift).astype(y.dtype)
 
             def res(_y):
                 out, _ = fn(_y, args)
@@ -207,7 +223,9 @@ class GuardedNewton(optx.AbstractRootFinder):
             )
             sol = lx.linear_solve(op, -state.f, self.linear_solver, throw=False)
             return sol.value
-        return jnp.linalg.solve(state.jac + jnp.diag(shift_diag), -state.f)
+        # Dense: `shift=None` asks for the saddle-free step, otherwise Newton.
+        mat = state.jac if shift is not None else state.jac + state.reflect
+        return jnp.linalg.solve(mat, -state.f)
 
     # -- optimistix interface -------------------------------------------------
 
@@ -225,9 +243,12 @@ class GuardedNewton(optx.AbstractRootFinder):
         newton = state.stable & ~state.converged
 
         d_newton = self._solve(fn, y, args, state, fixed, jnp.zeros((), dtype))
-        floor = jnp.sqrt(tiny) * (jnp.abs(state.lmin) + 1)
-        mu = jnp.maximum(2 * jnp.maximum(-state.lmin, 0), floor)
-        d_reg = self._solve(fn, y, args, state, fixed, mu)
+        if self.matrix_free:
+            floor = jnp.sqrt(tiny) * (jnp.abs(state.lmin) + 1)
+            mu = jnp.maximum(2 * jnp.maximum(-state.lmin, 0), floor)
+            d_reg = self._solve(fn, y, args, state, fixed, mu)
+        else:
+            d_reg = self._solve(fn, y, args, state, fixed, None)
         cap = self.max_step * scale
         big = jnp.max(jnp.abs(d_reg))
         d_reg = d_reg * jnp.minimum(1, cap / jnp.maximum(big, jnp.finfo(dtype).tiny))
