@@ -41,3 +41,15 @@ def test_streaming_smoke(capsys):
     assert result["y_blocks"].shape == result["y_full"].shape
     assert result["y_diff"] <= 1e-6 * scale
     assert result["envelope_diff"] <= 1e-6 * scale
+
+
+def test_circle_mlp_smoke(capsys, tmp_path):
+    plot = tmp_path / "circle.png"
+    result = load_example("circle_mlp.py").main(smoke=True, plot_path=str(plot))
+    out = capsys.readouterr().out
+    assert "radius" in out and "relative difference" in out
+    assert plot.stat().st_size > 0
+    # Even a short training run gives a field whose queries converge, and the
+    # implicit derivatives match finite differences whatever the training.
+    assert all(row["converged"] for row in result["rows"])
+    assert result["grad_x_rel"] < 1e-6 and result["grad_w_rel"] < 1e-6

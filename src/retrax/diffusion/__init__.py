@@ -11,6 +11,19 @@
 """
 
 from ._energy import EnergyNetwork as EnergyNetwork
+from ._field import ImplicitDiffusion as ImplicitDiffusion
+from ._infer import (
+    ImplicitRoots as ImplicitRoots,
+    LaplaceBelief as LaplaceBelief,
+    MixtureBelief as MixtureBelief,
+    implicit_energy as implicit_energy,
+    implicit_infer as implicit_infer,
+    implicit_laplace as implicit_laplace,
+    implicit_mixture as implicit_mixture,
+    implicit_pullback as implicit_pullback,
+    implicit_roots as implicit_roots,
+    laplace_belief as laplace_belief,
+)
 from ._mixture import (
     GaussianMixtureEps as GaussianMixtureEps,
     OnlineKDE as OnlineKDE,
@@ -23,6 +36,12 @@ from ._models import (
     FiLMResidualMLP as FiLMResidualMLP,
     TimeEmbedding as TimeEmbedding,
     TimeMLP as TimeMLP,
+)
+from ._nodes import (
+    FieldNodes as FieldNodes,
+    density_lambda as density_lambda,
+    field_nodes as field_nodes,
+    noisefree_nodes as noisefree_nodes,
 )
 from ._predictor import (
     AbstractExactPredictor as AbstractExactPredictor,
@@ -41,4 +60,6 @@ from ._sample import (
     sample_ode as sample_ode,
 )
 from ._schedule import VPSDE as VPSDE, AbstractNoiseSchedule as AbstractNoiseSchedule
+from ._solution import RESULTS as RESULTS, ImplicitSolution as ImplicitSolution
+from ._solver import GuardedNewton as GuardedNewton
 from ._train import fit as fit

@@ -1,0 +1,162 @@
+"""The implicit field of a noise predictor, and the clamped residual of a query."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Bool, Float
+
+from ._nodes import FieldNodes
+from ._predictor import AbstractPredictor, as_state
+
+
+def clamp_mask(rho: Float[Array, " n"]) -> Bool[Array, " n"]:
+    """The hard-clamped coordinates: those with an infinite stiffness."""
+    return jnp.isposinf(rho)
+
+
+def soft_stiffness(rho: Float[Array, " n"]) -> Float[Array, " n"]:
+    r"""$\rho_i^2$ on the non-clamped coordinates and 0 on clamped ones.
+
+    The `where` selects before squaring, so an infinite $\rho$ never meets a
+    zero (no `inf * 0`) and its derivative is exactly 0.
+    """
+    safe = jnp.where(clamp_mask(rho), jnp.zeros_like(rho), rho)
+    return safe * safe
+
+
+class ImplicitDiffusion(eqx.Module):
+    r"""A noise predictor used as a relation: the implicit field and its queries.
+
+    The prior field over the joint space is
+
+    $g(z) = \sum_k w_k \lambda_k\,(\hat\epsilon(\alpha_k z + \sigma_k e_k, t_k)
+    - e_k)$, $\lambda_k = \lambda\,\sigma_k/\alpha_k$
+
+    (the RED-Diff weighting of Mardani et al., "A variational perspective on
+    solving inverse problems with diffusion models", ICLR 2024), over the
+    fixed [`retrax.diffusion.FieldNodes`][] $(t_k, e_k, w_k)$. For the exact
+    predictor of a density $p$ it approximates
+    $\lambda\sum_k w_k\sigma_k^2/\alpha_k^2\,(-\nabla\log p)$: its stable roots
+    are the modes. All $K$ nodes are evaluated in one `vmap`ped call of the
+    predictor, and the Jacobian is one `jax.jacfwd` of that call.
+
+    A query clamps some coordinates and solves for the others:
+    see [`retrax.diffusion.ImplicitDiffusion.implicit_residual`][] and
+    [`retrax.diffusion.implicit_infer`][].
+
+    **Arguments:**
+
+    - `pred`: the noise predictor.
+    - `nodes`: the field nodes; their dimension is the joint dimension $n$.
+    - `lam`: the global field weight $\lambda$ (see
+      [`retrax.diffusion.density_lambda`][] for a data-unit choice).
+    """
+
+    pred: AbstractPredictor
+    nodes: FieldNodes
+    lam: float | Float[Array, ""] = 1.0
+
+    def __check_init__(self):
+        if not isinstance(self.pred, AbstractPredictor):
+            raise TypeError(
+                "`pred` must be a noise predictor (an AbstractPredictor such as "
+                f"NoisePredictor or GaussianMixtureEps), got {type(self.pred)}."
+            )
+        if not isinstance(self.nodes, FieldNodes):
+            raise TypeError(
+                f"`nodes` must be FieldNodes (see `field_nodes`), got "
+                f"{type(self.nodes)}."
+            )
+
+    @property
+    def dim(self) -> int:
+        """The joint dimension $n$ (that of the nodes)."""
+        return self.nodes.dim
+
+    def check_point(self, name: str, z: ArrayLike) -> Float[Array, " n"]:
+        """Check that `z` is one floating point of the joint space."""
+        z = as_state(name, z)
+        if z.shape != (self.dim,):
+            raise ValueError(
+                f"`{name}` must be a vector of length {self.dim} (the field nodes' "
+                f"dimension), got shape {z.shape}. If the model's dimension is "
+                "different, draw the nodes with `field_nodes(key, n)` for its `n`."
+            )
+        return z
+
+    def prior_field(self, z: Float[ArrayLike, " n"]) -> Float[Array, " n"]:
+        r"""The prior field $g(z)$.
+
+        **Arguments:**
+
+        - `z`: a point of the joint space, shape `(n,)`.
+
+        **Returns:**
+
+        $g(z)$, shape `(n,)`, typed like `z`.
+        """
+        z = self.check_point("z", z)
+        dtype = z.dtype
+        # Adding a zero stages `t` into any enclosing trace: the schedule's time
+        # check branches on `isinstance(t, Tracer)`, and a concrete `t` closed over
+        # by a jitted function would otherwise be checked with `bool()` on a tracer.
+        t = self.nodes.t.astype(dtype) + jnp.zeros((), dtype)
+        e = self.nodes.eps.astype(dtype)
+        w = self.nodes.w.astype(dtype)
+        schedule = self.pred.schedule
+        alpha = schedule.alpha(t).astype(dtype)
+        sigma = schedule.sigma(t).astype(dtype)
+        x = alpha[:, None] * z[None, :] + sigma[:, None] * e
+        eps = jax.vmap(self.pred.epsilon)(x, t)
+        coef = w * jnp.asarray(self.lam).astype(dtype) * sigma / alpha
+        return coef @ (eps - e)
+
+    def prior_jacobian(self, z: Float[ArrayLike, " n"]) -> Float[Array, "n n"]:
+        r"""The Jacobian $\partial g/\partial z = \sum_k w_k\lambda_k\alpha_k
+        \,\partial_x\hat\epsilon(x_k, t_k)$, by one forward-mode pass.
+
+        **Arguments:**
+
+        - `z`: a point of the joint space, shape `(n,)`.
+
+        **Returns:**
+
+        The `(n, n)` Jacobian; not symmetric for a learned field.
+        """
+        z = self.check_point("z", z)
+        return jax.jacfwd(self.prior_field)(z)
+
+    def implicit_residual(
+        self,
+        z: Float[ArrayLike, " n"],
+        z0: Float[ArrayLike, " n"],
+        rho: Float[ArrayLike, " n"],
+    ) -> Float[Array, " n"]:
+        r"""The residual of a query, whose roots are the query's answers.
+
+        With stiffness $\rho_i$ (an inverse standard deviation):
+        $\rho_i = \infty$ clamps $z_i = z_{0,i}$ (row $z_i - z_{0,i}$), a large
+        finite $\rho_i$ is a soft input, a small one an anchor that selects a
+        branch, and $\rho_i = 0$ leaves $z_i$ free. On the non-clamped
+        coordinates $F$ the residual is $g(z) + \rho^2 (z - z_0)$. The clamp
+        pattern is data: every query has the same `n`-vector residual, so
+        queries with different patterns share one compiled program and one
+        `vmap`.
+
+        **Arguments:**
+
+        - `z`: the point, shape `(n,)`.
+        - `z0`: the query values, shape `(n,)`.
+        - `rho`: the stiffnesses, shape `(n,)`, in $[0, \infty]$.
+
+        **Returns:**
+
+        The residual, shape `(n,)`.
+        """
+        z = self.check_point("z", z)
+        z0 = self.check_point("z0", z0).astype(z.dtype)
+        rho = self.check_point("rho", rho).astype(z.dtype)
+        clamped = clamp_mask(rho)
+        diff = z - z0
+        free_rows = self.prior_field(z) + soft_stiffness(rho) * diff
+        return jnp.where(clamped, diff, free_rows)

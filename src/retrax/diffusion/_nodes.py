@@ -1,0 +1,183 @@
+"""Field nodes: the fixed noise levels and noise draws an implicit field averages."""
+
+from collections.abc import Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.typing import DTypeLike
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
+
+from ._schedule import AbstractNoiseSchedule
+
+
+class FieldNodes(eqx.Module):
+    r"""A fixed set of $K$ field nodes $(t_k, e_k, w_k)$.
+
+    The implicit field of [`retrax.diffusion.ImplicitDiffusion`][] is a
+    weighted sum over these nodes of the denoising residual
+    $\hat\epsilon(\alpha_k z + \sigma_k e_k, t_k) - e_k$. Fixing the nodes
+    makes the field a deterministic function of $z$, so it has roots and a
+    Jacobian.
+
+    **Arguments:**
+
+    - `t`: the diffusion times, shape `(K,)`, in `(0, 1]`.
+    - `eps`: the noise draws, shape `(K, n)`.
+    - `w`: the nonnegative node weights, shape `(K,)`.
+    """
+
+    t: Float[Array, " _K"]
+    eps: Float[Array, "_K n"]
+    w: Float[Array, " _K"]
+
+    def __check_init__(self):
+        t, eps, w = self.t, self.eps, self.w
+        if not (hasattr(t, "ndim") and hasattr(eps, "ndim") and hasattr(w, "ndim")):
+            raise ValueError("`t`, `eps` and `w` must be arrays.")
+        if eps.ndim != 2 or eps.shape[0] == 0 or eps.shape[1] == 0:
+            raise ValueError(
+                "`eps` must have shape (nodes, dim) with at least one node, got "
+                f"shape {eps.shape}."
+            )
+        k = eps.shape[0]
+        if t.shape != (k,) or w.shape != (k,):
+            raise ValueError(
+                f"`t` and `w` must have shape ({k},), one per node, got "
+                f"{t.shape} and {w.shape}."
+            )
+        for name, a in (("t", t), ("eps", eps), ("w", w)):
+            if not jnp.issubdtype(a.dtype, jnp.floating):
+                raise TypeError(f"`{name}` must be floating, got {a.dtype}.")
+            if not isinstance(a, jax.core.Tracer) and not bool(
+                jnp.all(jnp.isfinite(a))
+            ):
+                raise ValueError(f"`{name}` must be finite.")
+        if not isinstance(t, jax.core.Tracer) and not bool(jnp.all((t > 0) & (t <= 1))):
+            raise ValueError("the node times `t` must lie in (0, 1].")
+        if not isinstance(w, jax.core.Tracer) and not bool(jnp.all(w >= 0)):
+            raise ValueError("the node weights `w` must be nonnegative.")
+
+    @property
+    def size(self) -> int:
+        """The number of nodes $K$."""
+        return self.eps.shape[0]
+
+    @property
+    def dim(self) -> int:
+        """The dimension $n$ of the joint space the nodes belong to."""
+        return self.eps.shape[1]
+
+
+def _levels_array(levels, dtype):
+    if levels is None:
+        return jnp.linspace(0.002, 0.05, 8, dtype=dtype)
+    levels = jnp.asarray(levels)
+    if levels.ndim != 1 or levels.shape[0] == 0:
+        raise ValueError(
+            f"`levels` must be a non-empty vector of times, got shape {levels.shape}."
+        )
+    return levels.astype(dtype)
+
+
+def field_nodes(
+    key: PRNGKeyArray,
+    n: int,
+    levels: Float[ArrayLike, " levels"] | Sequence[float] | None = None,
+    samples: int = 4,
+    antithetic: bool = True,
+    dtype: DTypeLike | None = None,
+) -> FieldNodes:
+    r"""Draw field nodes: `samples` noise draws at each of several noise levels.
+
+    With `antithetic=True` every draw $e$ comes with $-e$, which cancels the
+    odd part of the Monte Carlo error (and makes the field exact for a
+    locally linear $\hat\epsilon$). All $K$ nodes get the weight $1/K$.
+
+    **Arguments:**
+
+    - `key`: a PRNG key.
+    - `n`: the dimension of the joint space.
+    - `levels`: the diffusion times; `linspace(0.002, 0.05, 8)` by default
+      (small times: the field should read the data distribution, not its
+      heavily smoothed version).
+    - `samples`: draws per level.
+    - `antithetic`: whether to add the negated draws.
+    - `dtype`: a floating dtype; JAX's default float by default.
+
+    **Returns:**
+
+    A [`retrax.diffusion.FieldNodes`][] with
+    $K = $ `len(levels) * samples * (2 if antithetic else 1)` nodes.
+    """
+    if not (isinstance(n, int) and n >= 1):
+        raise ValueError(f"`n` must be a positive integer, got {n!r}.")
+    if not (isinstance(samples, int) and samples >= 1):
+        raise ValueError(f"`samples` must be a positive integer, got {samples!r}.")
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    levels = _levels_array(levels, dtype)
+    m = levels.shape[0]
+    eps = jax.random.normal(key, (m, samples, n), dtype=dtype)
+    if antithetic:
+        eps = jnp.concatenate([eps, -eps], axis=1)
+    per = eps.shape[1]
+    t = jnp.repeat(levels, per)
+    eps = eps.reshape(m * per, n)
+    k = eps.shape[0]
+    w = jnp.full((k,), 1.0 / k, dtype=dtype)
+    return FieldNodes(t, eps, w)
+
+
+def noisefree_nodes(
+    n: int, t: float = 0.002, dtype: DTypeLike | None = None
+) -> FieldNodes:
+    r"""One node at time `t`, zero noise: $g(z) \propto \hat\epsilon(\alpha_t z, t)$.
+
+    Cheap (one network call) but reads the model at one noise level only.
+
+    **Arguments:**
+
+    - `n`: the dimension of the joint space.
+    - `t`: the diffusion time in `(0, 1]`.
+    - `dtype`: a floating dtype; JAX's default float by default.
+
+    **Returns:**
+
+    A [`retrax.diffusion.FieldNodes`][] with one node of weight 1.
+    """
+    if not (isinstance(n, int) and n >= 1):
+        raise ValueError(f"`n` must be a positive integer, got {n!r}.")
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    return FieldNodes(
+        jnp.full((1,), t, dtype=dtype),
+        jnp.zeros((1, n), dtype=dtype),
+        jnp.ones((1,), dtype=dtype),
+    )
+
+
+def density_lambda(
+    schedule: AbstractNoiseSchedule, nodes: FieldNodes
+) -> Float[Array, ""]:
+    r"""The field weight that makes the implicit field a data-unit score.
+
+    Averaged over the noise, $\hat\epsilon(\alpha_k z + \sigma_k e, t_k)
+    \approx -\sigma_k\nabla_x\log p_{t_k} = -(\sigma_k/\alpha_k)\nabla_z\log
+    \tilde p_k(z)$, so the field $\sum_k w_k\lambda_k(\hat\epsilon_k - e_k)$
+    with $\lambda_k = \lambda\sigma_k/\alpha_k$ is about
+    $\lambda\sum_k w_k\sigma_k^2/\alpha_k^2\,(-\nabla\log\tilde p(z))$.
+    Choosing $\lambda = 1/\sum_k w_k\sigma_k^2/\alpha_k^2$ makes it
+    approximate $-\nabla\log p(z)$ in the data's own units, so its Jacobian
+    is a precision (used by [`retrax.diffusion.implicit_laplace`][]).
+
+    **Arguments:**
+
+    - `schedule`: the noise schedule of the predictor.
+    - `nodes`: the field nodes.
+
+    **Returns:**
+
+    The scalar $\lambda$.
+    """
+    t = nodes.t
+    ratio = schedule.sigma(t) ** 2 / schedule.alpha(t) ** 2
+    return 1.0 / jnp.sum(nodes.w * ratio.astype(nodes.w.dtype))

@@ -1,0 +1,42 @@
+"""Result codes and solution objects of implicit inference."""
+
+import equinox as eqx
+import optimistix as optx
+from jaxtyping import Array, Bool, Float, Int
+
+
+# Extends `optx.RESULTS` (itself extending `lx.RESULTS`), so the messages of the
+# nonlinear and linear solvers pass through unchanged.
+class RESULTS(optx.RESULTS):  # pyright: ignore
+    unstable_root = (
+        "The solve converged to an unstable root of the implicit field (the "
+        "symmetric part of its free-block Jacobian is not positive definite) and "
+        "could not leave it within `max_steps`. It is a saddle or a maximum of the "
+        "learned density, not an answer; try another start (`z_init`), an anchor "
+        "(a small positive `rho`), or `implicit_roots`."
+    )
+
+
+class ImplicitSolution(eqx.Module):
+    """The answer to one implicit-inference query.
+
+    **Attributes:**
+
+    - `z`: the full joint point (clamped coordinates equal to `z0`).
+    - `residual`: the query residual at `z`, full length, clamped entries 0.
+    - `steps`: the number of solver iterations.
+    - `converged`: whether $\\max|r_F| \\le \\mathrm{tol}\\,(1 + \\max|z|)$.
+    - `stable`: whether the symmetric part of the free-block Jacobian
+      $J_{FF} = \\partial g/\\partial z_{FF} + \\mathrm{diag}(\\rho_F^2)$ is
+      positive definite at `z`.
+    - `result`: a [`retrax.diffusion.RESULTS`][] code: `successful` when
+      converged and stable, `unstable_root` when converged but unstable, or the
+      optimistix/lineax failure otherwise.
+    """
+
+    z: Float[Array, " n"]
+    residual: Float[Array, " n"]
+    steps: Int[Array, ""]
+    converged: Bool[Array, ""]
+    stable: Bool[Array, ""]
+    result: RESULTS

@@ -1,0 +1,410 @@
+"""Implicit inference: the field, the guarded root finder and IFT gradients."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
+import pytest
+
+import retrax.diffusion as rd
+from helpers import assert_close
+
+
+SCHED = rd.VPSDE()
+INF = jnp.inf
+
+
+def ring_model(dtype=jnp.float64, k_samples=8):
+    ang = 2 * np.pi * np.arange(48) / 48
+    means = jnp.asarray(np.stack([np.cos(ang), np.sin(ang)], 1), dtype)
+    mix = rd.GaussianMixtureEps(SCHED, means, jnp.asarray(0.05, dtype))
+    nodes = rd.field_nodes(jax.random.key(0), 2, samples=k_samples, dtype=dtype)
+    return rd.ImplicitDiffusion(mix, nodes)
+
+
+class Twisted(rd.AbstractPredictor):
+    """A non-conservative predictor: a mixture, a rotation and a small MLP."""
+
+    mix: rd.GaussianMixtureEps
+    mlp: rd.TimeMLP
+    omega: float
+    schedule: rd.AbstractNoiseSchedule
+
+    def epsilon(self, x, t):
+        a = jnp.array([[0.0, -1.0, 0.5], [1.0, 0.0, -0.3], [-0.5, 0.3, 0.0]], x.dtype)
+        sigma = self.schedule.sigma(t).astype(x.dtype)
+        return (
+            self.mix.epsilon(x, t)
+            + self.omega * sigma * (a @ x)
+            + 0.3 * sigma * self.mlp(x, t)
+        )
+
+
+def twisted_model():
+    means = jax.random.normal(jax.random.key(1), (4, 3), jnp.float64)
+    mix = rd.GaussianMixtureEps(SCHED, means, 0.4)
+    mlp = rd.TimeMLP(3, hidden=8, key=jax.random.key(2), dtype=jnp.float64)
+    pred = Twisted(mix, mlp, 2.0, SCHED)
+    return rd.ImplicitDiffusion(pred, rd.field_nodes(jax.random.key(0), 3, samples=2))
+
+
+# -- nodes and field ---------------------------------------------------------
+
+
+def test_field_nodes():
+    nodes = rd.field_nodes(jax.random.key(0), 3)
+    assert nodes.size == 64 and nodes.dim == 3
+    assert_close(nodes.w, np.full(64, 1 / 64))
+    levels = np.linspace(0.002, 0.05, 8)
+    assert_close(nodes.t, np.repeat(levels, 8), rtol=1e-15)
+    e = np.asarray(nodes.eps).reshape(8, 8, 3)
+    assert_close(e[:, 4:], -e[:, :4], rtol=0)  # antithetic pairs per level
+    single = rd.field_nodes(
+        jax.random.key(0),
+        2,
+        levels=[0.1],
+        samples=3,
+        antithetic=False,
+        dtype=jnp.float32,
+    )
+    assert single.size == 3 and single.eps.dtype == jnp.float32
+    free = rd.noisefree_nodes(2, 0.01)
+    assert free.size == 1 and float(jnp.abs(free.eps).max()) == 0
+    lam = rd.density_lambda(SCHED, nodes)
+    ref = 1 / np.mean(SCHED.sigma(nodes.t) ** 2 / SCHED.alpha(nodes.t) ** 2)
+    assert_close(lam, ref)
+    with pytest.raises(ValueError, match="one per node"):
+        rd.FieldNodes(jnp.ones(3), jnp.ones((4, 2)), jnp.ones(4))
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        rd.FieldNodes(jnp.zeros(4), jnp.ones((4, 2)), jnp.ones(4))
+    with pytest.raises(ValueError, match="positive integer"):
+        rd.field_nodes(jax.random.key(0), 0)
+
+
+def test_prior_field_against_node_loop():
+    model = ring_model(k_samples=1)
+    mix, nodes = model.pred, model.nodes
+    z = jnp.array([0.3, -0.8])
+    a, s = SCHED.alpha(nodes.t), SCHED.sigma(nodes.t)
+    x = a[:, None] * z + s[:, None] * nodes.eps
+    eps = jax.vmap(mix.epsilon)(x, nodes.t)
+    jacs = jax.vmap(mix.jacobian)(x, nodes.t)  # closed form, not AD
+    coef = nodes.w * s / a
+    g = np.einsum("k,kn->n", coef, eps - nodes.eps)
+    jac = np.einsum("k,kij->ij", coef * a, jacs)
+    assert_close(model.prior_field(z), g, rtol=1e-12)
+    assert_close(model.prior_jacobian(z), jac, rtol=1e-12)
+
+
+def test_residual_masks_and_infinite_stiffness():
+    model = twisted_model()
+    z = jnp.array([0.3, -0.2, 0.5])
+    z0 = jnp.array([0.1, 0.0, 0.4])
+    rho = jnp.array([INF, 0.0, 2.0])
+    r = model.implicit_residual(z, z0, rho)
+    g = model.prior_field(z)
+    assert_close(r, jnp.array([0.2, g[1], g[2] + 4.0 * 0.1]), rtol=1e-13)
+    d_rho = jax.grad(lambda p: jnp.sum(model.implicit_residual(z, z0, p)))(rho)
+    assert bool(jnp.all(jnp.isfinite(d_rho))) and float(d_rho[0]) == 0.0
+    assert_close(d_rho[2], 2 * 2.0 * 0.1, rtol=1e-13)
+
+
+# -- the circle of the spec, in closed form -----------------------------------
+
+
+@pytest.mark.parametrize("y0, target", [(0.5, 0.78), (-0.5, -0.78)])
+def test_ring_branches(y0, target):
+    sol = rd.implicit_infer(ring_model(), jnp.array([0.6, y0]), jnp.array([INF, 0.0]))
+    assert bool(sol.converged) and bool(sol.stable)
+    assert sol.result == rd.RESULTS.successful
+    assert float(sol.z[0]) == 0.6
+    assert abs(float(sol.z[1]) - target) < 0.03
+    assert float(sol.residual[0]) == 0.0
+    assert float(jnp.max(jnp.abs(sol.residual))) <= 1e-9 * (1 + 0.8)
+
+
+def test_ring_radius_at_top():
+    sol = rd.implicit_infer(ring_model(), jnp.array([0.0, 0.7]), jnp.array([INF, 0]))
+    radius = float(jnp.linalg.norm(sol.z))
+    assert bool(sol.converged) and bool(sol.stable)
+    assert 0.97 <= radius <= 0.995
+
+
+def test_ring_all_starts_reach_a_branch_quickly():
+    model = ring_model()
+    starts = jnp.linspace(-1.0, 1.0, 101)
+
+    def query(y):
+        return rd.implicit_infer(
+            model, jnp.array([0.6, 0.0]).at[1].set(y), jnp.array([INF, 0.0])
+        )
+
+    sols = jax.vmap(query)(starts)
+    assert bool(jnp.all(sols.converged & sols.stable))
+    assert int(jnp.max(sols.steps)) <= 30
+    assert bool(jnp.all(jnp.abs(jnp.abs(sols.z[:, 1]) - 0.78) < 0.03))
+
+
+def test_ring_leaves_an_exact_unstable_root():
+    model = ring_model()
+    z0, rho = jnp.array([0.6, 0.0]), jnp.array([INF, 0.0])
+
+    def fn(y, _):
+        return model.implicit_residual(y, z0, rho)
+
+    # Plain Newton from between the branches settles on the unstable root.
+    newton = optx.root_find(fn, optx.Newton(rtol=1e-12, atol=1e-12), z0)
+    saddle = newton.value
+    assert abs(float(saddle[1])) < 0.2
+    jac = model.prior_jacobian(saddle)
+    assert float(jac[1, 1]) < 0  # unstable in the free coordinate
+    sol = rd.implicit_infer(model, z0, rho, z_init=saddle)
+    assert bool(sol.converged) and bool(sol.stable)
+    assert abs(abs(float(sol.z[1])) - 0.78) < 0.03
+    assert int(sol.steps) <= 30
+    # Stopped there (no steps allowed): a result code, not an exception.
+    stuck = rd.implicit_infer(model, z0, rho, z_init=saddle, max_steps=0)
+    assert bool(stuck.converged) and not bool(stuck.stable)
+    assert stuck.result == rd.RESULTS.unstable_root
+
+
+def test_vmap_over_clamp_patterns():
+    model = ring_model()
+    z0 = jnp.array([[0.6, 0.5], [0.5, 0.6], [0.0, 0.7], [0.9, 0.1]])
+    rho = jnp.array([[INF, 0.0], [0.0, INF], [INF, 0.0], [0.0, 3.0]])
+    sols = jax.vmap(lambda a, b: rd.implicit_infer(model, a, b))(z0, rho)
+    for i in range(4):
+        one = rd.implicit_infer(model, z0[i], rho[i])
+        assert_close(sols.z[i], one.z, rtol=1e-9)
+    assert bool(jnp.all(sols.converged & sols.stable))
+    assert abs(float(sols.z[1, 0]) - 0.78) < 0.03  # y clamped, x inferred
+
+
+def test_float32_query():
+    model = ring_model(jnp.float32)
+    sol = rd.implicit_infer(
+        model, jnp.array([0.6, 0.5], jnp.float32), jnp.array([INF, 0.0], jnp.float32)
+    )
+    assert sol.z.dtype == jnp.float32
+    assert bool(sol.converged) and bool(sol.stable)
+    assert abs(float(sol.z[1]) - 0.78) < 0.03
+
+
+# -- gradients -----------------------------------------------------------------
+
+Z0 = jnp.array([0.3, 0.1, 0.2])
+RHO = jnp.array([INF, 0.0, 1.5])
+ZBAR = jnp.array([0.7, -1.3, 0.4])
+
+
+def loss(model, z0, rho):
+    return jnp.dot(ZBAR, rd.implicit_infer(model, z0, rho, tol=1e-13).z)
+
+
+def central(f, x, h=1e-5):
+    x = np.asarray(x, dtype=np.float64)
+    out = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        e = np.zeros_like(x)
+        e[i] = h
+        out[i] = (f(jnp.asarray(x + e)) - f(jnp.asarray(x - e))) / (2 * h)
+    return out
+
+
+@pytest.fixture(scope="module")
+def twisted():
+    model = twisted_model()
+    sol = rd.implicit_infer(model, Z0, RHO, tol=1e-13)
+    assert bool(sol.converged) and bool(sol.stable)
+    jac = model.prior_jacobian(sol.z)
+    # the test is only meaningful on a non-conservative field
+    assert float(jnp.max(jnp.abs(jac - jac.T))) > 0.1 * float(jnp.max(jnp.abs(jac)))
+    return model, sol
+
+
+def test_gradients_equal_finite_differences(twisted):
+    model, sol = twisted
+    rho_soft = RHO.at[1].set(0.7)  # a soft anchor too, so d/drho is not trivially 0
+    g_model, g_z0, g_rho = eqx.filter_grad(lambda args: loss(*args))(
+        (model, Z0, rho_soft)
+    )
+    fd_z0 = central(lambda a: loss(model, a, rho_soft), Z0)
+    assert_close(g_z0, fd_z0, rtol=1e-6)
+    fd_rho = central(
+        lambda b: loss(model, Z0, jnp.where(jnp.isinf(RHO), INF, b)),
+        jnp.where(jnp.isinf(RHO), 0.0, rho_soft),
+    )
+    assert_close(g_rho, fd_rho, rtol=1e-6)
+    assert float(g_rho[0]) == 0.0
+
+    def with_means(m):
+        return loss(eqx.tree_at(lambda q: q.pred.mix.means, model, m), Z0, rho_soft)
+
+    assert_close(
+        g_model.pred.mix.means, central(with_means, model.pred.mix.means), rtol=1e-6
+    )
+    # the hidden weight the loss is most sensitive to
+    g_hidden = g_model.pred.mlp.layers[1].weight
+    i, j = np.unravel_index(int(jnp.argmax(jnp.abs(g_hidden))), g_hidden.shape)
+    w = model.pred.mlp.layers[1].weight
+
+    def with_hidden(v):
+        m = eqx.tree_at(lambda q: q.pred.mlp.layers[1].weight, model, w.at[i, j].set(v))
+        return loss(m, Z0, rho_soft)
+
+    fd_w = central(lambda v: with_hidden(v[0]), w[i, j][None])[0]
+    assert_close(g_hidden[i, j], fd_w, rtol=1e-6)
+
+
+def test_pullback_is_the_adjoint_formula(twisted):
+    model, _ = twisted
+    sol = rd.implicit_infer(model, Z0, RHO, tol=1e-13)
+    g_model, g_z0, g_rho = eqx.filter_grad(lambda args: loss(*args))((model, Z0, RHO))
+    p_model, p_z0, p_rho = rd.implicit_pullback(model, sol, Z0, RHO, ZBAR)
+    assert_close(p_z0, g_z0, rtol=1e-10)
+    assert_close(p_rho, g_rho, rtol=1e-10, atol=1e-14)
+    assert_close(p_model.pred.mix.means, g_model.pred.mix.means, rtol=1e-10)
+    assert_close(
+        p_model.pred.mlp.layers[0].weight, g_model.pred.mlp.layers[0].weight, rtol=1e-10
+    )
+    # The same formula with J in place of J^T disagrees with finite differences.
+    free = ~jnp.isinf(RHO)
+    jac = jax.jacfwd(lambda y: model.implicit_residual(y, Z0, RHO))(sol.z)
+    wrong_mu = jnp.where(free, jnp.linalg.solve(jac, -ZBAR), 0)
+    wrong_clamped = ZBAR[0] + (jac.T @ wrong_mu)[0]
+    fd = central(lambda a: loss(model, a, RHO), Z0)
+    assert abs(float(wrong_clamped) - fd[0]) > 1e-3 * abs(fd[0])
+    assert_close(p_z0[0], fd[0], rtol=1e-6)
+
+
+def test_gradient_of_unconverged_solve_is_never_silent():
+    model = ring_model()
+    z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
+    with pytest.raises(Exception, match="maximum number of steps"):
+        rd.implicit_infer(model, z0, rho, max_steps=1)
+
+    def f(a):
+        return rd.implicit_infer(model, a, rho, max_steps=1, throw=False).z[1]
+
+    sol = rd.implicit_infer(model, z0, rho, max_steps=1, throw=False)
+    assert not bool(sol.converged)
+    assert sol.result == rd.RESULTS.nonlinear_max_steps_reached
+    assert bool(jnp.all(jnp.isnan(jax.grad(f)(z0))))
+    _, p_z0, _ = rd.implicit_pullback(model, sol, z0, rho, jnp.array([0.0, 1.0]))
+    assert bool(jnp.all(jnp.isnan(p_z0)))
+
+
+def test_jit_vmap_grad():
+    model = ring_model()
+    rho = jnp.array([INF, 0.0])
+
+    def loss_y(x):
+        z = rd.implicit_infer(model, jnp.stack([x, jnp.asarray(0.5)]), rho).z
+        return 0.5 * (z[1] - 0.7) ** 2
+
+    xs = jnp.array([0.5, 0.6, 0.7])
+    grads = jax.jit(jax.vmap(jax.grad(loss_y)))(xs)
+    for x, g in zip(xs, grads, strict=True):
+        h = 1e-5
+        fd = (loss_y(x + h) - loss_y(x - h)) / (2 * h)
+        assert_close(g, fd, rtol=1e-5)
+
+
+# -- bad input -----------------------------------------------------------------
+
+
+def test_bad_queries():
+    model = ring_model()
+    z0 = jnp.array([0.6, 0.5])
+    with pytest.raises(Exception, match="NaN or a negative"):
+        rd.implicit_infer(model, z0, jnp.array([INF, jnp.nan]))
+    with pytest.raises(Exception, match="NaN or a negative"):
+        rd.implicit_infer(model, z0, jnp.array([INF, -1.0]))
+    with pytest.raises(ValueError, match="length 2"):
+        rd.implicit_infer(model, jnp.array([0.6, 0.5, 0.1]), jnp.array([INF, 0, 0]))
+    with pytest.raises(Exception, match="every coordinate is clamped"):
+        rd.implicit_infer(model, z0, jnp.array([INF, INF]))
+    with pytest.raises(Exception, match="finite"):
+        rd.implicit_infer(model, jnp.array([jnp.nan, 0.5]), jnp.array([INF, 0.0]))
+    with pytest.raises(TypeError, match="floating|Float"):
+        model.implicit_residual(jnp.array([1, 0]), z0, jnp.array([INF, 0.0]))
+    wrong = rd.ImplicitDiffusion(model.pred, rd.field_nodes(jax.random.key(0), 3))
+    with pytest.raises(ValueError, match="nodes' dimension"):
+        rd.implicit_infer(wrong, z0, jnp.array([INF, 0.0]))
+    with pytest.raises(ValueError, match="means' dimension"):
+        wrong.prior_field(jnp.zeros(3))
+    with pytest.raises(TypeError, match="FieldNodes"):
+        rd.ImplicitDiffusion(model.pred, jnp.zeros((4, 2)))
+
+
+# -- matrix-free mode ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_matrix_free_matches_dense(twisted):
+    model, sol = twisted
+
+    def loss_mf(m, a, b):
+        z = rd.implicit_infer(m, a, b, tol=1e-13, matrix_free=True).z
+        return jnp.dot(ZBAR, z)
+
+    mf = rd.implicit_infer(model, Z0, RHO, tol=1e-13, matrix_free=True)
+    assert bool(mf.converged) and bool(mf.stable)
+    assert_close(mf.z, sol.z, rtol=1e-11)
+    dense = eqx.filter_grad(lambda args: loss(*args))((model, Z0, RHO))
+    free = eqx.filter_grad(lambda args: loss_mf(*args))((model, Z0, RHO))
+    assert_close(free[1], dense[1], rtol=1e-8)
+    assert_close(free[0].pred.mix.means, dense[0].pred.mix.means, rtol=1e-8)
+
+
+def test_matrix_free_larger_space_and_saddle_escape():
+    # A 10-dimensional two-component mixture, 3 coordinates clamped: the free
+    # start between the components sits near the saddle.
+    n = 10
+    means = jnp.stack([jnp.ones(n), -jnp.ones(n)]) * 0.8
+    mix = rd.GaussianMixtureEps(SCHED, means, 0.3)
+    model = rd.ImplicitDiffusion(mix, rd.field_nodes(jax.random.key(0), n, samples=2))
+    rho = jnp.where(jnp.arange(n) < 3, INF, 0.0)
+    z0 = jnp.where(jnp.arange(n) < 3, 0.0, 0.01)
+    dense = rd.implicit_infer(model, z0, rho)
+    mf = rd.implicit_infer(model, z0, rho, matrix_free=True)
+    for s in (dense, mf):
+        assert bool(s.converged) and bool(s.stable)
+        assert float(jnp.min(jnp.abs(s.z[3:]))) > 0.3  # on a component, not at 0
+    assert_close(mf.z, dense.z, rtol=1e-7)
+    # the matrix-free adjoint (GMRES on VJPs) against the explicit formulas
+    zbar = jnp.linspace(-1.0, 1.0, n)
+
+    def f(a):
+        return jnp.dot(zbar, rd.implicit_infer(model, a, rho, matrix_free=True).z)
+
+    _, p_z0, _ = rd.implicit_pullback(model, dense, z0, rho, zbar)
+    assert_close(jax.grad(f)(z0), p_z0, rtol=1e-6)
+
+
+def test_guarded_newton_as_an_optimistix_root_finder():
+    # r(y) = grad of the double well (|y|^2 - 1)^2 / 4 + y_2^2/2 in 2-D: the origin
+    # is a root (a maximum in y_1), the stable roots are y = (+-1, 0).
+    def fn(y, _):
+        return jnp.stack([y[0] ** 3 - y[0], y[1]])
+
+    start = jnp.array([0.0, 0.3])
+    plain = optx.root_find(fn, optx.Newton(rtol=1e-10, atol=1e-10), start)
+    assert_close(plain.value, jnp.zeros(2), atol=1e-10)  # settles on the maximum
+    solver = rd.GuardedNewton(rtol=1e-10, atol=1e-10)
+    sol = optx.root_find(fn, solver, start, max_steps=50)
+    # escape along the negative-curvature direction, made positive: y_1 -> +1
+    assert_close(sol.value, jnp.array([1.0, 0.0]), atol=1e-10)
+    assert bool(sol.stats["stable"]) and bool(sol.stats["converged"])
+    # a fixed (clamped) coordinate is left alone and kept out of the stability test
+    fixed = optx.root_find(
+        lambda y, _: jnp.stack([y[0] - 0.5, y[1] ** 3 - y[1]]),
+        solver,
+        jnp.array([0.5, 0.0]),
+        options={"fixed": jnp.array([True, False])},
+        max_steps=50,
+    )
+    assert_close(fixed.value, jnp.array([0.5, 1.0]), atol=1e-10)
+    with pytest.raises(ValueError, match="max_step"):
+        rd.GuardedNewton(rtol=1e-8, atol=1e-8, max_step=0.0)
