@@ -80,9 +80,7 @@ def plot(relation, answers, path):
     plt.close(fig)
 
 
-def main(
-    smoke: bool = False, plot_path: str | None = "circle_mlp.png", seed: int = 0
-) -> dict:
+def main(smoke: bool = False, plot_path: str | None = None, seed: int = 0) -> dict:
     jax.config.update("jax_enable_x64", True)
     key = jax.random.key(seed)
     k_data, k_model, k_fit, k_nodes = jax.random.split(key, 4)
@@ -184,7 +182,10 @@ def main(
     )
     query_s = time.perf_counter() - start
     print(f"queries and derivative checks: {query_s:.1f} s")
-    if plot_path is not None:
+    if plot_path is None:
+        plot_path = pathlib.Path(__file__).parent / "outputs" / "circle_mlp.png"
+        plot_path.parent.mkdir(exist_ok=True)
+    if plot_path:
         plot(relation, answers, plot_path)
         print(f"saved {pathlib.Path(plot_path).resolve()}")
     return {
@@ -201,7 +202,9 @@ def main(
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a few-second run")
-    parser.add_argument("--plot", default="circle_mlp.png", help="PNG output path")
+    parser.add_argument(
+        "--plot", default=None, help="PNG output path (default examples/outputs/)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="data, model, nodes")
     args = parser.parse_args()
     main(smoke=args.smoke, plot_path=args.plot, seed=args.seed)
