@@ -45,11 +45,15 @@ def to_float64(tree):
     )
 
 
+# --8<-- [start:loss]
 def answer_loss(relation, x, z0y):
     """`(y - 0.7)^2 / 2` of the answer to "x clamped, y from `z0y`"."""
     z0 = jnp.stack([x, z0y])
     sol = rd.implicit_infer(relation, z0, jnp.array([jnp.inf, 0.0]), tol=1e-13)
     return 0.5 * (sol.z[1] - 0.7) ** 2
+
+
+# --8<-- [end:loss]
 
 
 def plot(relation, answers, path):
@@ -86,6 +90,7 @@ def main(smoke: bool = False, plot_path: str | None = None, seed: int = 0) -> di
     k_data, k_model, k_fit, k_nodes = jax.random.split(key, 4)
     steps = 300 if smoke else 6000
 
+    # --8<-- [start:train]
     # Train in float32, as one jitted scan per chunk of steps.
     start = time.perf_counter()
     data = circle_data(k_data)
@@ -94,22 +99,27 @@ def main(smoke: bool = False, plot_path: str | None = None, seed: int = 0) -> di
     pred, losses = rd.fit(pred, data, k_fit, steps=steps, progress=False)
     jax.block_until_ready(losses)
     train_s = time.perf_counter() - start
+    # --8<-- [end:train]
     n_params = sum(p.size for p in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
     print(f"trained {n_params} parameters for {steps} steps in {train_s:.1f} s")
     print(f"final loss (mean of last 200 steps): {float(jnp.mean(losses[-200:])):.4f}")
 
+    # --8<-- [start:relation]
     # Query in float64, with K = 8 levels x 8 draws x 2 (antithetic) = 128 nodes.
     start = time.perf_counter()
     nodes = rd.field_nodes(k_nodes, 2, samples=8, dtype=jnp.float64)
     relation = rd.ImplicitDiffusion(to_float64(pred), nodes)
-    rho = jnp.array([jnp.inf, 0.0])
+    rho = jnp.array([jnp.inf, 0.0])  # clamp x (infinitely stiff), y free
+    # --8<-- [end:relation]
     h = 1e-5
+    # --8<-- [start:adjoint]
     # The adjoint (implicit function theorem) derivative of the first query's
     # loss, with respect to the clamped x and to every weight.
     x, y0 = jnp.asarray(0.6), jnp.asarray(0.5)
     grad_model, grad_x = eqx.filter_jit(
         eqx.filter_grad(lambda args: answer_loss(args[0], args[1], y0))
     )((relation, x))
+    # --8<-- [end:adjoint]
     g_hidden = grad_model.pred.model.layers[1].weight
     i, j = np.unravel_index(int(jnp.argmax(jnp.abs(g_hidden))), g_hidden.shape)
     weight = relation.pred.model.layers[1].weight

@@ -18,7 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+# --8<-- [start:parametrisation]
+# rc2lpc is the step-up recursion of linear prediction: reflection
+# coefficients in (-1, 1) to the coefficients of a stable all-pole filter.
+from retrax.filters import rc2lpc
 from retrax.ops import allpole
+
+
+# --8<-- [end:parametrisation]
 
 
 def poles_to_coefficients(radius, angle):
@@ -30,18 +37,6 @@ def poles_to_coefficients(radius, angle):
     for p in poles:
         poly = jnp.convolve(poly, jnp.asarray([1.0, -p]))
     return jnp.real(poly[1:])
-
-
-# --8<-- [start:parametrisation]
-def reflection_to_coefficients(k):
-    """Step-up recursion: reflection coefficients in (-1, 1) to a stable filter."""
-    a = k[:1]
-    for m in range(1, k.shape[0]):
-        a = jnp.concatenate([a + k[m] * a[::-1], k[m : m + 1]])
-    return a
-
-
-# --8<-- [end:parametrisation]
 
 
 def magnitude_db(a, freqs, sample_rate):
@@ -92,7 +87,7 @@ def main(smoke: bool = False, plot: str | None = None) -> dict:
     # --8<-- [start:training]
     # Learn reflection coefficients tanh(theta): every step stays stable.
     def loss_fn(theta):
-        a = reflection_to_coefficients(jnp.tanh(theta))
+        a = rc2lpc(jnp.tanh(theta))
         return jnp.mean((allpole(x, a) - target) ** 2) / jnp.mean(target**2)
 
     optimizer = optax.adam(1e-2)
@@ -115,7 +110,7 @@ def main(smoke: bool = False, plot: str | None = None) -> dict:
         if i % max(steps // 5, 1) == 0:
             print(f"step {i:5d}  relative loss {float(loss):.3e}")
     elapsed = time.perf_counter() - start
-    a = reflection_to_coefficients(jnp.tanh(theta))
+    a = rc2lpc(jnp.tanh(theta))
 
     np.set_printoptions(precision=4, suppress=True)
     print(f"\n{steps} Adam steps on {length} samples in {elapsed:.2f} s")
