@@ -28,14 +28,15 @@ def _apply(m: Array, v: Array) -> Array:
 
 
 def chunk_length(n_state: int) -> int:
-    """Samples per block: about 256 KiB of float32 states, 64 to 1024 samples.
+    """Samples per block: about 128 KiB of float32 states, 64 to 1024 samples.
 
-    Measured on a 2-core x86 CPU (T=44,100, float32): running the recurrence
-    over the whole signal and reading out afterwards streams `(T, N)` states
-    through memory and is 10-15x slower at N=256 than blocks that stay in
-    cache (160 ms against 9 ms), and no faster at N=16.
+    Measured on a 2-core x86 CPU (T=44,100, float32, diagonal): running the
+    recurrence over the whole signal and reading out afterwards streams
+    `(T, N)` states through memory and is over 10x slower at N=256 than
+    blocks that stay in cache (160 ms against 11 ms with 128-sample blocks;
+    256-sample blocks took 20 ms), and no faster at N=16.
     """
-    return int(min(1024, max(64, 2**16 // max(n_state, 1))))
+    return int(min(1024, max(64, 2**15 // max(n_state, 1))))
 
 
 def _block(structure, A, B, C, x, h0):
