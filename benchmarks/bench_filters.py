@@ -165,8 +165,13 @@ def main():
         "machine 1 avoids spinning threads competing with the other processes)",
     )
     args = parser.parse_args()
-    peers = load_peers(args.torch_threads)
-    print(f"jax {jax.__version__}, float32, T = {T}, median ms of {args.rounds}")
+    run_table(args.rounds, args.torch_threads)
+
+
+def run_table(rounds: int, torch_threads: int) -> None:
+    """Print the lfilter and ballistics table (also called by bench_ops.py)."""
+    peers = load_peers(torch_threads)
+    print(f"jax {jax.__version__}, float32, T = {T}, median ms of {rounds}")
     print(
         f"{'case':<32}{'pass':<6}{'retrax':>9}{'peer':>11}{'peer ms':>9}{'ratio':>8}"
         f"{'min ratio':>10}"
@@ -175,15 +180,15 @@ def main():
         for label, run in (
             (
                 "biquad lfilter LTI",
-                lambda batch=batch: biquad_cases(peers, batch, False, args.rounds),
+                lambda batch=batch: biquad_cases(peers, batch, False, rounds),
             ),
             (
                 "biquad lfilter time-varying",
-                lambda batch=batch: biquad_cases(peers, batch, True, args.rounds),
+                lambda batch=batch: biquad_cases(peers, batch, True, rounds),
             ),
             (
                 "ballistics",
-                lambda batch=batch: ballistics_cases(peers, batch, args.rounds),
+                lambda batch=batch: ballistics_cases(peers, batch, rounds),
             ),
         ):
             fwd, fwd_min, grad, grad_min = run()

@@ -4,6 +4,9 @@ Order-2 time-varying all-pole filter, float32, forward and forward+gradient
 with respect to every input (x, a, zi), B = 1 and 8 signals, 1 s and 10 s at
 44.1 kHz. Peers are optional: a missing one is skipped with a note.
 
+Then the biquad `lfilter` (constant and time-varying coefficients) and
+`ballistics` table of `bench_filters.py` against philtorch and torchcomp.
+
 Run: `python benchmarks/bench_ops.py [--repeats 5] [--number 20] [--quick]`
 """
 
@@ -84,6 +87,13 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--number", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="1 s signals only")
+    parser.add_argument(
+        "--no-filters",
+        action="store_true",
+        help="skip the biquad lfilter and ballistics table (bench_filters.py)",
+    )
+    parser.add_argument("--filter-rounds", type=int, default=150)
+    parser.add_argument("--torch-threads", type=int, default=2)
     args = parser.parse_args()
 
     notes = []
@@ -123,9 +133,15 @@ def main():
         file=sys.stderr,
     )
     rows = run_table(cases, libraries, repeats=args.repeats, number=args.number)
+    print("All-pole filter: ratio = peer / retrax (above 1: retrax is faster)")
     print_table(rows, list(libraries))
     for note in notes:
         print(f"note: {note}")
+    if not args.no_filters:
+        import bench_filters
+
+        print("\nBiquad lfilter and ballistics (bench_filters.py):")
+        bench_filters.run_table(args.filter_rounds, args.torch_threads)
 
 
 if __name__ == "__main__":
