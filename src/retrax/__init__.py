@@ -6,7 +6,7 @@ relations, in JAX and Equinox.
 
 import importlib.metadata
 
-from . import filters as filters, ops as ops
+from . import filters as filters, ops as ops, synth as synth
 
 
 __version__ = importlib.metadata.version("retrax")
