@@ -49,7 +49,29 @@ DEFAULT_UNROLL = 2
 TANGENT_UNROLL = 1
 
 
+def _varying_axes(x) -> frozenset:
+    # `manual_axis_type.varying` in current JAX, `vma` in releases before it.
+    aval = jax.typeof(x)
+    manual = getattr(aval, "manual_axis_type", None)
+    if manual is not None:
+        return frozenset(manual.varying)
+    return frozenset(getattr(aval, "vma", ()))
+
+
+def _varying_like(init, *args):
+    """`init` marked as varying over every manual mesh axis that `args` vary over.
+
+    Inside `shard_map`, a scan's carry must vary over the same mesh axes as
+    its output: a zero initial state would otherwise clash with a sharded
+    signal.
+    """
+    want = frozenset().union(*(_varying_axes(a) for a in args))
+    missing = tuple(sorted(want - _varying_axes(init)))
+    return lax.pcast(init, missing, to="varying") if missing else init
+
+
 def _scan_allpole(a, u, zi, unroll):
+    zi = _varying_like(zi, a, u)
     order = zi.shape[0]
     carry0 = tuple(zi[k] for k in range(order))
 
@@ -78,6 +100,7 @@ def _scan_allpole(a, u, zi, unroll):
 
 
 def _scan_diagonal(a, u, zi, unroll):
+    zi = _varying_like(zi, a, u)
     if a.ndim == 1:
 
         def step(h, ut):
@@ -98,6 +121,7 @@ def _scan_diagonal(a, u, zi, unroll):
 
 
 def _scan_dense(A, u, zi, unroll):
+    zi = _varying_like(zi, A, u)
     if A.ndim == 2:
 
         def step(h, ut):
