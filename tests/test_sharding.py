@@ -46,3 +46,36 @@ def test_sharded_filtering_and_training_match_one_device():
         assert err <= 1e-12
     losses = list(result["losses"].values())
     assert max(losses) - min(losses) <= 1e-12 * max(losses)
+
+
+def test_filters_inside_shard_map_on_one_device():
+    # Inside `shard_map` a scan's carry must vary over the same mesh axes as
+    # the signal; the zero initial state the ops create must be marked so.
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from helpers import assert_close, naive_allpole
+    from retrax.ops import allpole, linear_recurrence
+
+    mesh = jax.make_mesh((1,), ("batch",))
+    x = jax.device_put(
+        jnp.linspace(-1.0, 1.0, 64).reshape(2, 32), NamedSharding(mesh, P("batch"))
+    )
+    a = jnp.asarray([-0.5, 0.2])
+
+    def local(x):
+        y = jax.vmap(lambda s: allpole(s, a))(x)
+        return y + jax.vmap(lambda s: linear_recurrence(0.9, s))(x)
+
+    for method in ("sequential", "associative"):
+        fn = jax.shard_map(
+            lambda x, m=method: jax.vmap(lambda s: allpole(s, a, method=m))(x),
+            mesh=mesh,
+            in_specs=P("batch"),
+            out_specs=P("batch"),
+        )
+        assert_close(jax.jit(fn)(x)[1], naive_allpole(x[1], a))
+    both = jax.shard_map(local, mesh=mesh, in_specs=P("batch"), out_specs=P("batch"))
+    grad = jax.grad(lambda x: jnp.sum(jax.jit(both)(x) ** 2))(x)
+    assert bool(jnp.all(jnp.isfinite(grad)))
