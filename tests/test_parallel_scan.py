@@ -111,7 +111,15 @@ def test_complex_and_float32():
 
 @pytest.mark.parametrize(
     "structure, constant",
-    [("allpole", True), ("allpole", False), ("diagonal", True), ("dense", False)],
+    [
+        ("allpole", False),  # companion matrices: the matrix combine
+        ("diagonal", True),  # the elementwise combine
+        # Second-order checks cost seconds each: the rest of the matrix is slow.
+        pytest.param("allpole", True, marks=pytest.mark.slow),
+        pytest.param("diagonal", False, marks=pytest.mark.slow),
+        pytest.param("dense", True, marks=pytest.mark.slow),
+        pytest.param("dense", False, marks=pytest.mark.slow),
+    ],
 )
 def test_associative_check_grads(structure, constant):
     rng = np.random.default_rng(5)
