@@ -211,6 +211,7 @@ def main():
     for name, rows in by_batch.items():
         k = knee(rows)
         per_signal = rows[-1]["ms"] / rows[-1]["B"] / rows[0]["ms"]
+        best = min(rows, key=lambda r: r["ms"] / r["B"])
         knees.append(
             f"- {name}: "
             + (
@@ -219,7 +220,9 @@ def main():
                 if k
                 else f"flat up to B = {rows[-1]['B']}"
             )
-            + f"; at B = {rows[-1]['B']} one signal costs {per_signal:.2f}x "
+            + f"; cheapest per signal at B = {best['B']} "
+            f"({best['ms'] / best['B'] / rows[0]['ms']:.2f}x one signal's cost "
+            f"alone); at B = {rows[-1]['B']} one signal costs {per_signal:.2f}x "
             "what it costs alone."
         )
     ratios = [
