@@ -3,6 +3,7 @@
 import importlib.util
 import pathlib
 
+import numpy as np
 import pytest
 
 
@@ -53,3 +54,20 @@ def test_circle_mlp_smoke(capsys, tmp_path):
     # implicit derivatives match finite differences whatever the training.
     assert all(row["converged"] for row in result["rows"])
     assert result["grad_x_rel"] < 1e-6 and result["grad_w_rel"] < 1e-6
+
+
+def test_fm_voices_smoke(capsys):
+    result = load_example("fm_voices.py").main(smoke=True)
+    out = capsys.readouterr().out
+    assert "aggregate real-time factor" in out
+    assert "central diff." in out
+    assert result["audio_shape"] == (64, 4410)
+    assert result["finite"]
+    # Three carriers with levels 0.5, 0.3 and 0.2 mix to at most 1.
+    assert 0.1 < result["peak"] <= 1.0
+    assert result["realtime_factor"] > 0
+    # The gradient with respect to the six ratios matches central differences
+    # in float64, and is not trivially zero.
+    assert result["grad"].shape == (6,)
+    assert np.all(np.abs(result["fd"]) > 1e-3)
+    assert result["grad_rel_error"] < 1e-6

@@ -11,6 +11,7 @@ from . import (
     dynamics as dynamics,
     filters as filters,
     ops as ops,
+    synth as synth,
 )
 
 

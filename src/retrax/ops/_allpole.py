@@ -4,7 +4,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._misc import as_inexact, result_dtype
-from ._recurrence import DEFAULT_UNROLL, recurrence
+from ._recurrence import DEFAULT_UNROLL, Method, check_method, recurrence
 
 
 def _check_signal(name: str, x: Array) -> None:
@@ -21,6 +21,7 @@ def allpole(
     zi: Shaped[ArrayLike, " order"] | None = None,
     *,
     return_zf: bool = False,
+    method: Method = "sequential",
 ) -> Inexact[Array, " time"] | tuple[Inexact[Array, " time"], Inexact[Array, " order"]]:
     r"""All-pole (LPC) filter with time-varying or constant coefficients.
 
@@ -53,6 +54,13 @@ def allpole(
       `zi[k] = y[-k-1]`, shape `(K,)`. Defaults to zeros.
     - `return_zf`: also return the final state in the same layout, so that a
       long signal can be filtered block by block.
+    - `method`: `"sequential"` (default) runs one step per sample, the least
+      arithmetic and the fastest on a CPU. `"associative"` runs a parallel
+      prefix scan over $K \times K$ companion matrices, $O(\log T)$ steps
+      deep but about $K^2$ times more arithmetic: for accelerators, where the
+      sequential loop's latency dominates, and small orders $K$. Both give
+      the same result up to rounding, and their derivatives use the same
+      method. See [Running at scale](../scale.md).
 
     **Returns:**
 
@@ -60,6 +68,7 @@ def allpole(
     The dtype is the promoted dtype of the inputs (float32, float64,
     complex64 or complex128).
     """
+    check_method(method)
     x = as_inexact("x", x)
     a = as_inexact("a", a)
     _check_signal("x", x)
@@ -86,7 +95,7 @@ def allpole(
     x = x.astype(dtype)
     a = a.astype(dtype)
     zi = jnp.zeros(order, dtype) if zi is None else zi.astype(dtype)
-    y = recurrence("allpole", DEFAULT_UNROLL, a, x, zi)
+    y = recurrence("allpole", DEFAULT_UNROLL, a, x, zi, method)
     if not return_zf:
         return y
     zf = jnp.concatenate([y[::-1], zi])[:order]
@@ -99,6 +108,7 @@ def linear_recurrence(
     zi: Shaped[ArrayLike, ""] | float | complex | None = None,
     *,
     return_zf: bool = False,
+    method: Method = "sequential",
 ) -> Inexact[Array, " time"] | tuple[Inexact[Array, " time"], Inexact[Array, ""]]:
     r"""First-order linear recurrence $y_t = x_t + d_t\, y_{t-1}$.
 
@@ -112,6 +122,9 @@ def linear_recurrence(
     - `x`: the input, shape `(T,)`.
     - `zi`: the previous output $y_{-1}$, a scalar. Defaults to 0.
     - `return_zf`: also return the last output, to stream in blocks.
+    - `method`: `"sequential"` (default, a scan) or `"associative"` (a
+      parallel prefix scan of elementwise products, for accelerators); see
+      [`allpole`][retrax.ops.allpole].
 
     **Returns:**
 
@@ -130,7 +143,7 @@ def linear_recurrence(
         if zi.ndim != 0:
             raise ValueError(f"`zi` must be a scalar, got shape {zi.shape}.")
         zi = zi[None]
-    out = allpole(x, -decay[..., None], zi, return_zf=return_zf)
+    out = allpole(x, -decay[..., None], zi, return_zf=return_zf, method=method)
     if not return_zf:
         return out
     y, zf = out

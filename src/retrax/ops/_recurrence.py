@@ -16,6 +16,16 @@ driven by the tangent input, $\\dot u_t + \\dot M(c_t) s_{t-1}$. JAX transposes
 that linear scan into the time-reversed adjoint filter, so reverse mode costs
 one backwards scan and stores only the coefficients and the lagged outputs,
 and forward and higher-order modes come for free.
+
+Two static methods evaluate the recursion. ``"sequential"`` (the default) is a
+`lax.scan`, one step per sample: the least work, and the fastest on a CPU.
+``"associative"`` is `lax.associative_scan` on the pairs
+$(M(c_t), u_t)$ combined as
+$(M_2, b_2) \\circ (M_1, b_1) = (M_2 M_1, M_2 b_1 + b_2)$: $O(\\log T)$ steps
+deep instead of $T$, at the price of more arithmetic (a $K \times K$ matrix
+product per combination for the all-pole companion matrices). The tangent
+recursion uses the same method as the primal, so reverse mode is still the
+transpose of the tangent recursion.
 """
 
 import functools
@@ -27,6 +37,8 @@ from jax import lax
 
 
 Structure = Literal["allpole", "diagonal", "dense"]
+Method = Literal["sequential", "associative"]
+METHODS = ("sequential", "associative")
 
 # Measured on a 2-core x86 CPU (order 2, T=44,100, float32): the forward scan
 # is fastest at unroll 2 both unbatched and under `vmap` (B=8; 4 or more is up
@@ -37,7 +49,29 @@ DEFAULT_UNROLL = 2
 TANGENT_UNROLL = 1
 
 
+def _varying_axes(x) -> frozenset:
+    # `manual_axis_type.varying` in current JAX, `vma` in releases before it.
+    aval = jax.typeof(x)
+    manual = getattr(aval, "manual_axis_type", None)
+    if manual is not None:
+        return frozenset(manual.varying)
+    return frozenset(getattr(aval, "vma", ()))
+
+
+def _varying_like(init, *args):
+    """`init` marked as varying over every manual mesh axis that `args` vary over.
+
+    Inside `shard_map`, a scan's carry must vary over the same mesh axes as
+    its output: a zero initial state would otherwise clash with a sharded
+    signal.
+    """
+    want = frozenset().union(*(_varying_axes(a) for a in args))
+    missing = tuple(sorted(want - _varying_axes(init)))
+    return lax.pcast(init, missing, to="varying") if missing else init
+
+
 def _scan_allpole(a, u, zi, unroll):
+    zi = _varying_like(zi, a, u)
     order = zi.shape[0]
     carry0 = tuple(zi[k] for k in range(order))
 
@@ -66,6 +100,7 @@ def _scan_allpole(a, u, zi, unroll):
 
 
 def _scan_diagonal(a, u, zi, unroll):
+    zi = _varying_like(zi, a, u)
     if a.ndim == 1:
 
         def step(h, ut):
@@ -86,6 +121,7 @@ def _scan_diagonal(a, u, zi, unroll):
 
 
 def _scan_dense(A, u, zi, unroll):
+    zi = _varying_like(zi, A, u)
     if A.ndim == 2:
 
         def step(h, ut):
@@ -106,6 +142,79 @@ def _scan_dense(A, u, zi, unroll):
 
 
 _SCANS = {"allpole": _scan_allpole, "diagonal": _scan_diagonal, "dense": _scan_dense}
+
+
+def _combine_elementwise(earlier, later):
+    m1, b1 = earlier
+    m2, b2 = later
+    return m2 * m1, m2 * b1 + b2
+
+
+def _combine_matrix(earlier, later):
+    m1, b1 = earlier
+    m2, b2 = later
+    return m2 @ m1, jnp.einsum("...ij,...j->...i", m2, b1) + b2
+
+
+# Jitted so that an eager call compiles the scan's many slices once, instead of
+# dispatching (and compiling) them one by one.
+@functools.partial(jax.jit, static_argnums=3)
+def _associative(transitions, offsets, zi, elementwise):
+    """All states $s_t$ of $s_t = M_t s_{t-1} + b_t$, $s_{-1} = z_i$, in parallel."""
+    # Fold the initial state into the first offset; the scan then starts at 0.
+    if elementwise:
+        first = transitions[0] * zi
+        combine = _combine_elementwise
+    else:
+        first = transitions[0] @ zi
+        combine = _combine_matrix
+    offsets = jnp.asarray(offsets).at[0].add(first)
+    _, states = lax.associative_scan(combine, (transitions, offsets))
+    return states
+
+
+def _companion(a):
+    """The companion matrices of `a`, shape `(..., K, K)`: state newest first."""
+    order = a.shape[-1]
+    shift = jnp.eye(order - 1, order, dtype=a.dtype)
+    shift = jnp.broadcast_to(shift, a.shape[:-1] + shift.shape)
+    return jnp.concatenate([-a[..., None, :], shift], axis=-2)
+
+
+def _associative_allpole(a, u, zi):
+    length, order = u.shape[0], zi.shape[0]
+    if order == 1:
+        transitions = jnp.broadcast_to(-a, (length, 1))
+        return _associative(transitions, u[:, None], zi, True)[:, 0]
+    transitions = jnp.broadcast_to(_companion(a), (length, order, order))
+    offsets = jnp.zeros((length, order), u.dtype).at[:, 0].set(u)
+    return _associative(transitions, offsets, zi, False)[:, 0]
+
+
+def _associative_diagonal(a, u, zi):
+    return _associative(jnp.broadcast_to(a, u.shape), u, zi, True)
+
+
+def _associative_dense(A, u, zi):
+    transitions = jnp.broadcast_to(A, u.shape[:1] + A.shape[-2:])
+    return _associative(transitions, u, zi, False)
+
+
+_ASSOCIATIVE = {
+    "allpole": _associative_allpole,
+    "diagonal": _associative_diagonal,
+    "dense": _associative_dense,
+}
+
+
+def check_method(method: str) -> None:
+    """Raise a clear error for an unknown `method`."""
+    if method not in METHODS:
+        raise ValueError(
+            f"`method` must be one of {METHODS}, got {method!r}. Use "
+            '"sequential" (a scan, fastest on CPU) or "associative" (a parallel '
+            "scan, O(log T) deep, for accelerators)."
+        )
 
 
 def previous_states(structure: Structure, out, zi):
@@ -134,22 +243,28 @@ def _transition_tangent(structure: Structure, dcoeffs, prev):
     return jnp.einsum("tij,tj->ti", dcoeffs, prev)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
-def recurrence(structure: Structure, unroll: int, coeffs, u, zi):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 5))
+def recurrence(
+    structure: Structure, unroll: int, coeffs, u, zi, method: Method = "sequential"
+):
     """Run the recursion; see the module docstring. Inputs share one dtype.
 
     `coeffs` is constant (no time axis) or per-sample (leading axis `T`), `u`
     has a leading time axis, and `zi` is the state before the first sample.
+    `unroll` applies to the sequential method only.
     """
+    check_method(method)
+    if method == "associative":
+        return _ASSOCIATIVE[structure](coeffs, u, zi)
     return _SCANS[structure](coeffs, u, zi, unroll)
 
 
 @recurrence.defjvp
-def _recurrence_jvp(structure, unroll, primals, tangents):
+def _recurrence_jvp(structure, unroll, method, primals, tangents):
     coeffs, u, zi = primals
     dcoeffs, du, dzi = tangents
-    out = recurrence(structure, unroll, coeffs, u, zi)
+    out = recurrence(structure, unroll, coeffs, u, zi, method)
     prev = previous_states(structure, out, zi)
     drive = du + _transition_tangent(structure, dcoeffs, prev)
-    dout = recurrence(structure, TANGENT_UNROLL, coeffs, drive, dzi)
+    dout = recurrence(structure, TANGENT_UNROLL, coeffs, drive, dzi, method)
     return out, dout
