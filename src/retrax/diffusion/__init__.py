@@ -42,3 +42,14 @@ from ._sample import (
 )
 from ._schedule import VPSDE as VPSDE, AbstractNoiseSchedule as AbstractNoiseSchedule
 from ._train import fit as fit
+
+
+# isort: split
+from ._reddiff import (
+    REDDiff as REDDiff,
+    REDDiffSolution as REDDiffSolution,
+    calibrate_lambda as calibrate_lambda,
+    reddiff_solve as reddiff_solve,
+    reddiff_weight as reddiff_weight,
+    regulariser_gradient as regulariser_gradient,
+)
