@@ -53,3 +53,16 @@ from ._reddiff import (
     reddiff_weight as reddiff_weight,
     regulariser_gradient as regulariser_gradient,
 )
+
+
+# isort: split
+from ._proxdm import (
+    AbstractProximalPredictor as AbstractProximalPredictor,
+    MixtureProx as MixtureProx,
+    ProxNetwork as ProxNetwork,
+    ProxSolution as ProxSolution,
+    default_prox_input as default_prox_input,
+    prox_infer as prox_infer,
+    proxdm_sample as proxdm_sample,
+    proximal_matching_loss as proximal_matching_loss,
+)

@@ -21,9 +21,12 @@ def as_time(t: Shaped[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
             raise TypeError(f"the time `t` must be real, got dtype {t.dtype}.")
         t = t.astype(jnp.result_type(float))
     msg = "the time `t` must lie in [0, 1] (diffusion time), got a value outside it."
-    if isinstance(t, jax.core.Tracer):
-        return eqx.error_if(t, ~((t >= 0) & (t <= 1)), msg)
-    if not bool(jnp.all((t >= 0) & (t <= 1))):
+    inside = (t >= 0) & (t <= 1)
+    # A concrete `t` closed over by a loop body (`lax.scan`, `custom_root`) is
+    # not a tracer, but the comparison on it is staged out and is one.
+    if isinstance(inside, jax.core.Tracer):
+        return eqx.error_if(t, ~inside, msg)
+    if not bool(jnp.all(inside)):
         raise ValueError(f"{msg[:-1]}: {t}.")
     return t
 
