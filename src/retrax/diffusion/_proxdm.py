@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+import numpy as np
 import optimistix as optx
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
@@ -19,20 +20,28 @@ from ._schedule import AbstractNoiseSchedule
 
 def _as_lam(lam, dtype, *, positive: bool = False) -> Array:
     """Check a scalar prox strength (eagerly, or by `error_if` when traced)."""
-    lam = jnp.asarray(lam)
-    if not jnp.issubdtype(lam.dtype, jnp.floating):
-        lam = lam.astype(dtype)
+    msg = "`lam` must be " + ("positive" if positive else "nonnegative") + " and finite"
+    if not isinstance(lam, jax.core.Tracer):
+        value = np.asarray(lam)
+        if value.ndim != 0:
+            raise ValueError(f"`lam` must be a scalar, got shape {value.shape}.")
+        if not np.issubdtype(value.dtype, np.number) or np.iscomplexobj(value):
+            raise TypeError(f"`lam` must be a real number, got dtype {value.dtype}.")
+        ok = np.isfinite(value) and (value > 0 if positive else value >= 0)
+        if not ok:
+            raise ValueError(f"{msg}, got {value}.")
+        return jnp.asarray(lam).astype(dtype)
     if lam.ndim != 0:
         raise ValueError(f"`lam` must be a scalar, got shape {lam.shape}.")
     lam = lam.astype(dtype)
     bad = ~(lam > 0) if positive else ~(lam >= 0)
-    msg = "`lam` must be " + ("positive" if positive else "nonnegative") + " and finite"
-    bad = bad | ~jnp.isfinite(lam)
-    if isinstance(lam, jax.core.Tracer):
-        return eqx.error_if(lam, bad, msg + ".")
-    if bool(bad):
-        raise ValueError(f"{msg}, got {lam}.")
-    return lam
+    return eqx.error_if(lam, bad | ~jnp.isfinite(lam), msg + ".")
+
+
+def _max_norm(x) -> Array:
+    # in the default float, the dtype of FixedPointIteration's initial error,
+    # so that float32 solves also run with x64 enabled
+    return optx.max_norm(x).astype(jnp.result_type(float))
 
 
 class AbstractProximalPredictor(eqx.Module):
@@ -483,8 +492,10 @@ def prox_infer(
       its rate.
     - `max_steps`: the most iterations.
     - `throw`: raise if the iteration does not converge. With
-      `throw=False` a failed solve returns its last iterate and result code,
-      and derivatives through it are NaN (never a silent number).
+      `throw=False` a failed solve returns its last iterate and result code;
+      its tangent is NaN, so reverse-mode derivatives through it raise (the
+      adjoint's linear solve refuses the NaN cotangent) and forward-mode
+      ones are NaN, never a silent number.
 
     **Returns:**
 
@@ -540,7 +551,7 @@ def prox_infer(
     args = (prox, jnp.where(used, z0, 0.0), rho_soft, hard, t, lam)
     sol = optx.fixed_point(
         _hqs_step,
-        optx.FixedPointIteration(rtol=tol, atol=tol),
+        optx.FixedPointIteration(rtol=tol, atol=tol, norm=_max_norm),
         start,
         args,
         max_steps=max_steps,

@@ -5,6 +5,7 @@ import abc
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 
@@ -21,13 +22,13 @@ def as_time(t: Shaped[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
             raise TypeError(f"the time `t` must be real, got dtype {t.dtype}.")
         t = t.astype(jnp.result_type(float))
     msg = "the time `t` must lie in [0, 1] (diffusion time), got a value outside it."
-    inside = (t >= 0) & (t <= 1)
-    # A concrete `t` closed over by a loop body (`lax.scan`, `custom_root`) is
-    # not a tracer, but the comparison on it is staged out and is one.
-    if isinstance(inside, jax.core.Tracer):
-        return eqx.error_if(t, ~inside, msg)
-    if not bool(jnp.all(inside)):
-        raise ValueError(f"{msg[:-1]}: {t}.")
+    if isinstance(t, jax.core.Tracer):
+        return eqx.error_if(t, ~((t >= 0) & (t <= 1)), msg)
+    # numpy, not jnp: a concrete `t` closed over by a traced function (a loop
+    # body, `custom_root`) is checked eagerly, not staged out
+    value = np.asarray(t)
+    if not bool(np.all((value >= 0) & (value <= 1))):
+        raise ValueError(f"{msg[:-1]}: {value}.")
     return t
 
 
