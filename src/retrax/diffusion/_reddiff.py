@@ -61,6 +61,7 @@ class REDDiff(eqx.Module):
     lr: float = 0.1
     samples: int = eqx.field(default=1, static=True)
     average: float = 0.0
+    t_max: float = 1.0
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
@@ -78,6 +79,8 @@ class REDDiff(eqx.Module):
                 f"`average` (the fraction of iterates averaged) must lie in [0, 1), "
                 f"got {self.average}."
             )
+        if not 0 < self.t_max <= 1:
+            raise ValueError(f"`t_max` must lie in (0, 1], got {self.t_max}.")
         if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1 and self.eps > 0):
             raise ValueError(
                 "Adam needs 0 <= b1, b2 < 1 and eps > 0, got "
@@ -165,7 +168,14 @@ def _regulariser_gradient(pred, cfg, x, key):
     sched = pred.schedule
     dtype = x.dtype
     k_t, k_eps = jax.random.split(key)
-    ts = sched.sample_time(k_t, (cfg.samples,), dtype)
+    if not sched.t_min < cfg.t_max:
+        raise ValueError(
+            f"`cfg.t_max` ({cfg.t_max}) must exceed the schedule's t_min "
+            f"({sched.t_min})."
+        )
+    ts = jax.random.uniform(
+        k_t, (cfg.samples,), dtype, minval=sched.t_min, maxval=cfg.t_max
+    )
     eps = jax.random.normal(k_eps, (cfg.samples,) + x.shape, dtype)
 
     def one(t, e):
@@ -312,6 +322,7 @@ def calibrate_lambda(
     schedule: AbstractNoiseSchedule,
     v0: Float[ArrayLike, ""] | float = 1.0,
     *,
+    t_max: float = 1.0,
     nodes: int = 64,
 ) -> Float[Array, ""]:
     r"""The RED-Diff strength that makes the regulariser exact for a Gaussian prior.
@@ -348,10 +359,12 @@ def calibrate_lambda(
     if not (isinstance(nodes, int) and nodes >= 2):
         raise ValueError(f"`nodes` must be an integer >= 2, got {nodes!r}.")
     t_min = float(schedule.t_min)
+    if not t_min < t_max <= 1:
+        raise ValueError(f"`t_max` must lie in (t_min, 1] = ({t_min}, 1], got {t_max}.")
     dtype = jnp.result_type(float)
     xg, wg = np.polynomial.legendre.leggauss(nodes)
-    t = jnp.asarray(0.5 * (1 - t_min) * xg + 0.5 * (1 + t_min), dtype)
+    t = jnp.asarray(0.5 * (t_max - t_min) * xg + 0.5 * (t_max + t_min), dtype)
     sigma2 = schedule.sigma(t) ** 2
     f = sigma2 / (schedule.alpha(t) ** 2 * jnp.asarray(v0, dtype) + sigma2)
-    mean = 0.5 * jnp.sum(jnp.asarray(wg, dtype) * f)  # (1/(1 - t_min)) * integral
+    mean = 0.5 * jnp.sum(jnp.asarray(wg, dtype) * f)  # the integral / (t_max - t_min)
     return 1.0 / (jnp.asarray(v0, dtype) * mean)
