@@ -73,15 +73,22 @@ def test_calibrate_lambda_against_quad():
         integral, _ = quad(integrand, SCHED.t_min, 1.0, (v0,), epsabs=0, epsrel=1e-13)
         ref = (1 - SCHED.t_min) / (v0 * integral)
         assert_close(rd.calibrate_lambda(SCHED, v0), ref, rtol=1e-12)
+    integral, _ = quad(integrand, SCHED.t_min, 0.1, (0.3,), epsabs=0, epsrel=1e-13)
+    ref = (0.1 - SCHED.t_min) / (0.3 * integral)
+    assert_close(rd.calibrate_lambda(SCHED, 0.3, t_max=0.1), ref, rtol=1e-12)
+    with pytest.raises(ValueError, match="t_max"):
+        rd.calibrate_lambda(SCHED, 0.3, t_max=SCHED.t_min)
     for bad in [0.0, -1.0, np.nan, np.inf]:
         with pytest.raises(ValueError, match="v0"):
             rd.calibrate_lambda(SCHED, bad)
 
 
-def test_calibrated_regulariser_is_the_prior_gradient(getkey):
+@pytest.mark.parametrize("t_max", [1.0, 0.1])
+def test_calibrated_regulariser_is_the_prior_gradient(getkey, t_max):
     # With the calibrated lam, E[regulariser gradient] = (x - mu) / v0 exactly;
     # check the Monte Carlo mean against it within 5 standard errors.
-    cfg = rd.REDDiff(lam=float(rd.calibrate_lambda(SCHED, V0)))
+    lam = float(rd.calibrate_lambda(SCHED, V0, t_max=t_max))
+    cfg = rd.REDDiff(lam=lam, t_max=t_max)
     prior = gaussian_prior()
     x = jnp.array([1.2, 0.4, -0.9])
     keys = jax.random.split(getkey(), 20_000)
@@ -160,6 +167,7 @@ def test_bad_input(getkey):
         (dict(lr=0.0), "lr"),
         (dict(average=1.0), "average"),
         (dict(b2=1.0), "Adam"),
+        (dict(t_max=0.0), "t_max"),
     ]:
         with pytest.raises(ValueError, match=match):
             rd.REDDiff(**kwargs)
@@ -187,3 +195,5 @@ def test_bad_input(getkey):
         rd.reddiff_solve(prior, cfg, x, grad, key=jnp.zeros(3))
     with pytest.raises(TypeError, match="key"):
         rd.regulariser_gradient(prior, cfg, x, 0)
+    with pytest.raises(ValueError, match="t_max"):
+        rd.regulariser_gradient(prior, rd.REDDiff(t_max=1e-4), x, key)

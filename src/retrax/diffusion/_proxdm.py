@@ -163,7 +163,7 @@ class MixtureProx(AbstractProximalPredictor):
     r"""The exact proximal operator of a Gaussian mixture's $-\log p_t$.
 
     Minimises $F(u) = \tfrac12\lVert u - v\rVert^2 - \lambda\log p_t(u)$ for
-    the noised mixture of a [`retrax.diffusion.GaussianMixtureEps`][] by
+    the noised mixture of a `retrax.diffusion.GaussianMixtureEps` by
     Newton's method with Armijo backtracking, started at $v$: a Newton step
     where $\nabla^2 F = I - \lambda\nabla^2\log p_t$ is positive definite,
     otherwise a gradient step; the backtracking halves the step (at most 40

@@ -33,7 +33,8 @@ class REDDiff(eqx.Module):
     Proposition 2), the noise predictor's Jacobian dropped.
 
     **Time sampling.** Every step draws its `samples` times independently and
-    uniformly on `[schedule.t_min, 1]` (the paper's random order). The
+    uniformly on `[schedule.t_min, t_max]` (the paper's random order, with
+    `t_max = 1`). The
     paper's descending schedule is not offered: it changes the objective
     during the run (the last steps see only small $t$, where $\lambda_t$ is
     tiny), whereas uniform draws give one stationary objective, the one
@@ -53,6 +54,9 @@ class REDDiff(eqx.Module):
     - `samples`: Monte Carlo draws of $(t, \epsilon)$ per step.
     - `average`: the fraction of the final iterates to average, in `[0, 1)`;
       0 (the default) returns the last iterate.
+    - `t_max`: the largest time drawn, in `(t_min, 1]`; smaller values make
+      the regulariser see only the fine structure of the prior (calibrate
+      with the same `t_max`).
     - `b1`, `b2`, `eps`: Adam's moment decays and denominator offset.
     """
 
@@ -328,10 +332,10 @@ def calibrate_lambda(
     r"""The RED-Diff strength that makes the regulariser exact for a Gaussian prior.
 
     For data $N(\mu, v_0 I)$ the optimal noise predictor is linear, and the
-    expected RED-Diff regulariser gradient with $t \sim U[t_{\min}, 1]$
+    expected RED-Diff regulariser gradient with $t \sim U[t_{\min}, t_{\max}]$
     collapses to a shrinkage $\kappa (x - \mu)$ with
     $\kappa = \lambda\,\bar f$,
-    $\bar f = \frac{1}{1 - t_{\min}}\int_{t_{\min}}^1
+    $\bar f = \frac{1}{t_{\max} - t_{\min}}\int_{t_{\min}}^{t_{\max}}
     \frac{\sigma_t^2}{\alpha_t^2 v_0 + \sigma_t^2}\,dt$, while the true
     negative log-prior gradient is $(x - \mu)/v_0$. Hence
     $\lambda = 1/(v_0 \bar f)$.
@@ -347,6 +351,7 @@ def calibrate_lambda(
 
     - `schedule`: the noise schedule.
     - `v0`: the data variance per coordinate, positive.
+    - `t_max`: the largest time RED-Diff draws (`REDDiff.t_max`).
     - `nodes`: the number of quadrature nodes.
 
     **Returns:**
