@@ -48,15 +48,18 @@ def neg_log_posterior(x):
 # --8<-- [end:problem]
 
 
+@jax.jit
 def exact_map():
     """The posterior mode: the best point of a fine grid, refined by Newton."""
     g = jnp.linspace(-1.6, 1.6, 321)
     grid = jnp.stack(jnp.meshgrid(g, g), axis=-1).reshape(-1, 2)
     x = grid[jnp.argmin(jax.vmap(neg_log_posterior)(grid))]
     grad, hess = jax.grad(neg_log_posterior), jax.hessian(neg_log_posterior)
-    for _ in range(20):
-        x = x - jnp.linalg.solve(hess(x), grad(x))
-    return x
+
+    def newton(_, x):
+        return x - jnp.linalg.solve(hess(x), grad(x))
+
+    return jax.lax.fori_loop(0, 20, newton, x)
 
 
 def gaussian_surrogate_map(v0):
