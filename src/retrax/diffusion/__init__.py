@@ -63,3 +63,27 @@ from ._schedule import VPSDE as VPSDE, AbstractNoiseSchedule as AbstractNoiseSch
 from ._solution import RESULTS as RESULTS, ImplicitSolution as ImplicitSolution
 from ._solver import GuardedNewton as GuardedNewton
 from ._train import fit as fit
+
+
+# isort: split
+from ._reddiff import (
+    REDDiff as REDDiff,
+    REDDiffSolution as REDDiffSolution,
+    calibrate_lambda as calibrate_lambda,
+    reddiff_solve as reddiff_solve,
+    reddiff_weight as reddiff_weight,
+    regulariser_gradient as regulariser_gradient,
+)
+
+
+# isort: split
+from ._proxdm import (
+    AbstractProximalPredictor as AbstractProximalPredictor,
+    MixtureProx as MixtureProx,
+    ProxNetwork as ProxNetwork,
+    ProxSolution as ProxSolution,
+    default_prox_input as default_prox_input,
+    prox_infer as prox_infer,
+    proxdm_sample as proxdm_sample,
+    proximal_matching_loss as proximal_matching_loss,
+)

@@ -5,6 +5,7 @@ import abc
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 
@@ -23,8 +24,11 @@ def as_time(t: Shaped[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
     msg = "the time `t` must lie in [0, 1] (diffusion time), got a value outside it."
     if isinstance(t, jax.core.Tracer):
         return eqx.error_if(t, ~((t >= 0) & (t <= 1)), msg)
-    if not bool(jnp.all((t >= 0) & (t <= 1))):
-        raise ValueError(f"{msg[:-1]}: {t}.")
+    # numpy, not jnp: a concrete `t` closed over by a traced function (a loop
+    # body, `custom_root`) is checked eagerly, not staged out
+    value = np.asarray(t)
+    if not bool(np.all((value >= 0) & (value <= 1))):
+        raise ValueError(f"{msg[:-1]}: {value}.")
     return t
 
 
