@@ -71,6 +71,8 @@ def test_fm_voices_smoke(capsys):
     assert result["grad"].shape == (6,)
     assert np.all(np.abs(result["fd"]) > 1e-3)
     assert result["grad_rel_error"] < 1e-6
+
+
 def test_reddiff_inverse_smoke(capsys):
     import jax
     import jax.numpy as jnp

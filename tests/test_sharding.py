@@ -1,4 +1,4 @@
-"""Sharding recipes: a batch filtered and a training step run on a device mesh.
+"""Sharding recipes: filtering, relation queries and training on a device mesh.
 
 The recipes (`examples/sharding.py`) run in a subprocess on 8 simulated CPU
 devices, since the device count is fixed when JAX starts. The script enables
@@ -15,7 +15,7 @@ import sys
 ROOT = pathlib.Path(__file__).parent.parent
 
 
-def test_sharded_filtering_and_training_match_one_device():
+def test_sharded_filtering_queries_and_training_match_one_device():
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     env["JAX_PLATFORMS"] = "cpu"
@@ -39,6 +39,9 @@ def test_sharded_filtering_and_training_match_one_device():
     assert result["filter_devices"] == 8
     assert result["filter_error"] <= 1e-12
     assert result["associative_error"] <= 1e-10
+    # Relation queries split over the devices equal the one-device answers.
+    assert result["query_devices"] == 8
+    assert result["query_error"] <= 1e-12
     # Three optimiser steps: automatic (jit + NamedSharding) and explicit
     # (shard_map + pmean) data parallelism both equal the one-device run.
     assert set(result["train_errors"]) == {"jit + NamedSharding", "shard_map + pmean"}
