@@ -154,7 +154,9 @@ def main(smoke: bool = False, plot: str | None = None) -> dict:
         return jnp.sum(misfit**2) / jnp.sum(target**2)
 
     optimizer = optax.lbfgs()
-    state = optimizer.init(readout0)
+    # optax's L-BFGS state holds weakly typed scalars, which turn strong after
+    # one step: make them strong now, so that `step` compiles once, not twice.
+    state = jax.tree.map(lambda v: jnp.asarray(v, v.dtype), optimizer.init(readout0))
     value_and_grad = optax.value_and_grad_from_state(loss_fn)
 
     @jax.jit
