@@ -45,7 +45,7 @@ def write_wav(path, signal, sample_rate, peak):
         f.setsampwidth(2)
         f.setframerate(sample_rate)
         f.writeframes((pcm * 32767).astype("<i2").tobytes())
-    print(f"wrote {path}")
+    print(f"wrote {path.relative_to(OUTPUTS.parent.parent)}")
 
 
 # --8<-- [start:lbfgs]
