@@ -25,6 +25,13 @@ import argparse
 import os
 import sys
 
+
+# torchcomp's forward is a numba kernel and its backward runs torch: on two
+# shared cores their thread pools collide with each other and with XLA's
+# (compexp_gain B=1 grad measured 51 ms with two threads each, 6 ms with one).
+# Give torchcomp its best setting: one thread each, set before numba loads.
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -168,7 +175,7 @@ def main():
     faustax = optional_import("faustax", notes)
     faustax_dynamics = optional_import("faustax.dynamics", notes) if faustax else None
     if torch is not None:
-        torch.set_num_threads(os.cpu_count() or 1)
+        torch.set_num_threads(1)
 
     ops = {
         "compexp": ("compexp_gain", compexp_gain, "compexp_gain"),
