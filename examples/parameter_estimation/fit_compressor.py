@@ -100,13 +100,17 @@ def save_plot(path, losses, x, comp_true, comp_fit, sample_rate):
     left.set_title("Training loss, every start")
     t = np.arange(x.shape[0]) / sample_rate
     stop = min(x.shape[0], sample_rate)
-    right.plot(t[:stop], np.asarray(x[:stop]), color="0.8", lw=0.4, label="dry")
+    dry = right.twinx()  # the dry loop behind, on its own scale
+    dry.plot(t[:stop], np.asarray(x[:stop]), color="0.85", lw=0.4)
+    dry.set_yticks([])
+    right.set_zorder(dry.get_zorder() + 1)
+    right.patch.set_visible(False)
     for label, comp, style in [("true", comp_true, "-"), ("fitted", comp_fit, "--")]:
         gain_db = amp2db(comp.gain(x), floor=1e-6)
-        right.plot(t[:stop], np.asarray(gain_db[:stop]) / 20, style, label=label)
+        right.plot(t[:stop], np.asarray(gain_db[:stop]), style, label=label)
     right.set_xlabel("time (s)")
-    right.set_ylabel("gain (dB / 20)")
-    right.set_title("Dry signal and compressor gain")
+    right.set_ylabel("gain (dB)")
+    right.set_title("Compressor gain (drum loop in grey)")
     right.legend(loc="lower right", fontsize="small")
     fig.savefig(path, dpi=80)
     plt.close(fig)
