@@ -2,17 +2,19 @@
 
 A synthesised drum loop (kicks, snares and hi-hats at varying loudness) goes
 through a `Compressor` with unknown settings. Knowing the dry loop and the
-compressed result, Adam (optax) fits a second `Compressor`'s threshold, ratio,
-attack and release; its RMS detector time and makeup gain are taken as known.
+compressed result, optax's L-BFGS fits a second `Compressor`'s threshold,
+ratio, attack and release; its RMS detector time and makeup gain are taken as
+known.
 
-Two choices make this work. The loss compares the two signals' short-time
+Three choices make this work. The loss compares the two signals' short-time
 **log envelopes** (in dB), not their waveforms: a compressor acts on level,
-and errors in dB weigh the quiet release tails as much as the loud hits. And
-a few starting points are trained **at once**, `jax.vmap` over a batch of
-modules, keeping the one that fits best: the loss over attack and release is
-not convex. The switching attack/release smoother (`ballistics`) is
-differentiated with its decisions held fixed, and its gradient runs the
-time-varying one-pole backwards in time.
+and errors in dB weigh the quiet release tails as much as the loud hits. A
+quasi-Newton method: threshold and ratio trade off along a long, flat valley
+of the loss, which Adam crosses slowly. And a few starting points are trained
+**at once**, `jax.vmap` over the L-BFGS step, keeping the one that fits best:
+the loss over attack and release is not convex. The switching attack/release
+smoother (`ballistics`) is differentiated with its decisions held fixed, and
+its gradient runs the time-varying one-pole backwards in time.
 
 Run: `python examples/parameter_estimation/fit_compressor.py` (add `--smoke`
 for a few-second check and `--plot PATH` to save a PNG). Dry, target and
