@@ -88,3 +88,44 @@ def test_reddiff_inverse_smoke(capsys):
     # smoke run averages only 250 iterates: single runs scatter by a few 0.01.
     assert float(jnp.median(result["err_averaged_gaussian"])) < 0.03
     assert float(jnp.min(result["err_averaged"])) > 0.3
+def test_fit_svf_smoke(capsys):
+    result = load_example("parameter_estimation/fit_svf.py").main(smoke=True)
+    assert "recovered" in capsys.readouterr().out
+    # From a cutoff 72% too low and no resonance, the short run gets close.
+    assert result["losses"][-1] < 0.1 * result["losses"][0]
+    assert result["cutoff_error"] < 0.1 * result["initial_cutoff_error"]
+    assert result["q_error"] < 0.5 * result["initial_q_error"]
+
+
+def test_fit_state_space_filter_smoke(capsys):
+    result = load_example("parameter_estimation/fit_state_space_filter.py").main(
+        smoke=True
+    )
+    assert "direct QR solve" in capsys.readouterr().out
+    # Least squares with an exact answer: QR recovers the readout to float64
+    # rounding, float32 to a conditioning-limited 1e-3, and L-BFGS descends.
+    assert result["errors"]["qr"] < 1e-9
+    assert result["errors"]["qr_float32"] < 1e-3
+    assert result["misfit"] < 1e-9
+    assert result["losses"][-1] < 1e-4 * result["losses"][0]
+
+
+def test_fit_compressor_smoke(capsys):
+    result = load_example("parameter_estimation/fit_compressor.py").main(smoke=True)
+    assert "recovered" in capsys.readouterr().out
+    losses = result["losses"]
+    assert losses[-1].min() < 1e-3 * losses[0].min()
+    # The best start recovers every setting to within 5%, from starts that
+    # were off by factors of 2 to 4.
+    assert max(result["errors"].values()) < 0.05
+    for start in result["initial"]:
+        assert abs(start["release_ms"] / result["truth"]["release_ms"] - 1) > 0.5
+
+
+def test_fit_parametric_eq_smoke(capsys):
+    result = load_example("parameter_estimation/fit_parametric_eq.py").main(smoke=True)
+    assert "worst errors" in capsys.readouterr().out
+    assert result["losses"][-1] < 0.05 * result["losses"][0]
+    errors, initial = result["errors"], result["initial_errors"]
+    assert errors["freq"] < 0.25 * initial["freq"]
+    assert errors["gain_db"] < 0.25 * initial["gain_db"]

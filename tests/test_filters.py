@@ -211,3 +211,18 @@ def test_compressor_and_state_space_modules(getkey):
     assert bool(jnp.all(jnp.abs(ssf.poles) < 1))
     y32 = jax.jit(jax.vmap(ssf))(jnp.ones((2, 32), jnp.float32))
     assert y32.dtype == jnp.float32
+
+
+def test_module_parameters_are_not_weakly_typed(getkey):
+    # A weakly typed leaf turns strong after one optimizer update, so a jitted
+    # training step would compile twice (ParametricEQ's default `qs` did).
+    modules = [
+        SVF(1_000.0),
+        ParametricEQ([100.0, 1_000.0, 5_000.0]),
+        Biquad(jnp.asarray([1.0, 0.0, 0.0])),
+        Compressor(),
+        StateSpaceFilter(2, getkey()),
+    ]
+    for module in modules:
+        for path, leaf in jax.tree_util.tree_leaves_with_path(module):
+            assert not leaf.weak_type, (type(module).__name__, path)

@@ -161,7 +161,7 @@ class ParametricEQ(eqx.Module):
         if not bool(jnp.all((freqs > 0) & (freqs < nyquist))):
             raise ValueError(f"every frequency must lie in (0, {nyquist}) Hz.")
         gains_db = jnp.zeros(n) if gains_db is None else jnp.asarray(gains_db, float)
-        qs = jnp.full(n, 0.7071) if qs is None else jnp.asarray(qs, float)
+        qs = jnp.full(n, 0.7071, float) if qs is None else jnp.asarray(qs, float)
         if gains_db.shape != (n,) or qs.shape != (n,):
             raise ValueError("`gains_db` and `qs` need one entry per frequency.")
         if not bool(jnp.all(qs > 0)):
