@@ -1,7 +1,5 @@
 """Attack/release ballistics: a switched one-pole smoother (torchcomp)."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -45,26 +43,40 @@ def _switched(x: Array, at: Array, rt: Array, zi: Array) -> tuple[Array, Array]:
     return attack, y
 
 
-def _linearised(attack: Array, x: Array, at: Array, rt: Array, zi: Array) -> Array:
-    """The one-pole recursion with the decisions `attack` held, on the core."""
-    c = jnp.where(attack, at, rt)
-    decay, drive = (1 - c)[:, None], (c * x)[:, None]
-    return recurrence("diagonal", DEFAULT_UNROLL, decay, drive, zi[None])[:, 0]
-
-
 @jax.custom_jvp
+def _held(y: Array, attack: Array, x: Array, at: Array, rt: Array, zi: Array) -> Array:
+    """`y`, the switched recursion's output, differentiated with `attack` held.
+
+    `y` and the 0/1 mask `attack` come from one pass of `_switched` and are
+    constants to AD; the rule below gives the derivative with respect to
+    `x`, `at`, `rt` and `zi` as the core's one-pole recursion, at every order
+    (the rule's own output is `_held` again).
+    """
+    del attack, x, at, rt, zi
+    return y
+
+
+@_held.defjvp
+def _held_jvp(primals, tangents):
+    y, attack, x, at, rt, zi = primals
+    _, _, dx, dat, drt, dzi = tangents
+    out = _held(*primals)
+    held = attack > 0
+    c = jnp.where(held, at, rt)
+    dc = jnp.where(held, dat, drt)
+    prev = jnp.concatenate([zi[None], out[:-1]])
+    # y_t = (1 - c_t) y_{t-1} + c_t x_t, so the tangent is the same one-pole
+    # driven by c_t dx_t + dc_t (x_t - y_{t-1}).
+    drive = (c * dx + dc * (x - prev))[:, None]
+    dy = recurrence("diagonal", DEFAULT_UNROLL, (1 - c)[:, None], drive, dzi[None])
+    return out, dy[:, 0]
+
+
 def _ballistics(x: Array, at: Array, rt: Array, zi: Array) -> Array:
-    # without derivatives, the switched recursion alone gives the values
-    return _switched(x, at, rt, zi)[1]
-
-
-@_ballistics.defjvp
-def _ballistics_jvp(primals, tangents):
-    # the decisions are a stop-gradient function of the inputs; with them
-    # held, the derivative (of every order) is the core's linear recursion,
-    # whose values are those of the switched recursion
-    attack, _ = _switched(*(lax.stop_gradient(v) for v in primals))
-    return jax.jvp(functools.partial(_linearised, attack), primals, tangents)
+    # One pass of the switched recursion gives the values and the decisions;
+    # derivatives of every order then run on the core (see `_held`).
+    attack, y = _switched(*(lax.stop_gradient(v) for v in (x, at, rt, zi)))
+    return _held(y, attack.astype(y.dtype), x, at, rt, zi)
 
 
 def ballistics(
