@@ -63,3 +63,15 @@ from ._schedule import VPSDE as VPSDE, AbstractNoiseSchedule as AbstractNoiseSch
 from ._solution import RESULTS as RESULTS, ImplicitSolution as ImplicitSolution
 from ._solver import GuardedNewton as GuardedNewton
 from ._train import fit as fit
+
+
+# isort: split
+from ._field import AbstractImplicitRelation as AbstractImplicitRelation
+from ._infer import roots_by_energy as roots_by_energy
+from ._relations import (
+    IndexedRelation as IndexedRelation,
+    ProductRelation as ProductRelation,
+    assemble_state as assemble_state,
+    blockranges as blockranges,
+    named_relation as named_relation,
+)
