@@ -53,3 +53,15 @@ def test_circle_mlp_smoke(capsys, tmp_path):
     # implicit derivatives match finite differences whatever the training.
     assert all(row["converged"] for row in result["rows"])
     assert result["grad_x_rel"] < 1e-6 and result["grad_w_rel"] < 1e-6
+
+
+def test_two_relations_smoke(capsys, tmp_path):
+    plot = tmp_path / "two_relations.png"
+    result = load_example("two_relations.py").main(smoke=True, plot_path=str(plot))
+    out = capsys.readouterr().out
+    assert "joint inference" in out and "final loss" in out
+    assert plot.stat().st_size > 0
+    # Even a few steps of training through the product's inference lower the
+    # loss, and every answer of the product converges to a stable root.
+    assert result["history"][-1] < result["history"][0]
+    assert result["converged"] and result["stable"]
