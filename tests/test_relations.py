@@ -287,3 +287,63 @@ def test_bad_relations():
         rd.ImplicitDiffusion(g.pred, nodes, -1.0)
     with pytest.raises(ValueError, match="length 3"):
         rd.implicit_infer(rd.ProductRelation([r1, r2]), jnp.zeros(2), jnp.zeros(2))
+
+
+class _QuadraticEnergy(eqx.Module):
+    """A bowl plus a small network: a conservative field with one stable root."""
+
+    centre: jax.Array
+    mlp: rd.TimeMLP
+
+    def __call__(self, x, t):
+        bowl = 0.5 * jnp.sum((x - self.centre) ** 2)
+        return bowl + 0.1 * jnp.tanh(self.mlp(x, t)[0])
+
+
+def test_energy_network_symmetric_adjoint():
+    mlp = rd.TimeMLP(2, out_size=1, hidden=8, key=jax.random.key(2), dtype=jnp.float64)
+    net = _QuadraticEnergy(jnp.array([0.3, -0.2]), mlp)
+    energy_model = rd.ImplicitDiffusion(
+        rd.EnergyNetwork(net, SCHED), rd.field_nodes(jax.random.key(0), 2, samples=2)
+    )
+    nodes = rd.field_nodes(jax.random.key(0), 2, samples=2)
+    model = rd.ProductRelation(
+        [
+            rd.named_relation(energy_model, ["x", "y"], BLOCKS),
+            rd.named_relation(gaussian(MU2, S2, nodes), ["y", "z"], BLOCKS),
+        ]
+    )
+    assert model.conservative
+    z = jnp.array([0.2, -0.1, 0.7])
+    assert_close(jax.grad(model.energy)(z), model.prior_field(z), rtol=1e-10)
+    jac = model.prior_jacobian(z)
+    assert_close(jac, jac.T, rtol=1e-12)
+    z0 = jnp.array([0.8, 0.0, -0.3])
+    rho = jnp.array([INF, 0.0, 0.0])
+
+    def loss(m, symmetric):
+        sol = rd.implicit_infer(m, z0, rho, tol=1e-13, symmetric=symmetric)
+        return jnp.sum(jnp.sin(sol.z))
+
+    g_sym = eqx.filter_grad(lambda m: loss(m, None))(model)
+    g_gen = eqx.filter_grad(lambda m: loss(m, False))(model)
+    a = jax.tree.leaves(eqx.filter(g_sym, eqx.is_inexact_array))
+    b = jax.tree.leaves(eqx.filter(g_gen, eqx.is_inexact_array))
+    assert len(a) == len(b) and len(a) > 3
+    for x, y in zip(a, b, strict=True):
+        assert_close(x, y, rtol=1e-9, atol=1e-12)
+    gw = g_sym.relations[0].relation.pred.net.mlp
+    assert float(sum(jnp.sum(jnp.abs(x)) for x in jax.tree.leaves(gw))) > 0
+
+
+def test_product_laplace():
+    """With `lam = density_lambda` and small levels, the Laplace covariance of
+    the product approaches that of the product of Gaussians."""
+    model, _, _ = product(levels=0.01 * np.linspace(0.002, 0.05, 8), lam="density")
+    z0 = jnp.array([0.8, 0.0, 0.0])
+    rho = jnp.array([INF, 0.0, 0.0])
+    sol = rd.implicit_infer(model, z0, rho, tol=1e-13)
+    cov = rd.implicit_laplace(model, sol, rho)
+    prec_y = W[0] / S1**2 + W[1] / S2**2
+    ref = np.diag([0.0, 1 / prec_y, S2**2 / W[1]])
+    assert_close(cov, ref, atol=1e-4, rtol=0)
