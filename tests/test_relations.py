@@ -284,6 +284,17 @@ def test_bad_relations():
         rd.ProductRelation([r1, g.pred])
     with pytest.raises(ValueError, match="nonnegative"):
         rd.ImplicitDiffusion(g.pred, nodes, -1.0)
+    twisted = rd.ImplicitDiffusion(
+        rd.NoisePredictor(
+            rd.TimeMLP(2, hidden=4, key=jax.random.key(0), dtype=jnp.float64), SCHED
+        ),
+        nodes,
+    )
+    assert not twisted.conservative
+    with pytest.raises(ValueError, match="conservative"):
+        rd.implicit_infer(twisted, jnp.zeros(2), jnp.array([INF, 0.0]), symmetric=True)
+    with pytest.raises(TypeError, match="conservative"):
+        rd.implicit_energy(twisted, jnp.zeros(2))
     with pytest.raises(ValueError, match="length 3"):
         rd.implicit_infer(rd.ProductRelation([r1, r2]), jnp.zeros(2), jnp.zeros(2))
 

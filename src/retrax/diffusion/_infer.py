@@ -216,6 +216,13 @@ def _infer(
     z0, rho, z_init = _check_query(model, z0, rho, z_init)
     if symmetric is None:
         symmetric = model.conservative
+    elif symmetric and not model.conservative:
+        raise ValueError(
+            f"`symmetric=True` needs a conservative relation, and "
+            f"{type(model).__name__} does not declare one (`conservative` is "
+            "False): its Jacobian is not symmetric, and the adjoint solve would "
+            "return wrong gradients. Leave `symmetric=None`."
+        )
     dtype = z0.dtype
     tol = default_tol(dtype) if tol is None else float(tol)
     clamped = clamp_mask(rho)

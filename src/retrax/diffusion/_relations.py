@@ -147,6 +147,7 @@ class IndexedRelation(AbstractImplicitRelation):
         return z[np.asarray(self.index)]
 
     def prior_field(self, z: Float[ArrayLike, " n"]) -> Float[Array, " n"]:
+        r"""$P^\top g(Pz)$: the member's field scattered into the joint state."""
         z = self.check_point("z", z)
         g = self.relation.prior_field(self.restrict(z))
         return jnp.zeros_like(z).at[np.asarray(self.index)].set(g.astype(z.dtype))
@@ -156,6 +157,7 @@ class IndexedRelation(AbstractImplicitRelation):
         return self.relation.conservative
 
     def energy(self, z: Float[ArrayLike, " n"]) -> Float[Array, ""]:
+        """The member's potential at its coordinates."""
         z = self.check_point("z", z)
         return self.relation.energy(self.restrict(z))
 
@@ -258,6 +260,7 @@ class ProductRelation(AbstractImplicitRelation):
         return self.relations[0].dim
 
     def prior_field(self, z: Float[ArrayLike, " n"]) -> Float[Array, " n"]:
+        r"""$\sum_i w_i g_i(z)$."""
         z = self.check_point("z", z)
         w = self.weights.astype(z.dtype)
         total = jnp.zeros_like(z)
@@ -270,6 +273,7 @@ class ProductRelation(AbstractImplicitRelation):
         return all(r.conservative for r in self.relations)
 
     def energy(self, z: Float[ArrayLike, " n"]) -> Float[Array, ""]:
+        r"""$\sum_i w_i U_i(z)$, for products of conservative relations."""
         z = self.check_point("z", z)
         if not self.conservative:
             return super().energy(z)
