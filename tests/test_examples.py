@@ -88,6 +88,8 @@ def test_reddiff_inverse_smoke(capsys):
     # smoke run averages only 250 iterates: single runs scatter by a few 0.01.
     assert float(jnp.median(result["err_averaged_gaussian"])) < 0.03
     assert float(jnp.min(result["err_averaged"])) > 0.3
+
+
 def test_fit_svf_smoke(capsys):
     result = load_example("parameter_estimation/fit_svf.py").main(smoke=True)
     assert "recovered" in capsys.readouterr().out
@@ -129,3 +131,15 @@ def test_fit_parametric_eq_smoke(capsys):
     errors, initial = result["errors"], result["initial_errors"]
     assert errors["freq"] < 0.25 * initial["freq"]
     assert errors["gain_db"] < 0.25 * initial["gain_db"]
+
+
+def test_two_relations_smoke(capsys, tmp_path):
+    plot = tmp_path / "two_relations.png"
+    result = load_example("two_relations.py").main(smoke=True, plot_path=str(plot))
+    out = capsys.readouterr().out
+    assert "joint inference" in out and "final loss" in out
+    assert plot.stat().st_size > 0
+    # Even a few steps of training through the product's inference lower the
+    # loss, and every answer of the product converges to a stable root.
+    assert result["history"][-1] < result["history"][0]
+    assert result["converged"] and result["stable"]

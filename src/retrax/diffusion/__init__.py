@@ -11,7 +11,10 @@
 """
 
 from ._energy import EnergyNetwork as EnergyNetwork
-from ._field import ImplicitDiffusion as ImplicitDiffusion
+from ._field import (
+    AbstractImplicitRelation as AbstractImplicitRelation,
+    ImplicitDiffusion as ImplicitDiffusion,
+)
 from ._infer import (
     ImplicitRoots as ImplicitRoots,
     LaplaceBelief as LaplaceBelief,
@@ -23,6 +26,7 @@ from ._infer import (
     implicit_pullback as implicit_pullback,
     implicit_roots as implicit_roots,
     laplace_belief as laplace_belief,
+    roots_by_energy as roots_by_energy,
 )
 from ._mixture import (
     GaussianMixtureEps as GaussianMixtureEps,
@@ -51,6 +55,31 @@ from ._predictor import (
     epsilon_jacobian as epsilon_jacobian,
     epsilon_vjp_params as epsilon_vjp_params,
 )
+from ._proxdm import (
+    AbstractProximalPredictor as AbstractProximalPredictor,
+    MixtureProx as MixtureProx,
+    ProxNetwork as ProxNetwork,
+    ProxSolution as ProxSolution,
+    default_prox_input as default_prox_input,
+    prox_infer as prox_infer,
+    proxdm_sample as proxdm_sample,
+    proximal_matching_loss as proximal_matching_loss,
+)
+from ._reddiff import (
+    REDDiff as REDDiff,
+    REDDiffSolution as REDDiffSolution,
+    calibrate_lambda as calibrate_lambda,
+    reddiff_solve as reddiff_solve,
+    reddiff_weight as reddiff_weight,
+    regulariser_gradient as regulariser_gradient,
+)
+from ._relations import (
+    IndexedRelation as IndexedRelation,
+    ProductRelation as ProductRelation,
+    assemble_state as assemble_state,
+    blockranges as blockranges,
+    named_relation as named_relation,
+)
 from ._sample import (
     log_likelihood as log_likelihood,
     sample_ancestral as sample_ancestral,
@@ -63,27 +92,3 @@ from ._schedule import VPSDE as VPSDE, AbstractNoiseSchedule as AbstractNoiseSch
 from ._solution import RESULTS as RESULTS, ImplicitSolution as ImplicitSolution
 from ._solver import GuardedNewton as GuardedNewton
 from ._train import fit as fit
-
-
-# isort: split
-from ._reddiff import (
-    REDDiff as REDDiff,
-    REDDiffSolution as REDDiffSolution,
-    calibrate_lambda as calibrate_lambda,
-    reddiff_solve as reddiff_solve,
-    reddiff_weight as reddiff_weight,
-    regulariser_gradient as regulariser_gradient,
-)
-
-
-# isort: split
-from ._proxdm import (
-    AbstractProximalPredictor as AbstractProximalPredictor,
-    MixtureProx as MixtureProx,
-    ProxNetwork as ProxNetwork,
-    ProxSolution as ProxSolution,
-    default_prox_input as default_prox_input,
-    prox_infer as prox_infer,
-    proxdm_sample as proxdm_sample,
-    proximal_matching_loss as proximal_matching_loss,
-)

@@ -1,11 +1,16 @@
 """The implicit field of a noise predictor, and the clamped residual of a query."""
 
+import abc
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from ._nodes import FieldNodes
+from ._energy import EnergyNetwork
+from ._mixture import GaussianMixtureEps
+from ._nodes import FieldNodes, density_lambda
 from ._predictor import AbstractPredictor, as_state
 
 
@@ -24,96 +29,70 @@ def soft_stiffness(rho: Float[Array, " n"]) -> Float[Array, " n"]:
     return safe * safe
 
 
-class ImplicitDiffusion(eqx.Module):
-    r"""A noise predictor used as a relation: the implicit field and its queries.
+class AbstractImplicitRelation(eqx.Module):
+    r"""A relation over a joint space: a field whose stable roots are its answers.
 
-    The prior field over the joint space is
+    The interface [`retrax.diffusion.implicit_infer`][] and the other query
+    functions need: the joint dimension `dim`, the prior field
+    $g(z)$ (`prior_field`) and its Jacobian (`prior_jacobian`, one
+    `jax.jacfwd` by default). A query's residual
+    ([`retrax.diffusion.AbstractImplicitRelation.implicit_residual`][]) is
+    built from the field alone.
 
-    $g(z) = \sum_k w_k \lambda_k\,(\hat\epsilon(\alpha_k z + \sigma_k e_k, t_k)
-    - e_k)$, $\lambda_k = \lambda\,\sigma_k/\alpha_k$
+    Optional structure: a relation whose field is the gradient of a known
+    potential $U$ sets `conservative = True` and defines `energy`
+    ($\nabla U = g$); its Jacobian is then symmetric, which
+    `implicit_infer` uses for the adjoint solve. `effective_lambda` is the
+    scale of the field against $-\nabla\log p$ (used by the Laplace
+    covariance).
 
-    (the RED-Diff weighting of Mardani et al., "A variational perspective on
-    solving inverse problems with diffusion models", ICLR 2024), over the
-    fixed [`retrax.diffusion.FieldNodes`][] $(t_k, e_k, w_k)$. For the exact
-    predictor of a density $p$ it approximates
-    $\lambda\sum_k w_k\sigma_k^2/\alpha_k^2\,(-\nabla\log p)$: its stable roots
-    are the modes. All $K$ nodes are evaluated in one `vmap`ped call of the
-    predictor, and the Jacobian is one `jax.jacfwd` of that call.
-
-    A query clamps some coordinates and solves for the others:
-    see [`retrax.diffusion.ImplicitDiffusion.implicit_residual`][] and
-    [`retrax.diffusion.implicit_infer`][].
-
-    **Arguments:**
-
-    - `pred`: the noise predictor.
-    - `nodes`: the field nodes; their dimension is the joint dimension $n$.
-    - `lam`: the global field weight $\lambda$ (see
-      [`retrax.diffusion.density_lambda`][] for a data-unit choice).
+    Implementations: [`retrax.diffusion.ImplicitDiffusion`][] (a noise
+    predictor), [`retrax.diffusion.IndexedRelation`][] (a relation over some
+    coordinates of a larger joint state) and
+    [`retrax.diffusion.ProductRelation`][] (a weighted sum of relations).
     """
 
-    pred: AbstractPredictor
-    nodes: FieldNodes
-    lam: float | Float[Array, ""] = 1.0
+    @property
+    @abc.abstractmethod
+    def dim(self) -> int:
+        """The joint dimension $n$."""
 
-    def __check_init__(self):
-        if not isinstance(self.pred, AbstractPredictor):
-            raise TypeError(
-                "`pred` must be a noise predictor (an AbstractPredictor such as "
-                f"NoisePredictor or GaussianMixtureEps), got {type(self.pred)}."
-            )
-        if not isinstance(self.nodes, FieldNodes):
-            raise TypeError(
-                f"`nodes` must be FieldNodes (see `field_nodes`), got "
-                f"{type(self.nodes)}."
-            )
+    @abc.abstractmethod
+    def prior_field(self, z: Float[ArrayLike, " n"]) -> Float[Array, " n"]:
+        """The prior field $g(z)$, shape `(n,)`, typed like `z`."""
 
     @property
-    def dim(self) -> int:
-        """The joint dimension $n$ (that of the nodes)."""
-        return self.nodes.dim
+    def conservative(self) -> bool:
+        """Whether the field is the gradient of `energy` (False by default)."""
+        return False
+
+    def energy(self, z: Float[ArrayLike, " n"]) -> Float[Array, ""]:
+        r"""The potential $U$ with $\nabla U = g$, for conservative relations."""
+        raise TypeError(
+            f"{type(self).__name__} has no known potential: `energy` needs a "
+            "conservative relation (a GaussianMixtureEps or EnergyNetwork "
+            "predictor, or products and restrictions of those)."
+        )
+
+    def effective_lambda(self, dtype) -> Float[Array, ""]:
+        r"""The scale $\lambda_{\mathrm{eff}}$ of the field against
+        $-\nabla\log p$ (1 when not known)."""
+        return jnp.ones((), dtype)
 
     def check_point(self, name: str, z: ArrayLike) -> Float[Array, " n"]:
         """Check that `z` is one floating point of the joint space."""
         z = as_state(name, z)
         if z.shape != (self.dim,):
             raise ValueError(
-                f"`{name}` must be a vector of length {self.dim} (the field nodes' "
-                f"dimension), got shape {z.shape}. If the model's dimension is "
-                "different, draw the nodes with `field_nodes(key, n)` for its `n`."
+                f"`{name}` must be a vector of length {self.dim} (the relation's "
+                "joint dimension; for an ImplicitDiffusion, the field nodes' "
+                f"dimension), got shape {z.shape}. Draw the nodes with "
+                "`field_nodes(key, n)` for the model's `n`."
             )
         return z
 
-    def prior_field(self, z: Float[ArrayLike, " n"]) -> Float[Array, " n"]:
-        r"""The prior field $g(z)$.
-
-        **Arguments:**
-
-        - `z`: a point of the joint space, shape `(n,)`.
-
-        **Returns:**
-
-        $g(z)$, shape `(n,)`, typed like `z`.
-        """
-        z = self.check_point("z", z)
-        dtype = z.dtype
-        # Adding a zero stages `t` into any enclosing trace: the schedule's time
-        # check branches on `isinstance(t, Tracer)`, and a concrete `t` closed over
-        # by a jitted function would otherwise be checked with `bool()` on a tracer.
-        t = self.nodes.t.astype(dtype) + jnp.zeros((), dtype)
-        e = self.nodes.eps.astype(dtype)
-        w = self.nodes.w.astype(dtype)
-        schedule = self.pred.schedule
-        alpha = schedule.alpha(t).astype(dtype)
-        sigma = schedule.sigma(t).astype(dtype)
-        x = alpha[:, None] * z[None, :] + sigma[:, None] * e
-        eps = jax.vmap(self.pred.epsilon)(x, t)
-        coef = w * jnp.asarray(self.lam).astype(dtype) * sigma / alpha
-        return coef @ (eps - e)
-
     def prior_jacobian(self, z: Float[ArrayLike, " n"]) -> Float[Array, "n n"]:
-        r"""The Jacobian $\partial g/\partial z = \sum_k w_k\lambda_k\alpha_k
-        \,\partial_x\hat\epsilon(x_k, t_k)$, by one forward-mode pass.
+        r"""The Jacobian $\partial g/\partial z$, by one forward-mode pass.
 
         **Arguments:**
 
@@ -160,3 +139,134 @@ class ImplicitDiffusion(eqx.Module):
         diff = z - z0
         free_rows = self.prior_field(z) + soft_stiffness(rho) * diff
         return jnp.where(clamped, diff, free_rows)
+
+
+class ImplicitDiffusion(AbstractImplicitRelation):
+    r"""A noise predictor used as a relation: the implicit field and its queries.
+
+    The prior field over the joint space is
+
+    $g(z) = \sum_k w_k \lambda_k\,(\hat\epsilon(\alpha_k z + \sigma_k e_k, t_k)
+    - e_k)$, $\lambda_k = \lambda\,\sigma_k/\alpha_k$
+
+    (the RED-Diff weighting of Mardani et al., "A variational perspective on
+    solving inverse problems with diffusion models", ICLR 2024), over the
+    fixed [`retrax.diffusion.FieldNodes`][] $(t_k, e_k, w_k)$. For the exact
+    predictor of a density $p$ it approximates
+    $\lambda\sum_k w_k\sigma_k^2/\alpha_k^2\,(-\nabla\log p)$: its stable roots
+    are the modes. All $K$ nodes are evaluated in one `vmap`ped call of the
+    predictor, and the Jacobian is one `jax.jacfwd` of that call.
+
+    A query clamps some coordinates and solves for the others:
+    see [`retrax.diffusion.AbstractImplicitRelation.implicit_residual`][] and
+    [`retrax.diffusion.implicit_infer`][].
+
+    **Arguments:**
+
+    - `pred`: the noise predictor.
+    - `nodes`: the field nodes; their dimension is the joint dimension $n$.
+    - `lam`: the global field weight $\lambda$ (see
+      [`retrax.diffusion.density_lambda`][] for a data-unit choice).
+    """
+
+    pred: AbstractPredictor
+    nodes: FieldNodes
+    lam: float | Float[Array, ""] = 1.0
+
+    def __check_init__(self):
+        if not isinstance(self.pred, AbstractPredictor):
+            raise TypeError(
+                "`pred` must be a noise predictor (an AbstractPredictor such as "
+                f"NoisePredictor or GaussianMixtureEps), got {type(self.pred)}."
+            )
+        if not isinstance(self.nodes, FieldNodes):
+            raise TypeError(
+                f"`nodes` must be FieldNodes (see `field_nodes`), got "
+                f"{type(self.nodes)}."
+            )
+        if not isinstance(self.lam, jax.core.Tracer):
+            lam = np.asarray(self.lam)
+            if lam.shape != () or not np.isfinite(lam) or lam < 0:
+                raise ValueError(
+                    "`lam` must be a finite, nonnegative scalar field weight (see "
+                    f"`density_lambda` for a data-unit choice), got {self.lam!r}."
+                )
+
+    @property
+    def dim(self) -> int:
+        """The joint dimension $n$ (that of the nodes)."""
+        return self.nodes.dim
+
+    def prior_field(self, z: Float[ArrayLike, " n"]) -> Float[Array, " n"]:
+        r"""The prior field $g(z)$.
+
+        **Arguments:**
+
+        - `z`: a point of the joint space, shape `(n,)`.
+
+        **Returns:**
+
+        $g(z)$, shape `(n,)`, typed like `z`.
+        """
+        z = self.check_point("z", z)
+        dtype = z.dtype
+        # Adding a zero stages `t` into any enclosing trace: the schedule's time
+        # check branches on `isinstance(t, Tracer)`, and a concrete `t` closed over
+        # by a jitted function would otherwise be checked with `bool()` on a tracer.
+        t = self.nodes.t.astype(dtype) + jnp.zeros((), dtype)
+        e = self.nodes.eps.astype(dtype)
+        w = self.nodes.w.astype(dtype)
+        schedule = self.pred.schedule
+        alpha = schedule.alpha(t).astype(dtype)
+        sigma = schedule.sigma(t).astype(dtype)
+        x = alpha[:, None] * z[None, :] + sigma[:, None] * e
+        eps = jax.vmap(self.pred.epsilon)(x, t)
+        coef = w * jnp.asarray(self.lam).astype(dtype) * sigma / alpha
+        return coef @ (eps - e)
+
+    @property
+    def conservative(self) -> bool:
+        """Whether the predictor has a known potential (a `GaussianMixtureEps` or
+        an `EnergyNetwork`), so that the field is a gradient."""
+        return isinstance(self.pred, (GaussianMixtureEps, EnergyNetwork))
+
+    def energy(self, z: Float[ArrayLike, " n"]) -> Float[Array, ""]:
+        r"""The potential $U$ of the field, $\nabla U = g$ (up to a constant).
+
+        With $x_k = \alpha_k z + \sigma_k e_k$ and $E_k = -\log p_{t_k}$ (a
+        mixture, $\hat\epsilon = -\sigma_t\nabla_x\log p_t$) or the network's
+        energy ($\hat\epsilon = \sigma_t\nabla_x E$):
+        $U(z) = \sum_k w_k\lambda_k(\sigma_k/\alpha_k)\,E_k(x_k) -
+        (\sum_k w_k\lambda_k e_k)^\top z$.
+
+        **Arguments:**
+
+        - `z`: a point of the joint space, shape `(n,)`.
+
+        **Returns:**
+
+        The scalar potential.
+        """
+        if not self.conservative:
+            return super().energy(z)
+        z = self.check_point("z", z)
+        dtype = z.dtype
+        t = self.nodes.t.astype(dtype) + jnp.zeros((), dtype)
+        e = self.nodes.eps.astype(dtype)
+        w = self.nodes.w.astype(dtype)
+        schedule = self.pred.schedule
+        alpha = schedule.alpha(t).astype(dtype)
+        sigma = schedule.sigma(t).astype(dtype)
+        x = alpha[:, None] * z[None, :] + sigma[:, None] * e
+        if isinstance(self.pred, GaussianMixtureEps):
+            energy = jax.vmap(lambda a, b: -self.pred.logdensity(a, b))(x, t)
+        else:
+            energy = jax.vmap(self.pred.energy)(x, t)
+        coef = w * jnp.asarray(self.lam).astype(dtype) * sigma / alpha
+        return jnp.dot(coef * sigma / alpha, energy) - jnp.dot(coef @ e, z)
+
+    def effective_lambda(self, dtype) -> Float[Array, ""]:
+        r"""`lam * sum_k w_k sigma_k^2 / alpha_k^2`: the field's scale against
+        $-\nabla\log p$ (1 with `lam = density_lambda(schedule, nodes)`)."""
+        lam = jnp.asarray(self.lam).astype(dtype)
+        return lam / density_lambda(self.pred.schedule, self.nodes).astype(dtype)

@@ -8,10 +8,7 @@ import lineax as lx
 import optimistix as optx
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
-from ._energy import EnergyNetwork
-from ._field import ImplicitDiffusion, clamp_mask, soft_stiffness
-from ._mixture import GaussianMixtureEps
-from ._nodes import density_lambda
+from ._field import AbstractImplicitRelation, clamp_mask, soft_stiffness
 from ._solution import RESULTS, ImplicitSolution
 from ._solver import GuardedNewton
 
@@ -19,6 +16,20 @@ from ._solver import GuardedNewton
 def _query_residual(y, args):
     model, z0, rho = args
     return model.implicit_residual(y, z0, rho)
+
+
+def _symmetric_residual(y, args):
+    # The field is read at the clamped values z0_C rather than at y_C: equal at
+    # every iterate (the solver never moves clamped coordinates off z0_C), but
+    # the Jacobian is then blockdiag(I, J_FF), symmetric when the field is a
+    # gradient, and the clamped inputs' cotangent J_FC^T mu flows through z0.
+    model, z0, rho = args
+    clamped = clamp_mask(rho)
+    diff = y - z0
+    free_rows = (
+        model.prior_field(jnp.where(clamped, z0, y)) + soft_stiffness(rho) * diff
+    )
+    return jnp.where(clamped, diff, free_rows)
 
 
 @jax.custom_jvp
@@ -62,9 +73,10 @@ def default_tol(dtype) -> float:
 
 
 def _check_query(model, z0, rho, z_init):
-    if not isinstance(model, ImplicitDiffusion):
+    if not isinstance(model, AbstractImplicitRelation):
         raise TypeError(
-            f"`model` must be an ImplicitDiffusion, got {type(model).__name__}."
+            "`model` must be a relation (an AbstractImplicitRelation such as "
+            f"ImplicitDiffusion or ProductRelation), got {type(model).__name__}."
         )
     z0 = model.check_point("z0", z0)
     dtype = z0.dtype
@@ -111,7 +123,7 @@ def _solver(tol: float, matrix_free: bool, dtype) -> GuardedNewton:
 
 @eqx.filter_jit
 def implicit_infer(
-    model: ImplicitDiffusion,
+    model: AbstractImplicitRelation,
     z0: Float[ArrayLike, " n"],
     rho: Float[ArrayLike, " n"],
     *,
@@ -120,12 +132,13 @@ def implicit_infer(
     max_steps: int = 200,
     matrix_free: bool = False,
     adjoint_solver: lx.AbstractLinearSolver | None = None,
+    symmetric: bool | None = None,
     throw: bool = True,
 ) -> ImplicitSolution:
     r"""Answer a query: the stable root of the clamped residual nearest the start.
 
     Solves $r(z) = 0$ for the residual of
-    [`retrax.diffusion.ImplicitDiffusion.implicit_residual`][] with the
+    [`retrax.diffusion.AbstractImplicitRelation.implicit_residual`][] with the
     guarded Newton method [`retrax.diffusion.GuardedNewton`][] through
     `optimistix.root_find`, so that derivatives of the answer with respect to
     the model's parameters, `z0` and `rho` are given by the implicit function
@@ -158,6 +171,14 @@ def implicit_infer(
       spaces; the adjoint solve is then GMRES on vector-Jacobian products.
     - `adjoint_solver`: the lineax solver of the adjoint (transposed) solve; LU
       on the dense Jacobian by default, GMRES when `matrix_free`.
+    - `symmetric`: whether the field is a gradient (a conservative relation:
+      `EnergyNetwork` and `GaussianMixtureEps` models, and products and
+      restrictions of those), so that the query's Jacobian is symmetric and
+      the adjoint solve uses $J$ itself, tagged `lineax.symmetric_tag`, instead
+      of its transpose. `None` (the default) detects it from
+      `model.conservative`. For a symmetric field a symmetric solver such as
+      `lineax.Cholesky()` may be passed as `adjoint_solver` (stable roots only:
+      the free block is then positive definite).
     - `throw`: whether a solve that did not converge raises.
 
     **Returns:**
@@ -175,21 +196,47 @@ def implicit_infer(
         adjoint_solver,
         throw,
         True,
+        symmetric,
     )
 
 
 def _infer(
-    model, z0, rho, z_init, tol, max_steps, matrix_free, adjoint_solver, throw, poison
+    model,
+    z0,
+    rho,
+    z_init,
+    tol,
+    max_steps,
+    matrix_free,
+    adjoint_solver,
+    throw,
+    poison,
+    symmetric=None,
 ):
     z0, rho, z_init = _check_query(model, z0, rho, z_init)
+    if symmetric is None:
+        symmetric = model.conservative
+    elif symmetric and not model.conservative:
+        raise ValueError(
+            f"`symmetric=True` needs a conservative relation, and "
+            f"{type(model).__name__} does not declare one (`conservative` is "
+            "False): its Jacobian is not symmetric, and the adjoint solve would "
+            "return wrong gradients. Leave `symmetric=None`."
+        )
     dtype = z0.dtype
     tol = default_tol(dtype) if tol is None else float(tol)
     clamped = clamp_mask(rho)
     y0 = jnp.where(clamped, z0, z_init)
     if adjoint_solver is None:
         adjoint_solver = _krylov(tol, dtype) if matrix_free else lx.LU()
+    if symmetric:
+        fn, tags = _symmetric_residual, frozenset({lx.symmetric_tag})
+        if isinstance(adjoint_solver, lx.Cholesky):
+            tags = tags | {lx.positive_semidefinite_tag}
+    else:
+        fn, tags = _query_residual, frozenset()
     sol = optx.root_find(
-        _query_residual,
+        fn,
         _solver(tol, matrix_free, dtype),
         y0,
         args=(model, z0, rho),
@@ -197,6 +244,7 @@ def _infer(
         max_steps=max_steps,
         adjoint=optx.ImplicitAdjoint(linear_solver=adjoint_solver),
         throw=False,
+        tags=tags,
     )
     state = sol.state
     converged = state.converged
@@ -230,7 +278,7 @@ def _infer(
 
 @eqx.filter_jit
 def implicit_pullback(
-    model: ImplicitDiffusion,
+    model: AbstractImplicitRelation,
     sol: ImplicitSolution,
     z0: Float[ArrayLike, " n"],
     rho: Float[ArrayLike, " n"],
@@ -311,7 +359,7 @@ class ImplicitRoots(eqx.Module):
 
 @eqx.filter_jit
 def implicit_roots(
-    model: ImplicitDiffusion,
+    model: AbstractImplicitRelation,
     z0: Float[ArrayLike, " n"],
     rho: Float[ArrayLike, " n"],
     key: PRNGKeyArray,
@@ -388,14 +436,13 @@ def implicit_roots(
     )
 
 
-def _effective_lambda(model: ImplicitDiffusion, dtype) -> Array:
+def _effective_lambda(model: AbstractImplicitRelation, dtype) -> Array:
     """`lam * sum_k w_k sigma_k^2 / alpha_k^2`: the field scale vs -grad log p."""
-    lam = jnp.asarray(model.lam).astype(dtype)
-    return lam / density_lambda(model.pred.schedule, model.nodes).astype(dtype)
+    return model.effective_lambda(dtype)
 
 
 def implicit_laplace(
-    model: ImplicitDiffusion,
+    model: AbstractImplicitRelation,
     sol: ImplicitSolution,
     rho: Float[ArrayLike, " n"],
 ) -> Float[Array, "n n"]:
@@ -450,7 +497,7 @@ class LaplaceBelief(eqx.Module):
 
 
 def laplace_belief(
-    model: ImplicitDiffusion,
+    model: AbstractImplicitRelation,
     sol: ImplicitSolution,
     rho: Float[ArrayLike, " n"],
 ) -> LaplaceBelief:
@@ -472,13 +519,13 @@ def laplace_belief(
     )
 
 
-def has_energy(model: ImplicitDiffusion) -> bool:
+def has_energy(model: AbstractImplicitRelation) -> bool:
     """Whether [`retrax.diffusion.implicit_energy`][] is defined for `model`."""
-    return isinstance(model.pred, (GaussianMixtureEps, EnergyNetwork))
+    return model.conservative
 
 
 def implicit_energy(
-    model: ImplicitDiffusion,
+    model: AbstractImplicitRelation,
     z: Float[ArrayLike, " n"],
     z0: Float[ArrayLike, " n"] | None = None,
     rho: Float[ArrayLike, " n"] | None = None,
@@ -509,25 +556,15 @@ def implicit_energy(
     """
     if not has_energy(model):
         raise TypeError(
-            "implicit_energy needs a conservative predictor with a known potential "
-            f"(GaussianMixtureEps or EnergyNetwork), got {type(model.pred).__name__}."
+            "implicit_energy needs a conservative relation with a known potential "
+            "(a GaussianMixtureEps or EnergyNetwork predictor, or products and "
+            f"restrictions of those), got {type(model).__name__}"
+            + (f" of {type(model.pred).__name__}" if hasattr(model, "pred") else "")
+            + "."
         )
     z = model.check_point("z", z)
     dtype = z.dtype
-    nodes = model.nodes
-    t = nodes.t.astype(dtype) + jnp.zeros((), dtype)
-    e = nodes.eps.astype(dtype)
-    w = nodes.w.astype(dtype)
-    schedule = model.pred.schedule
-    alpha = schedule.alpha(t).astype(dtype)
-    sigma = schedule.sigma(t).astype(dtype)
-    x = alpha[:, None] * z[None, :] + sigma[:, None] * e
-    if isinstance(model.pred, GaussianMixtureEps):
-        energy = jax.vmap(lambda a, b: -model.pred.logdensity(a, b))(x, t)
-    else:
-        energy = jax.vmap(model.pred.energy)(x, t)
-    coef = w * jnp.asarray(model.lam).astype(dtype) * sigma / alpha
-    u = jnp.dot(coef * sigma / alpha, energy) - jnp.dot(coef @ e, z)
+    u = model.energy(z)
     if (z0 is None) != (rho is None):
         raise ValueError("give both `z0` and `rho` for a query's energy, or neither.")
     if z0 is not None:
@@ -555,7 +592,7 @@ class MixtureBelief(eqx.Module):
 
 
 def implicit_mixture(
-    model: ImplicitDiffusion,
+    model: AbstractImplicitRelation,
     roots: ImplicitRoots,
     z0: Float[ArrayLike, " n"],
     rho: Float[ArrayLike, " n"],
@@ -610,3 +647,44 @@ def implicit_mixture(
     weights = jax.nn.softmax(logw)
     weights = jnp.where(valid, weights, jnp.zeros((), dtype))
     return MixtureBelief(weights=weights, means=roots.z, covs=covs)
+
+
+def roots_by_energy(
+    model: AbstractImplicitRelation,
+    roots: ImplicitRoots,
+    z0: Float[ArrayLike, " n"],
+    rho: Float[ArrayLike, " n"],
+) -> tuple[ImplicitRoots, Float[Array, " starts"]]:
+    r"""Order the answers of a query by energy, the most probable first.
+
+    For a conservative relation (see
+    [`retrax.diffusion.implicit_energy`][]) the valid answers of
+    [`retrax.diffusion.implicit_roots`][] are sorted by the query's potential
+    $U(z) + \tfrac12\sum_F\rho_i^2(z_i - z_{0,i})^2$, lowest first (the
+    deepest mode of the learned density given the query); invalid slots
+    follow. Jittable; derivatives pass through the reordered answers.
+
+    **Arguments:**
+
+    - `model`: the conservative relation the query was solved with.
+    - `roots`: the query's answers.
+    - `z0`, `rho`: the query.
+
+    **Returns:**
+
+    A tuple `(roots, energy)`: the reordered
+    [`retrax.diffusion.ImplicitRoots`][] and each slot's energy
+    (`inf` for invalid slots).
+    """
+    dtype = roots.z.dtype
+    z0 = model.check_point("z0", z0).astype(dtype)
+    rho = model.check_point("rho", rho).astype(dtype)
+    energy = jax.vmap(lambda z: implicit_energy(model, z, z0, rho))(
+        jax.lax.stop_gradient(roots.z)
+    )
+    energy = jnp.where(roots.valid, energy, jnp.array(jnp.inf, dtype))
+    order = jnp.argsort(energy, stable=True)
+    ordered = jax.tree.map(
+        lambda x: x[order] if eqx.is_array(x) and x.ndim >= 1 else x, roots
+    )
+    return ordered, energy[order]
