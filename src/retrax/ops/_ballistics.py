@@ -25,21 +25,19 @@ def _coefficient(name: str, c, length: int) -> Array:
 def _switched(x: Array, at: Array, rt: Array, zi: Array) -> tuple[Array, Array]:
     """The switched recursion: where it chose the attack coefficient, and `y`.
 
-    Its step is `a * y + u` with `a = 1 - c` and `u = c * x` formed outside
-    the loop, exactly as the core's diagonal step sees them, so that both
-    round alike and the core reproduces these values and decisions.
+    The step is torchcomp's, `y = (1 - c) y + c x`. Scalar coefficients stay
+    constants of the loop, so the scan reads only `x`.
     """
 
     def step(y, inp):
-        xt, decay_a, decay_r, drive_a, drive_r = inp
+        xt, a, r = inp if at.ndim else (inp, at, rt)
         attack = xt < y
-        decay = jnp.where(attack, decay_a, decay_r)
-        drive = jnp.where(attack, drive_a, drive_r)
-        y = decay * y + drive
+        c = jnp.where(attack, a, r)
+        y = (1 - c) * y + c * xt
         return y, (attack, y)
 
-    inputs = (x, 1 - at, 1 - rt, at * x, rt * x)
-    _, (attack, y) = lax.scan(step, zi, inputs, unroll=DEFAULT_UNROLL)
+    xs = (x, at, rt) if at.ndim else x
+    _, (attack, y) = lax.scan(step, zi, xs, unroll=DEFAULT_UNROLL)
     return attack, y
 
 
@@ -132,8 +130,10 @@ def ballistics(
             raise ValueError(f"`zi` must be a scalar, got shape {zi.shape}.")
     dtype = result_dtype(x, at, rt, zi)
     x = x.astype(dtype)
-    at = jnp.broadcast_to(check_finite("at", at.astype(dtype)), (length,))
-    rt = jnp.broadcast_to(check_finite("rt", rt.astype(dtype)), (length,))
+    at = check_finite("at", at.astype(dtype))
+    rt = check_finite("rt", rt.astype(dtype))
+    if at.ndim or rt.ndim:  # per-sample coefficients: both per sample
+        at, rt = (jnp.broadcast_to(c, (length,)) for c in (at, rt))
     zi = jnp.zeros((), dtype) if zi is None else zi.astype(dtype)
     y = _ballistics(x, at, rt, zi)
     if not return_zf:
