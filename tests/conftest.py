@@ -1,13 +1,8 @@
 import os
 import pathlib
 
-
-# Tests compile many small programs and run them on tiny inputs: a lower XLA
-# backend optimisation level cuts compile time by about a third.
-os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
-
-import jax  # noqa: E402
-import pytest  # noqa: E402
+import jax
+import pytest
 
 
 jax.config.update("jax_enable_x64", True)
