@@ -16,6 +16,15 @@ jax.config.update(
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    # A test process compiles thousands of small programs; dropping the
+    # in-memory caches after each module keeps the number of live executables
+    # (and their code mappings) bounded. The on-disk cache still serves repeats.
+    yield
+    jax.clear_caches()
+
+
 @pytest.fixture
 def getkey():
     """A fresh PRNG key on every call, reproducible per test."""
