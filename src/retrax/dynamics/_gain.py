@@ -6,6 +6,7 @@ from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._misc import as_inexact, result_dtype
 from ..ops import ballistics, linear_recurrence
+from ..ops._validate import check_signal
 from ._convert import amp2db, db2amp
 
 
@@ -29,11 +30,7 @@ def _in_range(name, value, low, high, *, low_open=True, high_open=True):
 
 def _signal(name, x):
     x = as_inexact(name, x)
-    if x.ndim != 1:
-        raise ValueError(
-            f"`{name}` must be one signal of shape (time,), got shape {x.shape}. "
-            "Batch several signals with `jax.vmap`."
-        )
+    check_signal(name, x)
     return x
 
 

@@ -5,14 +5,7 @@ from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._misc import as_inexact, result_dtype
 from ._recurrence import DEFAULT_UNROLL, Method, check_method, recurrence
-
-
-def _check_signal(name: str, x: Array) -> None:
-    if x.ndim != 1:
-        raise ValueError(
-            f"`{name}` must be one signal of shape (time,), got shape {x.shape}. "
-            "Batch several signals with `jax.vmap`."
-        )
+from ._validate import check_signal
 
 
 def allpole(
@@ -71,7 +64,7 @@ def allpole(
     check_method(method)
     x = as_inexact("x", x)
     a = as_inexact("a", a)
-    _check_signal("x", x)
+    check_signal("x", x)
     if a.ndim not in (1, 2):
         raise ValueError(
             f"`a` must have shape (order,) or (time, order), got shape {a.shape}."
@@ -132,7 +125,7 @@ def linear_recurrence(
     """
     decay = as_inexact("decay", decay)
     x = as_inexact("x", x)
-    _check_signal("x", x)
+    check_signal("x", x)
     if decay.ndim > 1 or (decay.ndim == 1 and decay.shape != x.shape):
         raise ValueError(
             f"`decay` must be a scalar or have the shape of `x` {x.shape}, "
