@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from helpers import assert_close, check_grads
+from retrax import _native
 from retrax.ops import ballistics, linear_recurrence
+from retrax.ops._ballistics import _switched_kernel, _switched_loop
 
 
 def unchecked(f):
@@ -183,3 +185,45 @@ def test_bad_input():
         b(jnp.ones(8, jnp.complex64), 0.1, 0.1)
     with pytest.raises(Exception, match="`at` has non-finite"):
         jax.jit(ballistics)(x, jnp.nan, 0.1)
+
+
+kernels = pytest.mark.skipif(
+    not _native.available(), reason="the compiled CPU kernels were not built"
+)
+
+
+@kernels
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_kernel_matches_loop(dtype):
+    """The compiled loop and the `lax.scan` fallback give the same values, for
+    batches that fill every lane group (8 + 4 + 2 + 1 signals), scalar and
+    per-sample coefficients, under nested `vmap`."""
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(np.abs(rng.normal(size=(15, 300))), dtype)
+    at = jnp.asarray(rng.uniform(0.1, 0.9, 15), dtype)
+    at_t = jnp.asarray(rng.uniform(0.1, 0.9, (15, 300)), dtype)
+    rt = jnp.asarray(0.05, dtype)
+    zi = jnp.asarray(rng.uniform(0, 2, 15), dtype)
+    tol = 1e-5 if dtype == jnp.float32 else 1e-13
+    run = jax.vmap(_switched_kernel, (0, 0, None, 0))
+    loop = jax.vmap(_switched_loop, (0, 0, None, 0))
+    for coef in (at, at_t):
+        rt_b = jnp.broadcast_to(rt, coef.shape[1:])
+        y = jax.jit(run)(x, coef, rt_b, zi)
+        assert y.dtype == dtype
+        assert_close(y, loop(x, coef, rt_b, zi), rtol=tol)
+    nested = jax.vmap(
+        jax.vmap(_switched_kernel, (0, None, None, None)), (None, 0, 0, 0)
+    )
+    looped = jax.vmap(jax.vmap(_switched_loop, (0, None, None, None)), (None, 0, 0, 0))
+    rts = jnp.full(15, rt)
+    assert_close(nested(x, at, rts, zi), looped(x, at, rts, zi), rtol=tol)
+
+
+@kernels
+def test_kernel_replaces_the_loop_on_cpu():
+    """On the CPU the forward pass is one custom call, with no while loop."""
+    x = jnp.linspace(0.0, 1.0, 64)
+    hlo = jax.jit(ballistics).lower(x, 0.3, 0.05).compile().as_text()
+    assert _native.BALLISTICS in hlo
+    assert "while" not in hlo

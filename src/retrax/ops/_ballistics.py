@@ -5,6 +5,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .. import _native
 from .._misc import as_inexact, result_dtype
 from ._recurrence import DEFAULT_UNROLL, recurrence
 from ._validate import check_finite, check_signal
@@ -22,23 +23,44 @@ def _coefficient(name: str, c, length: int) -> Array:
     return c
 
 
-def _switched(x: Array, at: Array, rt: Array, zi: Array) -> tuple[Array, Array]:
-    """The switched recursion: where it chose the attack coefficient, and `y`.
-
-    The step is torchcomp's, `y = (1 - c) y + c x`. Scalar coefficients stay
-    constants of the loop, so the scan reads only `x`.
-    """
+def _switched_loop(x: Array, at: Array, rt: Array, zi: Array) -> Array:
+    """The switched recursion as a `lax.scan`, with torchcomp's step
+    `y = (1 - c) y + c x`. Scalar coefficients stay constants of the loop, so
+    the scan reads only `x`."""
 
     def step(y, inp):
         xt, a, r = inp if at.ndim else (inp, at, rt)
-        attack = xt < y
-        c = jnp.where(attack, a, r)
+        c = jnp.where(xt < y, a, r)
         y = (1 - c) * y + c * xt
-        return y, (attack, y)
+        return y, y
 
     xs = (x, at, rt) if at.ndim else x
-    _, (attack, y) = lax.scan(step, zi, xs, unroll=DEFAULT_UNROLL)
-    return attack, y
+    return lax.scan(step, zi, xs, unroll=DEFAULT_UNROLL)[1]
+
+
+def _switched_kernel(x: Array, at: Array, rt: Array, zi: Array) -> Array:
+    """The switched recursion as retrax's compiled CPU kernel (`_native`)."""
+    call = jax.ffi.ffi_call(
+        _native.BALLISTICS,
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
+        vmap_method="broadcast_all",
+    )
+    return call(x, at, rt, zi)
+
+
+def _switched(x: Array, at: Array, rt: Array, zi: Array) -> Array:
+    """The values of the switched recursion.
+
+    On the CPU, for float32 and float64, a compiled loop computes them if the
+    build produced it (`retrax._native`): XLA's while loop spends several
+    nanoseconds on each iteration of this inherently sequential recursion.
+    Elsewhere, and as the fallback, a `lax.scan`.
+    """
+    if x.dtype in (jnp.float32, jnp.float64) and _native.available():
+        return lax.platform_dependent(
+            x, at, rt, zi, cpu=_switched_kernel, default=_switched_loop
+        )
+    return _switched_loop(x, at, rt, zi)
 
 
 @jax.custom_jvp
@@ -71,9 +93,12 @@ def _held_jvp(primals, tangents):
 
 
 def _ballistics(x: Array, at: Array, rt: Array, zi: Array) -> Array:
-    # One pass of the switched recursion gives the values and the decisions;
-    # derivatives of every order then run on the core (see `_held`).
-    attack, y = _switched(*(lax.stop_gradient(v) for v in (x, at, rt, zi)))
+    # One pass of the switched recursion gives the values; its decisions
+    # follow from them, and derivatives of every order run on the core (see
+    # `_held`).
+    x0, at0, rt0, zi0 = (lax.stop_gradient(v) for v in (x, at, rt, zi))
+    y = _switched(x0, at0, rt0, zi0)
+    attack = x0 < jnp.concatenate([zi0[None], y[:-1]])
     return _held(y, attack.astype(y.dtype), x, at, rt, zi)
 
 

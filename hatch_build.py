@@ -1,0 +1,71 @@
+"""Build hook: compile retrax's CPU kernels (`src/retrax/_native`).
+
+The kernels speed up loops that XLA runs slowly (see `ballistics.cc`). They
+are compiled against the XLA FFI headers shipped with jaxlib, so jaxlib is a
+build requirement. Without a C++ compiler, or if compilation fails, the
+build still succeeds: retrax then runs its pure-JAX loops, which give the
+same numbers. `CXX` selects the compiler (default `c++`).
+"""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+
+NATIVE = pathlib.Path("src", "retrax", "_native")
+SOURCES = ["ballistics.cc"]
+LIBRARY = "_kernels.so"
+
+
+class KernelBuildHook(BuildHookInterface):
+    PLUGIN_NAME = "custom"
+
+    def initialize(self, version: str, build_data: dict) -> None:
+        root = pathlib.Path(self.root)
+        library = root / NATIVE / LIBRARY
+        if not self._compile(root, library):
+            return
+        build_data["pure_python"] = False
+        build_data["infer_tag"] = True
+        if version != "editable":
+            build_data["artifacts"].append(str(library.relative_to(root)))
+
+    def _compile(self, root: pathlib.Path, library: pathlib.Path) -> bool:
+        compiler = shutil.which(os.environ.get("CXX", "c++"))
+        if compiler is None or sys.platform == "win32":
+            self._skip("no C++ compiler found")
+            return False
+        try:
+            import jaxlib
+            import jaxlib.version
+        except ImportError:
+            self._skip("jaxlib is not importable in the build environment")
+            return False
+        include = pathlib.Path(jaxlib.__file__).parent / "include"
+        command = [
+            compiler,
+            "-O3",
+            "-std=c++17",
+            "-shared",
+            "-fPIC",
+            f"-I{include}",
+            f'-DRETRAX_JAXLIB_VERSION="{jaxlib.version.__version__}"',
+            *(str(root / NATIVE / source) for source in SOURCES),
+            "-o",
+            str(library),
+        ]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            self._skip(f"compilation failed:\n{result.stderr[-2000:]}")
+            library.unlink(missing_ok=True)
+            return False
+        return True
+
+    def _skip(self, why: str) -> None:
+        self.app.display_warning(
+            f"retrax: CPU kernels not built ({why}); the pure-JAX loops are used."
+        )
