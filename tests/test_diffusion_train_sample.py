@@ -121,6 +121,54 @@ def test_fit_is_deterministic_and_chunked(getkey):
     assert_close(la, jnp.stack(ref), rtol=1e-10)
 
 
+def test_fit_ema_averages_the_iterates(getkey):
+    data = jax.random.normal(getkey(), (64, 2))
+    pred = rd.NoisePredictor(rd.TimeMLP(2, hidden=8, depth=1, key=getkey()), SCHED)
+    key = getkey()
+
+    def params(p):
+        return jax.tree.leaves(eqx.filter(p, eqx.is_inexact_array))
+
+    # the iterates theta_1, theta_2, theta_3 of one run (steps draw their
+    # minibatches by absolute index, so shorter runs are its prefixes)
+    iterates = [
+        params(rd.fit(pred, data, key, steps=s, batch_size=8, progress=False)[0])
+        for s in (1, 2, 3)
+    ]
+    last, losses = rd.fit(pred, data, key, steps=3, batch_size=8, progress=False)
+    d = 0.8
+    # chunked (the last chunk padded): padded steps do not enter the average
+    avg, avg_losses = rd.fit(
+        pred, data, key, steps=3, batch_size=8, progress=False, ema=d, chunk_size=2
+    )
+    # the optimiser and the loss history are unchanged
+    assert_close(avg_losses, losses, rtol=1e-12)
+    weights = [(1 - d) * d**2, (1 - d) * d, 1 - d]
+    for j, got in enumerate(params(avg)):
+        want = sum(w * it[j] for w, it in zip(weights, iterates, strict=True))
+        assert_close(got, want / (1 - d**3), rtol=1e-12)
+        assert not np.allclose(got, iterates[-1][j])
+    # decay 0 keeps only the last iterate
+    zero, _ = rd.fit(pred, data, key, steps=3, batch_size=8, progress=False, ema=0.0)
+    for got, want in zip(params(zero), params(last), strict=True):
+        assert_close(got, want, rtol=1e-12)
+
+
+def test_fit_ema_float32(getkey):
+    data = jax.random.normal(getkey(), (32, 2), jnp.float32)
+    model = rd.TimeMLP(2, hidden=8, depth=1, dtype=jnp.float32, key=getkey())
+    trained, _ = rd.fit(
+        rd.NoisePredictor(model, SCHED),
+        data,
+        getkey(),
+        steps=5,
+        progress=False,
+        ema=0.99,
+    )
+    assert trained.model.layers[0].weight.dtype == jnp.float32
+    assert jnp.all(jnp.isfinite(trained.model.layers[0].weight))
+
+
 def test_fit_progress_bar(getkey, capsys):
     data = jax.random.normal(getkey(), (32, 2))
     pred = rd.NoisePredictor(rd.TimeMLP(2, hidden=8, depth=1, key=getkey()), SCHED)
@@ -161,6 +209,12 @@ def test_fit_bad_input(getkey):
         rd.fit(pred, data, getkey(), steps=0, progress=False)
     with pytest.raises(ValueError, match="batch_size"):
         rd.fit(pred, data, getkey(), steps=2, batch_size=0, progress=False)
+    with pytest.raises(ValueError, match="ema"):
+        rd.fit(pred, data, getkey(), steps=2, ema=1.0, progress=False)
+    with pytest.raises(ValueError, match="ema"):
+        rd.fit(pred, data, getkey(), steps=2, ema=-0.1, progress=False)
+    with pytest.raises(TypeError, match="ema"):
+        rd.fit(pred, data, getkey(), steps=2, ema=True, progress=False)
 
 
 class _WrongSize(eqx.Module):

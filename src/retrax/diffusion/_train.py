@@ -1,6 +1,7 @@
 """Training a noise predictor by denoising score matching."""
 
 import math
+import numbers
 
 import equinox as eqx
 import jax
@@ -24,8 +25,10 @@ def _param_dtype(params) -> jnp.dtype | None:
 
 
 @eqx.filter_jit
-def _train_chunk(params, opt_state, static, optimizer, data, key, start, config):
-    chunk, steps, batch_size, t0, t1 = config
+def _train_chunk(
+    params, opt_state, average, static, optimizer, data, key, start, config
+):
+    chunk, steps, batch_size, t0, t1, ema = config
     num, dtype = data.shape[0], data.dtype
 
     def loss_fn(p, x0, t, eps):
@@ -33,7 +36,7 @@ def _train_chunk(params, opt_state, static, optimizer, data, key, start, config)
         return jnp.mean(jax.vmap(pred.denoising_loss)(eps, x0, t))
 
     def step(carry, i):
-        params, opt_state = carry
+        params, opt_state, average = carry
         k_idx, k_t, k_eps = jax.random.split(jax.random.fold_in(key, i), 3)
         x0 = data[jax.random.randint(k_idx, (batch_size,), 0, num)]
         t = jax.random.uniform(k_t, (batch_size,), dtype, t0, t1)
@@ -44,16 +47,24 @@ def _train_chunk(params, opt_state, static, optimizer, data, key, start, config)
         with jax.numpy_dtype_promotion("standard"):
             updates, new_opt_state = optimizer.update(grads, opt_state, params)
         new_params = eqx.apply_updates(params, updates)
+        if ema is None:
+            new_average = average
+        else:
+            new_average = jax.tree.map(
+                lambda a, p: ema * a + (1 - ema) * p, average, new_params
+            )
         # steps past the end of the run (the tail of the last chunk) are no-ops
         active = i < steps
         keep = lambda new, old: jnp.where(active, new, old)
         params = jax.tree.map(keep, new_params, params)
         opt_state = jax.tree.map(keep, new_opt_state, opt_state)
-        return (params, opt_state), loss
+        average = jax.tree.map(keep, new_average, average)
+        return (params, opt_state, average), loss
 
     idx = start + jnp.arange(chunk, dtype=jnp.int32)
-    (params, opt_state), losses = jax.lax.scan(step, (params, opt_state), idx)
-    return params, opt_state, losses
+    carry = (params, opt_state, average)
+    (params, opt_state, average), losses = jax.lax.scan(step, carry, idx)
+    return params, opt_state, average, losses
 
 
 def fit(
@@ -67,6 +78,7 @@ def fit(
     t_range: tuple[float, float] = (1e-3, 0.2),
     progress: bool = True,
     chunk_size: int = 1000,
+    ema: float | None = None,
 ) -> tuple[AbstractPredictor, Float[Array, " steps"]]:
     r"""Train a noise predictor by denoising score matching.
 
@@ -84,6 +96,18 @@ def fit(
     inference reads, not all of `[0, 1]`; use `t_range=(schedule.t_min, 1.0)`
     to train a sampler.
 
+    With a constant step size the last iterate jitters around the minimum at
+    about the step size, and the jitter carries into everything read off the
+    network (on the circle example, the roots of the implicit field move by
+    one or two hundredths over a few tens of steps). `ema` returns instead the
+    exponential moving average of the iterates $\theta_1, \dots, \theta_T$,
+    $\bar\theta = \frac{1 - d}{1 - d^T}\sum_{s=1}^T d^{T-s}\theta_s$ for the
+    decay $d$ (bias-corrected, so the initialisation carries no weight;
+    Polyak and Juditsky 1992; the parameter EMA of Ho et al. 2020). Its
+    window is about $1/(1 - d)$ steps: a few hundred steps, a small part of
+    the run, averages out the jitter without reaching back to a poorly trained
+    network. The optimiser itself, and the loss history, are unchanged.
+
     **Arguments:**
 
     - `pred`: the predictor to train.
@@ -95,11 +119,15 @@ def fit(
     - `t_range`: the interval `(t0, t1)` of training times, inside `[0, 1]`.
     - `progress`: show a tqdm progress bar.
     - `chunk_size`: steps per compiled scan (and per progress-bar update).
+    - `ema`: the decay $d \in [0, 1)$ of an exponential moving average of the
+      parameters, returned in place of the last iterate (e.g. `0.995`); `None`
+      (the default) returns the last iterate.
 
     **Returns:**
 
     `(trained_pred, losses)` with the minibatch loss of every step, shape
-    `(steps,)`.
+    `(steps,)`. `trained_pred` holds the last iterate, or the moving average
+    with `ema`.
     """
     if not (isinstance(steps, int) and steps >= 1):
         raise ValueError(f"`steps` must be a positive integer, got {steps!r}.")
@@ -111,6 +139,12 @@ def fit(
         raise ValueError(
             f"`chunk_size` must be a positive integer, got {chunk_size!r}."
         )
+    if ema is not None:
+        if isinstance(ema, bool) or not isinstance(ema, numbers.Real):
+            raise TypeError(f"`ema` must be a float decay or None, got {ema!r}.")
+        ema = float(ema)
+        if not 0.0 <= ema < 1.0:
+            raise ValueError(f"`ema` must be a decay in [0, 1), got {ema}.")
     t0, t1 = (float(v) for v in t_range)
     if not 0.0 <= t0 < t1 <= 1.0:
         raise ValueError(
@@ -142,15 +176,17 @@ def fit(
             f"{data.shape[1:]}): {err}"
         ) from err
     opt_state = optimizer.init(params)
+    # the moving average starts at zero and is bias-corrected at the end
+    average = jax.tree.map(jnp.zeros_like, params) if ema is not None else None
     chunk = min(chunk_size, steps)
     n_chunks = math.ceil(steps / chunk)
-    config = (chunk, steps, batch_size, t0, t1)
+    config = (chunk, steps, batch_size, t0, t1, ema)
     history = []
     with tqdm(total=steps, disable=not progress, desc="fit", unit="step") as bar:
         for c in range(n_chunks):
             start = jnp.asarray(c * chunk, jnp.int32)
-            params, opt_state, losses = _train_chunk(
-                params, opt_state, static, optimizer, data, key, start, config
+            params, opt_state, average, losses = _train_chunk(
+                params, opt_state, average, static, optimizer, data, key, start, config
             )
             history.append(losses)
             if progress:
@@ -158,4 +194,7 @@ def fit(
                 bar.update(done)
                 bar.set_postfix(loss=f"{float(jnp.mean(losses[:done])):.4g}")
     losses = jnp.concatenate(history)[:steps]
+    if ema is not None:
+        correction = 1.0 / (1.0 - ema**steps)
+        params = jax.tree.map(lambda a: (a * correction).astype(a.dtype), average)
     return eqx.combine(params, static), losses
