@@ -3,9 +3,10 @@
 float32, T = 44,100 (1 s at 44.1 kHz), B = 1 and B = 8 (retrax batches with
 `jax.vmap`), forward and gradient with respect to every input. If the peers
 are importable (philtorch's C++ DF2 `lfilter`, torchcomp's `compressor_core`,
-see `shared/bench/peers.md`), they run interleaved with retrax in the same
-process, so the ratios are taken under the same machine load; a missing peer
-is skipped with a note. Run from the repository root, e.g.
+faustax's `lfilter` and `ballistics`; see `shared/bench/peers.md`), they run
+interleaved with retrax in the same process, so the ratios are taken under the
+same machine load; a missing peer is skipped with a note. Run from the
+repository root, e.g.
 
     python benchmarks/bench_filters.py
     /path/to/peer-venv/bin/python benchmarks/bench_filters.py --rounds 300
@@ -56,12 +57,18 @@ def blocked(f, *args):
 def load_peers(torch_threads):
     peers = {}
     try:
+        import faustax.ops
+
+        peers["faustax"] = faustax.ops
+    except Exception as err:  # noqa: BLE001 - any failure means "not available"
+        print(f"note: faustax not importable ({type(err).__name__}): skipped")
+    try:
         import torch
 
         torch.set_num_threads(torch_threads)
         peers["torch"] = torch
     except ImportError:
-        print("note: torch not importable: peers skipped")
+        print("note: torch not importable: torch peers skipped")
         return peers
     try:
         from philtorch.lpv import lfilter as plpv
@@ -106,16 +113,21 @@ def biquad_cases(peers, batch, time_varying, rounds):
         b, a = b * wobble, a * wobble
     jb, ja, jx = jnp.asarray(b), jnp.asarray(a), jnp.asarray(x)
 
-    def fwd(b, a, x):
-        return jax.vmap(rops.lfilter, (None, None, 0))(b, a, x)
+    fwd_fns, grad_fns = {}, {}
+    for name, op in [("retrax", rops.lfilter), ("faustax", peers.get("faustax"))]:
+        if op is None:
+            continue
+        if name == "faustax":
+            op = op.lfilter
 
-    def loss(b, a, x):
-        return jnp.sum(fwd(b, a, x))
+        def fwd(b, a, x, op=op):
+            return jax.vmap(op, (None, None, 0))(b, a, x)
 
-    fwd_j = jax.jit(fwd)
-    grad_j = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-    fwd_fns = {"retrax": blocked(fwd_j, jb, ja, jx)}
-    grad_fns = {"retrax": blocked(grad_j, jb, ja, jx)}
+        def loss(b, a, x, fwd=fwd):
+            return jnp.sum(fwd(b, a, x))
+
+        fwd_fns[name] = blocked(jax.jit(fwd), jb, ja, jx)
+        grad_fns[name] = blocked(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), jb, ja, jx)
     if "philtorch" in peers:
         torch = peers["torch"]
         plti, plpv = peers["philtorch"]
@@ -137,10 +149,15 @@ def ballistics_cases(peers, batch, rounds):
     rt = np.full(batch, 0.01, np.float32)
     zi = np.ones(batch, np.float32)
     args = tuple(jnp.asarray(v) for v in (x, at, rt, zi))
-    fwd = jax.vmap(rops.ballistics)
-    loss = lambda *v: jnp.sum(fwd(*v))
-    fwd_fns = {"retrax": blocked(jax.jit(fwd), *args)}
-    grad_fns = {"retrax": blocked(jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))), *args)}
+    fwd_fns, grad_fns = {}, {}
+    for name, op in [("retrax", rops.ballistics), ("faustax", peers.get("faustax"))]:
+        if op is None:
+            continue
+        fwd = jax.vmap(op if name == "retrax" else op.ballistics)
+        loss = lambda *v, fwd=fwd: jnp.sum(fwd(*v))
+        fwd_fns[name] = blocked(jax.jit(fwd), *args)
+        grad = jax.grad(loss, argnums=(0, 1, 2, 3))
+        grad_fns[name] = blocked(jax.jit(grad), *args)
     if "torchcomp" in peers:
         torch = peers["torch"]
         core = peers["torchcomp"]
@@ -195,13 +212,13 @@ def run_table(rounds: int, torch_threads: int) -> None:
             for kind, res, low in (("fwd", fwd, fwd_min), ("grad", grad, grad_min)):
                 ours = res.pop("retrax")
                 ours_min = low.pop("retrax")
-                peer, ms = next(iter(res.items()), ("-", float("nan")))
-                ratio = ours / ms if res else float("nan")
-                min_ratio = ours_min / low[peer] if res else float("nan")
-                print(
-                    f"{label + f' B={batch}':<32}{kind:<6}{ours:>9.3f}{peer:>11}"
-                    f"{ms:>9.3f}{ratio:>8.2f}{min_ratio:>10.2f}"
-                )
+                for peer, ms in res.items() or [("-", float("nan"))]:
+                    ratio = ours / ms
+                    min_ratio = ours_min / low[peer] if peer in low else ratio
+                    print(
+                        f"{label + f' B={batch}':<32}{kind:<6}{ours:>9.3f}{peer:>11}"
+                        f"{ms:>9.3f}{ratio:>8.2f}{min_ratio:>10.2f}"
+                    )
     print("median ms; ratio = retrax / peer (below 1: retrax faster), of medians")
     print("and of the fastest runs (less sensitive to other load on the machine)")
 
