@@ -42,8 +42,19 @@ def timings_ms(fn, args, rounds):
     return 1e3 * statistics.median(times), 1e3 * min(times)
 
 
-def median_ms(fn, args, rounds):
-    return timings_ms(fn, args, rounds)[0]
+def interleaved_ms(fns, args, rounds):
+    """Median ms of each function, called in turn within every round, so that
+    the machine's load drifts hit them alike."""
+    fns = [jax.jit(fn) for fn in fns]
+    for fn in fns:
+        jax.block_until_ready(fn(*args))
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, spent in zip(fns, times, strict=True):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            spent.append(time.perf_counter() - start)
+    return [1e3 * statistics.median(spent) for spent in times]
 
 
 def peak_mib(fn, args):
@@ -146,7 +157,8 @@ def gradient_table(rounds, dtype):
     ]
     name = jnp.dtype(dtype).name
     print(
-        f"\ngradient w.r.t. every input, {name}, B=1, T={length}, median ms of {rounds}"
+        f"\ngradient w.r.t. every input, {name}, B=1, T={length}, median ms of "
+        f"{rounds} interleaved rounds"
     )
     print(
         f"{'case':<24}{'custom ms':>10}{'BPTT ms':>10}"
@@ -167,8 +179,7 @@ def gradient_table(rounds, dtype):
             scale = float(jnp.max(jnp.abs(naive_g)))
             error = float(jnp.max(jnp.abs(ours_g - naive_g)))
             assert error <= 1e-2 * scale + 1e-6, label
-        t1 = median_ms(grad_of(ours), args, rounds)
-        t2 = median_ms(grad_of(naive), args, rounds)
+        t1, t2 = interleaved_ms([grad_of(ours), grad_of(naive)], args, rounds)
         m1, m2 = peak_mib(grad_of(ours), args), peak_mib(grad_of(naive), args)
         print(f"{label:<24}{t1:>10.2f}{t2:>10.2f}{m1:>12.1f}{m2:>10.1f}")
 

@@ -126,7 +126,10 @@ def ballistics(
     output is the linear recursion with decay $1 - c_t$ and input
     $c_t x_t$, run on retrax's recurrence core, so the cotangent flows
     through that time-varying one-pole backwards in time. The forward values
-    are exactly those of the switched recursion.
+    are exactly those of the switched recursion: on the CPU, for float32 and
+    float64, computed by a compiled loop called through the XLA FFI (see the
+    FAQ; `RETRAX_DISABLE_KERNELS=1` switches it off), elsewhere by a
+    `lax.scan`.
 
     **Arguments:**
 
