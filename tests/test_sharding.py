@@ -82,3 +82,30 @@ def test_filters_inside_shard_map_on_one_device():
     both = jax.shard_map(local, mesh=mesh, in_specs=P("batch"), out_specs=P("batch"))
     grad = jax.grad(lambda x: jnp.sum(jax.jit(both)(x) ** 2))(x)
     assert bool(jnp.all(jnp.isfinite(grad)))
+
+
+def test_ballistics_inside_shard_map_on_one_device():
+    # The compiled kernel's operands and result, and the fallback scan's zero
+    # initial state, must vary over the mesh axes like the signal.
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from helpers import assert_close
+    from retrax.ops import ballistics
+    from retrax.ops._ballistics import _switched_loop
+
+    mesh = jax.make_mesh((1,), ("batch",))
+    signal = np.abs(np.sin(np.linspace(0.0, 20.0, 64))).reshape(2, 32)
+    x = jax.device_put(jnp.asarray(signal), NamedSharding(mesh, P("batch")))
+    local = jax.vmap(lambda s: ballistics(s, 0.3, 0.05))
+    fn = jax.shard_map(local, mesh=mesh, in_specs=P("batch"), out_specs=P("batch"))
+    zero = jnp.zeros((), x.dtype)
+    ref = _switched_loop(jnp.asarray(signal[1]), zero + 0.3, zero + 0.05, zero)
+    assert_close(jax.jit(fn)(x)[1], ref)
+    loop = jax.vmap(lambda s: _switched_loop(s, zero + 0.3, zero + 0.05, zero))
+    looped = jax.shard_map(loop, mesh=mesh, in_specs=P("batch"), out_specs=P("batch"))
+    assert_close(jax.jit(looped)(x)[1], ref)
+    grad = jax.grad(lambda x: jnp.sum(jax.jit(fn)(x) ** 2))(x)
+    assert bool(jnp.all(jnp.isfinite(grad)))

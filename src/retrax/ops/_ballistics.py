@@ -7,7 +7,7 @@ from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .. import _native
 from .._misc import as_inexact, result_dtype
-from ._recurrence import DEFAULT_UNROLL, recurrence
+from ._recurrence import DEFAULT_UNROLL, _varying_like, recurrence
 from ._validate import check_finite, check_signal
 
 
@@ -35,15 +35,17 @@ def _switched_loop(x: Array, at: Array, rt: Array, zi: Array) -> Array:
         return y, y
 
     xs = (x, at, rt) if at.ndim else x
+    zi = _varying_like(zi, x, at, rt)  # inside shard_map, vary like the signal
     return lax.scan(step, zi, xs, unroll=DEFAULT_UNROLL)[1]
 
 
 def _switched_kernel(x: Array, at: Array, rt: Array, zi: Array) -> Array:
     """The switched recursion as retrax's compiled CPU kernel (`_native`)."""
+    # Inside shard_map the operands must vary over the same mesh axes, and the
+    # result (typed like `x`) varies as they do.
+    x, at, rt, zi = (_varying_like(v, x, at, rt, zi) for v in (x, at, rt, zi))
     call = jax.ffi.ffi_call(
-        _native.BALLISTICS,
-        jax.ShapeDtypeStruct(x.shape, x.dtype),
-        vmap_method="broadcast_all",
+        _native.BALLISTICS, jax.typeof(x), vmap_method="broadcast_all"
     )
     return call(x, at, rt, zi)
 
