@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from ._predictor import AbstractExactPredictor, as_state, time_like
+from ._predictor import AbstractExactPredictor, as_state, as_state_like, time_like
 from ._schedule import AbstractNoiseSchedule
 
 
@@ -198,11 +198,7 @@ class GaussianMixtureEps(AbstractExactPredictor):
         """
         x = as_state("x", x)
         t = time_like(t, x)
-        w = as_state("w", w).astype(x.dtype)
-        if w.shape != x.shape:
-            raise ValueError(
-                f"`w` must have the shape of `x`: got {w.shape} and {x.shape}."
-            )
+        w = as_state_like("w", w, "x", x).astype(x.dtype)
         alpha, sigma, c, u, gamma, _ = self._terms(x, t)
         ubar = gamma @ u
         proj = (u - ubar) @ w

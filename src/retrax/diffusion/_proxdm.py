@@ -14,7 +14,7 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from ._mixture import GaussianMixtureEps
-from ._predictor import as_state, is_key, time_like
+from ._predictor import as_state, as_state_like, is_key, time_like
 from ._schedule import AbstractNoiseSchedule
 
 
@@ -387,11 +387,7 @@ def proximal_matching_loss(
     if is_key(key_or_eps):
         eps = jax.random.normal(key_or_eps, x.shape, x.dtype)
     else:
-        eps = as_state("eps", key_or_eps).astype(x.dtype)
-        if eps.shape != x.shape:
-            raise ValueError(
-                f"`eps` must have the shape of `x`: got {eps.shape} and {x.shape}."
-            )
+        eps = as_state_like("eps", key_or_eps, "x", x).astype(x.dtype)
     lam = _as_lam(lam, x.dtype)
     zeta = jnp.asarray(zeta).astype(x.dtype)
     if not isinstance(zeta, jax.core.Tracer) and not bool(zeta > 0):
@@ -507,11 +503,7 @@ def prox_infer(
             f"`z0` must be one query as a vector of shape (n,), got {z0.shape}. "
             "Batch several with `jax.vmap`."
         )
-    rho = as_state("rho", rho)
-    if rho.shape != z0.shape:
-        raise ValueError(
-            f"`rho` must have the shape of `z0`: got {rho.shape} and {z0.shape}."
-        )
+    rho = as_state_like("rho", rho, "z0", z0)
     dtype = z0.dtype
     rho = rho.astype(dtype)
     rho = eqx.error_if(
@@ -535,13 +527,7 @@ def prox_infer(
     if z_init is None:
         start = z0
     else:
-        start = as_state("z_init", z_init)
-        if start.shape != z0.shape:
-            raise ValueError(
-                f"`z_init` must have the shape of `z0`: got {start.shape} and "
-                f"{z0.shape}."
-            )
-        start = start.astype(dtype)
+        start = as_state_like("z_init", z_init, "z0", z0).astype(dtype)
     start = jnp.where(hard, z0, start)
     start = eqx.error_if(
         start,

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
-from ._predictor import AbstractPredictor, as_state, epsilon_jacobian
+from ._predictor import AbstractPredictor, as_state, as_state_like, epsilon_jacobian
 
 
 def _shape(shape: int | tuple[int, ...]) -> tuple[int, ...]:
@@ -276,12 +276,7 @@ def sample_conditional(
     mask = jnp.asarray(mask)
     if mask.dtype != jnp.bool_:
         raise TypeError(f"`mask` must be a boolean array, got dtype {mask.dtype}.")
-    values = as_state("values", values)
-    if values.shape != mask.shape:
-        raise ValueError(
-            f"`values` must have the shape of `mask`: got {values.shape} and "
-            f"{mask.shape}."
-        )
+    values = as_state_like("values", values, "mask", mask)
     values = eqx.error_if(
         values,
         mask & ~jnp.isfinite(values),
