@@ -15,6 +15,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from ._mixture import GaussianMixtureEps
 from ._predictor import as_state, as_state_like, is_key, time_like
+from ._sample import _check_steps, _dtype
 from ._schedule import AbstractNoiseSchedule
 
 
@@ -189,8 +190,7 @@ class MixtureProx(AbstractProximalPredictor):
     steps: int = eqx.field(default=50, static=True)
 
     def __check_init__(self):
-        if not (isinstance(self.steps, int) and self.steps >= 1):
-            raise ValueError(f"`steps` must be a positive integer, got {self.steps!r}.")
+        _check_steps(self.steps)
 
     @property
     def schedule(self) -> AbstractNoiseSchedule:
@@ -318,13 +318,10 @@ def proxdm_sample(
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if len(shape) != 1 or not (isinstance(shape[0], int) and shape[0] >= 1):
         raise ValueError(f"`shape` must be `(n,)` with n >= 1, got {shape}.")
-    if not (isinstance(steps, int) and steps >= 1):
-        raise ValueError(f"`steps` must be a positive integer, got {steps!r}.")
+    _check_steps(steps)
     if not 0.0 < t_start <= 1.0:
         raise ValueError(f"`t_start` must lie in (0, 1], got {t_start}.")
-    dtype = jnp.dtype(jnp.result_type(float) if dtype is None else dtype)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(f"`dtype` must be a real floating dtype, got {dtype}.")
+    dtype = _dtype(dtype)
     sched = prox.schedule
     ts = jnp.linspace(0.0, t_start, steps + 1, dtype=dtype)
     big_b = sched.integrated_beta(ts)

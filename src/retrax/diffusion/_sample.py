@@ -21,6 +21,7 @@ def _shape(shape: int | tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _check_steps(steps: int) -> None:
+    """`steps` must be a positive Python integer (it sets a static loop length)."""
     if not (isinstance(steps, int) and steps >= 1):
         raise ValueError(f"`steps` must be a positive integer, got {steps!r}.")
 
@@ -35,7 +36,8 @@ def _t_end(pred: AbstractPredictor, t_end: float | None, name: str = "t_end") ->
     return t_end
 
 
-def _dtype(dtype: DTypeLike | None):
+def _dtype(dtype: DTypeLike | None) -> jnp.dtype:
+    """The sampler's real floating dtype, JAX's default float for `None`."""
     dtype = jnp.dtype(jnp.result_type(float) if dtype is None else dtype)
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"`dtype` must be a real floating dtype, got {dtype}.")
