@@ -13,9 +13,10 @@ import optimistix as optx
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
+from .._misc import check_positive_int
 from ._mixture import GaussianMixtureEps
 from ._predictor import as_state, as_state_like, is_key, time_like
-from ._sample import _check_steps, _dtype
+from ._sample import _dtype
 from ._schedule import AbstractNoiseSchedule
 
 
@@ -190,7 +191,7 @@ class MixtureProx(AbstractProximalPredictor):
     steps: int = eqx.field(default=50, static=True)
 
     def __check_init__(self):
-        _check_steps(self.steps)
+        check_positive_int("steps", self.steps)
 
     @property
     def schedule(self) -> AbstractNoiseSchedule:
@@ -318,7 +319,7 @@ def proxdm_sample(
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if len(shape) != 1 or not (isinstance(shape[0], int) and shape[0] >= 1):
         raise ValueError(f"`shape` must be `(n,)` with n >= 1, got {shape}.")
-    _check_steps(steps)
+    check_positive_int("steps", steps)
     if not 0.0 < t_start <= 1.0:
         raise ValueError(f"`t_start` must lie in (0, 1], got {t_start}.")
     dtype = _dtype(dtype)
@@ -508,8 +509,7 @@ def prox_infer(
     )
     lam = _as_lam(lam, dtype, positive=True)
     t = time_like(t, z0)
-    if not (isinstance(max_steps, int) and max_steps >= 1):
-        raise ValueError(f"`max_steps` must be a positive integer, got {max_steps!r}.")
+    check_positive_int("max_steps", max_steps)
     if tol is None:
         tol = 1e-9 if dtype == jnp.float64 else 1e-5
     if not tol > 0:

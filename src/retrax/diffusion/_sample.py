@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
+from .._misc import check_positive_int
 from ._predictor import AbstractPredictor, as_state, as_state_like, epsilon_jacobian
 
 
@@ -18,12 +19,6 @@ def _shape(shape: int | tuple[int, ...]) -> tuple[int, ...]:
     if not all(isinstance(s, int) and s >= 1 for s in shape):
         raise ValueError(f"`shape` must be a tuple of positive integers, got {shape}.")
     return shape
-
-
-def _check_steps(steps: int) -> None:
-    """`steps` must be a positive Python integer (it sets a static loop length)."""
-    if not (isinstance(steps, int) and steps >= 1):
-        raise ValueError(f"`steps` must be a positive integer, got {steps!r}.")
 
 
 def _t_end(pred: AbstractPredictor, t_end: float | None, name: str = "t_end") -> float:
@@ -134,7 +129,7 @@ def sample_ancestral(
     One sample of the given shape.
     """
     shape, dtype = _shape(shape), _dtype(dtype)
-    _check_steps(steps)
+    check_positive_int("steps", steps)
     t_end = _t_end(pred, t_end)
     return _reverse_scan(
         pred, key, shape, dtype, steps, t_end, _ancestral_update(pred), None
@@ -172,7 +167,7 @@ def sample_euler_maruyama(
     One sample of the given shape.
     """
     shape, dtype = _shape(shape), _dtype(dtype)
-    _check_steps(steps)
+    check_positive_int("steps", steps)
     t_end = _t_end(pred, t_end)
     sched = pred.schedule
 
@@ -219,7 +214,7 @@ def sample_ddim(
     One sample of the given shape.
     """
     shape, dtype = _shape(shape), _dtype(dtype)
-    _check_steps(steps)
+    check_positive_int("steps", steps)
     t_end = _t_end(pred, t_end)
     if not 0.0 <= eta <= 1.0:
         raise ValueError(f"`eta` must lie in [0, 1], got {eta}.")
@@ -284,7 +279,7 @@ def sample_conditional(
         mask & ~jnp.isfinite(values),
         "the clamped `values` must be finite.",
     )
-    _check_steps(steps)
+    check_positive_int("steps", steps)
     t_end = _t_end(pred, t_end)
     values = jnp.where(mask, values, 0.0)
     return _reverse_scan(
