@@ -30,6 +30,12 @@ def as_inexact(name: str, value: ArrayLike) -> jax.Array:
     return arr
 
 
+def check_positive_int(name: str, value: int) -> None:
+    """`value` must be a positive Python `int` (a size or a count of steps)."""
+    if not (isinstance(value, int) and value >= 1):
+        raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+
+
 def cast_all(dtype: np.dtype, *args: jax.Array | None) -> tuple[jax.Array | None, ...]:
     """Cast every present array to `dtype` (real to complex where needed)."""
     return tuple(None if a is None else a.astype(dtype) for a in args)

@@ -197,6 +197,28 @@ class ImplicitDiffusion(AbstractImplicitRelation):
         """The joint dimension $n$ (that of the nodes)."""
         return self.nodes.dim
 
+    def _at_nodes(self, z: Float[Array, " n"]) -> tuple[Float[Array, "..."], ...]:
+        r"""A checked point `z` noised at every node, for the field and its potential.
+
+        Returns `(t, e, x, alpha, sigma, coef)`, all typed like `z`: the node
+        times $t_k$ and noises $e_k$, the noised points
+        $x_k = \alpha_k z + \sigma_k e_k$ of shape `(K, n)`, $\alpha_k$,
+        $\sigma_k$, and the node weights $w_k\lambda\sigma_k/\alpha_k$.
+        """
+        dtype = z.dtype
+        # Adding a zero stages `t` into any enclosing trace: the schedule's time
+        # check branches on `isinstance(t, Tracer)`, and a concrete `t` closed over
+        # by a jitted function would otherwise be checked with `bool()` on a tracer.
+        t = self.nodes.t.astype(dtype) + jnp.zeros((), dtype)
+        e = self.nodes.eps.astype(dtype)
+        w = self.nodes.w.astype(dtype)
+        schedule = self.pred.schedule
+        alpha = schedule.alpha(t).astype(dtype)
+        sigma = schedule.sigma(t).astype(dtype)
+        x = alpha[:, None] * z[None, :] + sigma[:, None] * e
+        coef = w * jnp.asarray(self.lam).astype(dtype) * sigma / alpha
+        return t, e, x, alpha, sigma, coef
+
     def prior_field(self, z: Float[ArrayLike, " n"]) -> Float[Array, " n"]:
         r"""The prior field $g(z)$.
 
@@ -209,19 +231,8 @@ class ImplicitDiffusion(AbstractImplicitRelation):
         $g(z)$, shape `(n,)`, typed like `z`.
         """
         z = self.check_point("z", z)
-        dtype = z.dtype
-        # Adding a zero stages `t` into any enclosing trace: the schedule's time
-        # check branches on `isinstance(t, Tracer)`, and a concrete `t` closed over
-        # by a jitted function would otherwise be checked with `bool()` on a tracer.
-        t = self.nodes.t.astype(dtype) + jnp.zeros((), dtype)
-        e = self.nodes.eps.astype(dtype)
-        w = self.nodes.w.astype(dtype)
-        schedule = self.pred.schedule
-        alpha = schedule.alpha(t).astype(dtype)
-        sigma = schedule.sigma(t).astype(dtype)
-        x = alpha[:, None] * z[None, :] + sigma[:, None] * e
+        t, e, x, _, _, coef = self._at_nodes(z)
         eps = jax.vmap(self.pred.epsilon)(x, t)
-        coef = w * jnp.asarray(self.lam).astype(dtype) * sigma / alpha
         return coef @ (eps - e)
 
     @property
@@ -250,19 +261,11 @@ class ImplicitDiffusion(AbstractImplicitRelation):
         if not self.conservative:
             return super().energy(z)
         z = self.check_point("z", z)
-        dtype = z.dtype
-        t = self.nodes.t.astype(dtype) + jnp.zeros((), dtype)
-        e = self.nodes.eps.astype(dtype)
-        w = self.nodes.w.astype(dtype)
-        schedule = self.pred.schedule
-        alpha = schedule.alpha(t).astype(dtype)
-        sigma = schedule.sigma(t).astype(dtype)
-        x = alpha[:, None] * z[None, :] + sigma[:, None] * e
+        t, e, x, alpha, sigma, coef = self._at_nodes(z)
         if isinstance(self.pred, GaussianMixtureEps):
             energy = jax.vmap(lambda a, b: -self.pred.logdensity(a, b))(x, t)
         else:
             energy = jax.vmap(self.pred.energy)(x, t)
-        coef = w * jnp.asarray(self.lam).astype(dtype) * sigma / alpha
         return jnp.dot(coef * sigma / alpha, energy) - jnp.dot(coef @ e, z)
 
     def effective_lambda(self, dtype) -> Float[Array, ""]:

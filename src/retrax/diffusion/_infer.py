@@ -8,6 +8,7 @@ import lineax as lx
 import optimistix as optx
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
+from .._misc import check_positive_int
 from ._field import AbstractImplicitRelation, clamp_mask, soft_stiffness
 from ._solution import RESULTS, ImplicitSolution
 from ._solver import GuardedNewton
@@ -395,8 +396,7 @@ def implicit_roots(
 
     An [`retrax.diffusion.ImplicitRoots`][].
     """
-    if not (isinstance(n_starts, int) and n_starts >= 1):
-        raise ValueError(f"`n_starts` must be a positive integer, got {n_starts!r}.")
+    check_positive_int("n_starts", n_starts)
     z0, rho, _ = _check_query(model, z0, rho, None)
     dtype = z0.dtype
     noise = jax.random.normal(key, (n_starts, z0.shape[0]), dtype)

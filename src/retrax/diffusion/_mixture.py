@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from ._predictor import AbstractExactPredictor, as_state, time_like
+from .._misc import check_positive_int
+from ._predictor import AbstractExactPredictor, as_state, as_state_like, time_like
 from ._schedule import AbstractNoiseSchedule
 
 
@@ -198,11 +199,7 @@ class GaussianMixtureEps(AbstractExactPredictor):
         """
         x = as_state("x", x)
         t = time_like(t, x)
-        w = as_state("w", w).astype(x.dtype)
-        if w.shape != x.shape:
-            raise ValueError(
-                f"`w` must have the shape of `x`: got {w.shape} and {x.shape}."
-            )
+        w = as_state_like("w", w, "x", x).astype(x.dtype)
         alpha, sigma, c, u, gamma, _ = self._terms(x, t)
         ubar = gamma @ u
         proj = (u - ubar) @ w
@@ -370,9 +367,8 @@ class OnlineKDE(eqx.Module):
         prune: float = 1e-3,
         dtype=None,
     ):
-        for name, value in (("dim", dim), ("budget", budget)):
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        check_positive_int("dim", dim)
+        check_positive_int("budget", budget)
         if not bandwidth > 0:
             raise ValueError(f"`bandwidth` must be positive, got {bandwidth}.")
         if not 0 < forget <= 1:

@@ -8,10 +8,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-
-def _check_size(name: str, value: int) -> None:
-    if not (isinstance(value, int) and value >= 1):
-        raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+from .._misc import check_positive_int
 
 
 class TimeEmbedding(eqx.Module):
@@ -95,11 +92,11 @@ class TimeMLP(eqx.Module):
         dtype: DTypeLike | None = None,
         key: PRNGKeyArray,
     ):
-        _check_size("in_size", in_size)
+        check_positive_int("in_size", in_size)
         out_size = in_size if out_size is None else out_size
-        _check_size("out_size", out_size)
-        _check_size("hidden", hidden)
-        _check_size("depth", depth)
+        check_positive_int("out_size", out_size)
+        check_positive_int("hidden", hidden)
+        check_positive_int("depth", depth)
         self.embedding = TimeEmbedding() if embedding is None else embedding
         sizes = [in_size + self.embedding.size] + [hidden] * depth + [out_size]
         keys = jax.random.split(key, len(sizes) - 1)
@@ -170,9 +167,9 @@ class FiLMResidualMLP(eqx.Module):
         dtype: DTypeLike | None = None,
         key: PRNGKeyArray,
     ):
-        _check_size("in_size", in_size)
-        _check_size("hidden", hidden)
-        _check_size("blocks", blocks)
+        check_positive_int("in_size", in_size)
+        check_positive_int("hidden", hidden)
+        check_positive_int("blocks", blocks)
         self.embedding = TimeEmbedding() if embedding is None else embedding
         k_in, k_out, *ks = jax.random.split(key, 2 + 3 * blocks)
         self.inp = eqx.nn.Linear(in_size, hidden, dtype=dtype, key=k_in)
@@ -262,10 +259,10 @@ class ChannelTransformer(eqx.Module):
         dtype: DTypeLike | None = None,
         key: PRNGKeyArray,
     ):
-        _check_size("channels", channels)
-        _check_size("width", width)
-        _check_size("heads", heads)
-        _check_size("layers", layers)
+        check_positive_int("channels", channels)
+        check_positive_int("width", width)
+        check_positive_int("heads", heads)
+        check_positive_int("layers", layers)
         if width % heads != 0:
             raise ValueError(
                 f"`heads` must divide `width`: got width={width}, heads={heads}."

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
+from .._misc import check_positive_int
 from ._schedule import AbstractNoiseSchedule
 
 
@@ -110,10 +111,8 @@ def field_nodes(
     A [`retrax.diffusion.FieldNodes`][] with
     $K = $ `len(levels) * samples * (2 if antithetic else 1)` nodes.
     """
-    if not (isinstance(n, int) and n >= 1):
-        raise ValueError(f"`n` must be a positive integer, got {n!r}.")
-    if not (isinstance(samples, int) and samples >= 1):
-        raise ValueError(f"`samples` must be a positive integer, got {samples!r}.")
+    check_positive_int("n", n)
+    check_positive_int("samples", samples)
     dtype = jnp.result_type(float) if dtype is None else dtype
     levels = _levels_array(levels, dtype)
     m = levels.shape[0]
@@ -145,8 +144,7 @@ def noisefree_nodes(
 
     A [`retrax.diffusion.FieldNodes`][] with one node of weight 1.
     """
-    if not (isinstance(n, int) and n >= 1):
-        raise ValueError(f"`n` must be a positive integer, got {n!r}.")
+    check_positive_int("n", n)
     dtype = jnp.result_type(float) if dtype is None else dtype
     return FieldNodes(
         jnp.full((1,), t, dtype=dtype),

@@ -44,6 +44,19 @@ def as_state(name: str, x: ArrayLike) -> Float[Array, "..."]:
     return x
 
 
+def as_state_like(
+    name: str, x: ArrayLike, ref_name: str, ref: Array
+) -> Float[Array, "..."]:
+    """`as_state`, and `x` must have the shape of `ref` (named `ref_name`)."""
+    x = as_state(name, x)
+    if x.shape != ref.shape:
+        raise ValueError(
+            f"`{name}` must have the shape of `{ref_name}`: got {x.shape} and "
+            f"{ref.shape}."
+        )
+    return x
+
+
 class AbstractPredictor(eqx.Module):
     r"""A noise predictor $\hat\epsilon(x_t, t)$ for a variance-preserving schedule.
 
@@ -315,11 +328,7 @@ def epsilon_vjp_params(
     part is its `.model`).
     """
     x = as_state("x", x)
-    w = as_state("w", w)
-    if w.shape != x.shape:
-        raise ValueError(
-            f"`w` must have the shape of `x`: got {w.shape} and {x.shape}."
-        )
+    w = as_state_like("w", w, "x", x)
     t = time_like(t, x)
     params, static = eqx.partition(pred, eqx.is_inexact_array)
 

@@ -13,8 +13,10 @@ import optimistix as optx
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
+from .._misc import check_positive_int
 from ._mixture import GaussianMixtureEps
-from ._predictor import as_state, is_key, time_like
+from ._predictor import as_state, as_state_like, is_key, time_like
+from ._sample import _dtype
 from ._schedule import AbstractNoiseSchedule
 
 
@@ -189,8 +191,7 @@ class MixtureProx(AbstractProximalPredictor):
     steps: int = eqx.field(default=50, static=True)
 
     def __check_init__(self):
-        if not (isinstance(self.steps, int) and self.steps >= 1):
-            raise ValueError(f"`steps` must be a positive integer, got {self.steps!r}.")
+        check_positive_int("steps", self.steps)
 
     @property
     def schedule(self) -> AbstractNoiseSchedule:
@@ -318,13 +319,10 @@ def proxdm_sample(
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if len(shape) != 1 or not (isinstance(shape[0], int) and shape[0] >= 1):
         raise ValueError(f"`shape` must be `(n,)` with n >= 1, got {shape}.")
-    if not (isinstance(steps, int) and steps >= 1):
-        raise ValueError(f"`steps` must be a positive integer, got {steps!r}.")
+    check_positive_int("steps", steps)
     if not 0.0 < t_start <= 1.0:
         raise ValueError(f"`t_start` must lie in (0, 1], got {t_start}.")
-    dtype = jnp.dtype(jnp.result_type(float) if dtype is None else dtype)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(f"`dtype` must be a real floating dtype, got {dtype}.")
+    dtype = _dtype(dtype)
     sched = prox.schedule
     ts = jnp.linspace(0.0, t_start, steps + 1, dtype=dtype)
     big_b = sched.integrated_beta(ts)
@@ -387,11 +385,7 @@ def proximal_matching_loss(
     if is_key(key_or_eps):
         eps = jax.random.normal(key_or_eps, x.shape, x.dtype)
     else:
-        eps = as_state("eps", key_or_eps).astype(x.dtype)
-        if eps.shape != x.shape:
-            raise ValueError(
-                f"`eps` must have the shape of `x`: got {eps.shape} and {x.shape}."
-            )
+        eps = as_state_like("eps", key_or_eps, "x", x).astype(x.dtype)
     lam = _as_lam(lam, x.dtype)
     zeta = jnp.asarray(zeta).astype(x.dtype)
     if not isinstance(zeta, jax.core.Tracer) and not bool(zeta > 0):
@@ -507,11 +501,7 @@ def prox_infer(
             f"`z0` must be one query as a vector of shape (n,), got {z0.shape}. "
             "Batch several with `jax.vmap`."
         )
-    rho = as_state("rho", rho)
-    if rho.shape != z0.shape:
-        raise ValueError(
-            f"`rho` must have the shape of `z0`: got {rho.shape} and {z0.shape}."
-        )
+    rho = as_state_like("rho", rho, "z0", z0)
     dtype = z0.dtype
     rho = rho.astype(dtype)
     rho = eqx.error_if(
@@ -519,8 +509,7 @@ def prox_infer(
     )
     lam = _as_lam(lam, dtype, positive=True)
     t = time_like(t, z0)
-    if not (isinstance(max_steps, int) and max_steps >= 1):
-        raise ValueError(f"`max_steps` must be a positive integer, got {max_steps!r}.")
+    check_positive_int("max_steps", max_steps)
     if tol is None:
         tol = 1e-9 if dtype == jnp.float64 else 1e-5
     if not tol > 0:
@@ -535,13 +524,7 @@ def prox_infer(
     if z_init is None:
         start = z0
     else:
-        start = as_state("z_init", z_init)
-        if start.shape != z0.shape:
-            raise ValueError(
-                f"`z_init` must have the shape of `z0`: got {start.shape} and "
-                f"{z0.shape}."
-            )
-        start = start.astype(dtype)
+        start = as_state_like("z_init", z_init, "z0", z0).astype(dtype)
     start = jnp.where(hard, z0, start)
     start = eqx.error_if(
         start,

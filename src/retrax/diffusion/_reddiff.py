@@ -9,6 +9,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
+from .._misc import check_positive_int
 from ._predictor import AbstractPredictor, as_state, is_key
 from ._schedule import AbstractNoiseSchedule, as_time
 
@@ -72,10 +73,8 @@ class REDDiff(eqx.Module):
 
     def __check_init__(self):
         _check_lam(self.lam)
-        for name in ("steps", "samples"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        check_positive_int("steps", self.steps)
+        check_positive_int("samples", self.samples)
         if not self.lr > 0:
             raise ValueError(f"`lr` must be positive, got {self.lr}.")
         if not 0 <= self.average < 1:

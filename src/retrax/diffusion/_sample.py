@@ -10,7 +10,8 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
-from ._predictor import AbstractPredictor, as_state, epsilon_jacobian
+from .._misc import check_positive_int
+from ._predictor import AbstractPredictor, as_state, as_state_like, epsilon_jacobian
 
 
 def _shape(shape: int | tuple[int, ...]) -> tuple[int, ...]:
@@ -18,11 +19,6 @@ def _shape(shape: int | tuple[int, ...]) -> tuple[int, ...]:
     if not all(isinstance(s, int) and s >= 1 for s in shape):
         raise ValueError(f"`shape` must be a tuple of positive integers, got {shape}.")
     return shape
-
-
-def _check_steps(steps: int) -> None:
-    if not (isinstance(steps, int) and steps >= 1):
-        raise ValueError(f"`steps` must be a positive integer, got {steps!r}.")
 
 
 def _t_end(pred: AbstractPredictor, t_end: float | None, name: str = "t_end") -> float:
@@ -35,7 +31,8 @@ def _t_end(pred: AbstractPredictor, t_end: float | None, name: str = "t_end") ->
     return t_end
 
 
-def _dtype(dtype: DTypeLike | None):
+def _dtype(dtype: DTypeLike | None) -> jnp.dtype:
+    """The sampler's real floating dtype, JAX's default float for `None`."""
     dtype = jnp.dtype(jnp.result_type(float) if dtype is None else dtype)
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"`dtype` must be a real floating dtype, got {dtype}.")
@@ -132,7 +129,7 @@ def sample_ancestral(
     One sample of the given shape.
     """
     shape, dtype = _shape(shape), _dtype(dtype)
-    _check_steps(steps)
+    check_positive_int("steps", steps)
     t_end = _t_end(pred, t_end)
     return _reverse_scan(
         pred, key, shape, dtype, steps, t_end, _ancestral_update(pred), None
@@ -170,7 +167,7 @@ def sample_euler_maruyama(
     One sample of the given shape.
     """
     shape, dtype = _shape(shape), _dtype(dtype)
-    _check_steps(steps)
+    check_positive_int("steps", steps)
     t_end = _t_end(pred, t_end)
     sched = pred.schedule
 
@@ -217,7 +214,7 @@ def sample_ddim(
     One sample of the given shape.
     """
     shape, dtype = _shape(shape), _dtype(dtype)
-    _check_steps(steps)
+    check_positive_int("steps", steps)
     t_end = _t_end(pred, t_end)
     if not 0.0 <= eta <= 1.0:
         raise ValueError(f"`eta` must lie in [0, 1], got {eta}.")
@@ -276,18 +273,13 @@ def sample_conditional(
     mask = jnp.asarray(mask)
     if mask.dtype != jnp.bool_:
         raise TypeError(f"`mask` must be a boolean array, got dtype {mask.dtype}.")
-    values = as_state("values", values)
-    if values.shape != mask.shape:
-        raise ValueError(
-            f"`values` must have the shape of `mask`: got {values.shape} and "
-            f"{mask.shape}."
-        )
+    values = as_state_like("values", values, "mask", mask)
     values = eqx.error_if(
         values,
         mask & ~jnp.isfinite(values),
         "the clamped `values` must be finite.",
     )
-    _check_steps(steps)
+    check_positive_int("steps", steps)
     t_end = _t_end(pred, t_end)
     values = jnp.where(mask, values, 0.0)
     return _reverse_scan(

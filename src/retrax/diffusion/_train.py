@@ -10,6 +10,7 @@ import optax
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 from tqdm.auto import tqdm
 
+from .._misc import check_positive_int
 from ._predictor import AbstractPredictor
 
 
@@ -129,16 +130,9 @@ def fit(
     `(steps,)`. `trained_pred` holds the last iterate, or the moving average
     with `ema`.
     """
-    if not (isinstance(steps, int) and steps >= 1):
-        raise ValueError(f"`steps` must be a positive integer, got {steps!r}.")
-    if not (isinstance(batch_size, int) and batch_size >= 1):
-        raise ValueError(
-            f"`batch_size` must be a positive integer, got {batch_size!r}."
-        )
-    if not (isinstance(chunk_size, int) and chunk_size >= 1):
-        raise ValueError(
-            f"`chunk_size` must be a positive integer, got {chunk_size!r}."
-        )
+    check_positive_int("steps", steps)
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("chunk_size", chunk_size)
     if ema is not None:
         if isinstance(ema, bool) or not isinstance(ema, numbers.Real):
             raise TypeError(f"`ema` must be a float decay or None, got {ema!r}.")

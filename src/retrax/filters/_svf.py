@@ -9,6 +9,7 @@ from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._misc import as_inexact, result_dtype
 from ..ops import state_space
+from ..ops._validate import check_signal
 
 
 Mode = Literal["lowpass", "bandpass", "highpass", "notch", "allpass", "peak"]
@@ -92,11 +93,7 @@ def svf(
     if mode not in _MIX:
         raise ValueError(f"`mode` must be one of {sorted(_MIX)}, got {mode!r}.")
     x = as_inexact("x", x)
-    if x.ndim != 1:
-        raise ValueError(
-            f"`x` must be one signal of shape (time,), got shape {x.shape}. "
-            "Batch several signals with `jax.vmap`."
-        )
+    check_signal("x", x)
     cutoff = as_inexact("cutoff", cutoff)
     q = as_inexact("q", q)
     for name, value in (("cutoff", cutoff), ("q", q)):

@@ -5,7 +5,7 @@ from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._misc import as_inexact, result_dtype
 from ._recurrence import DEFAULT_UNROLL, Method, check_method, recurrence
-from ._validate import check_signal
+from ._validate import check_coeff_rank, check_signal
 
 
 def allpole(
@@ -65,15 +65,7 @@ def allpole(
     x = as_inexact("x", x)
     a = as_inexact("a", a)
     check_signal("x", x)
-    if a.ndim not in (1, 2):
-        raise ValueError(
-            f"`a` must have shape (order,) or (time, order), got shape {a.shape}."
-        )
-    if a.ndim == 2 and a.shape[0] != x.shape[0]:
-        raise ValueError(
-            f"time-varying `a` must have one row per sample of `x`: `a` has "
-            f"{a.shape[0]} rows and `x` has {x.shape[0]} samples."
-        )
+    check_coeff_rank("a", a, x.shape[0], "order")
     order = a.shape[-1]
     if order == 0:
         raise ValueError("`a` must have at least one coefficient (order >= 1).")
