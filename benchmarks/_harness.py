@@ -29,6 +29,20 @@ def median_ms(fn: Callable[[], object], number: int) -> float:
     return 1e3 * statistics.median(times)
 
 
+def repeated_medians_ms(
+    fn: Callable[[], object], budget_s: float, repeats: int = 3
+) -> list[float]:
+    """`repeats` medians (ms) of one call of `fn`, after compiling and warming
+    up, each over as many calls as fit in about `budget_s` (3 to 50)."""
+    for _ in range(2):  # compile and warm up
+        fn()
+    start = time.perf_counter()
+    fn()
+    once = time.perf_counter() - start
+    number = int(min(max(budget_s / max(once, 1e-6), 3), 50))
+    return [median_ms(fn, number) for _ in range(repeats)]
+
+
 def optional_import(name: str, notes: list[str]):
     try:
         return importlib.import_module(name)

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _harness import Case, median_ms  # noqa: E402
+from _harness import Case, repeated_medians_ms  # noqa: E402
 from bench_ops import jax_case  # noqa: E402
 from plot_scaling import machine_line  # noqa: E402
 
@@ -50,13 +50,7 @@ def time_fn(fn, budget_s: float) -> float:
     The minimum over repeats, not the median: this CPU is shared, and the
     question is what the code costs, not how busy the machine was.
     """
-    for _ in range(2):  # compile and warm up
-        fn()
-    start = time.perf_counter()
-    fn()
-    once = time.perf_counter() - start
-    number = int(min(max(budget_s / max(once, 1e-6), 3), 50))
-    return min(median_ms(fn, number) for _ in range(3))
+    return min(repeated_medians_ms(fn, budget_s))
 
 
 def allpole_case(method, batch, length, mode):

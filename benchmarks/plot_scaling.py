@@ -19,7 +19,7 @@ import time
 
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import Case, median_ms  # noqa: E402
+from _harness import Case, repeated_medians_ms  # noqa: E402
 from bench_ops import jax_case  # noqa: E402
 
 from retrax.ops import allpole  # noqa: E402
@@ -33,14 +33,8 @@ SECONDS = (0.1, 0.3, 1.0, 3.0, 10.0)
 def time_case(batch: int, length: int, mode: str, budget_s: float) -> float:
     """Median ms of one call, with as many calls as fit in about `budget_s`."""
     fn = jax_case(allpole, Case("", {"B": batch, "T": length, "mode": mode}))
-    for _ in range(2):  # compile and warm up
-        fn()
-    start = time.perf_counter()
-    fn()
-    once = time.perf_counter() - start
-    number = int(min(max(budget_s / max(once, 1e-6), 3), 50))
     # The median of three medians damps a busy machine's spikes.
-    return statistics.median(median_ms(fn, number) for _ in range(3))
+    return statistics.median(repeated_medians_ms(fn, budget_s))
 
 
 def machine_line() -> str:
