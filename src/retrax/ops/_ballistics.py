@@ -66,27 +66,29 @@ def _switched(x: Array, at: Array, rt: Array, zi: Array) -> Array:
 
 
 @jax.custom_jvp
-def _held(y: Array, attack: Array, x: Array, at: Array, rt: Array, zi: Array) -> Array:
-    """`y`, the switched recursion's output, differentiated with `attack` held.
+def _held(y: Array, x: Array, at: Array, rt: Array, zi: Array) -> Array:
+    """`y`, the switched recursion's output, differentiated with its decisions
+    held.
 
-    `y` and the 0/1 mask `attack` come from one pass of `_switched` and are
-    constants to AD; the rule below gives the derivative with respect to
-    `x`, `at`, `rt` and `zi` as the core's one-pole recursion, at every order
-    (the rule's own output is `_held` again).
+    `y` comes from one pass of `_switched` and is a constant to AD; the rule
+    below reads the decisions off it (attack where `x_t < y_{t-1}`) and gives
+    the derivative with respect to `x`, `at`, `rt` and `zi` as the core's
+    one-pole recursion, at every order (the rule's own output is `_held`
+    again).
     """
-    del attack, x, at, rt, zi
+    del x, at, rt, zi
     return y
 
 
 @_held.defjvp
 def _held_jvp(primals, tangents):
-    y, attack, x, at, rt, zi = primals
-    _, _, dx, dat, drt, dzi = tangents
+    _, x, at, rt, zi = primals
+    _, dx, dat, drt, dzi = tangents
     out = _held(*primals)
-    held = attack > 0
+    prev = jnp.concatenate([zi[None], out[:-1]])
+    held = x < prev
     c = jnp.where(held, at, rt)
     dc = jnp.where(held, dat, drt)
-    prev = jnp.concatenate([zi[None], out[:-1]])
     # y_t = (1 - c_t) y_{t-1} + c_t x_t, so the tangent is the same one-pole
     # driven by c_t dx_t + dc_t (x_t - y_{t-1}).
     drive = (c * dx + dc * (x - prev))[:, None]
@@ -95,13 +97,10 @@ def _held_jvp(primals, tangents):
 
 
 def _ballistics(x: Array, at: Array, rt: Array, zi: Array) -> Array:
-    # One pass of the switched recursion gives the values; its decisions
-    # follow from them, and derivatives of every order run on the core (see
-    # `_held`).
-    x0, at0, rt0, zi0 = (lax.stop_gradient(v) for v in (x, at, rt, zi))
-    y = _switched(x0, at0, rt0, zi0)
-    attack = x0 < jnp.concatenate([zi0[None], y[:-1]])
-    return _held(y, attack.astype(y.dtype), x, at, rt, zi)
+    # One pass of the switched recursion gives the values; derivatives of
+    # every order run on the core with its decisions held (see `_held`).
+    y = _switched(*(lax.stop_gradient(v) for v in (x, at, rt, zi)))
+    return _held(y, x, at, rt, zi)
 
 
 def ballistics(
