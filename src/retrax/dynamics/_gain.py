@@ -6,7 +6,7 @@ from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._misc import as_inexact, result_dtype
 from ..ops import ballistics, linear_recurrence
-from ..ops._validate import check_signal
+from ..ops._validate import check_signal, check_zi
 from ._convert import amp2db, db2amp
 
 
@@ -166,13 +166,8 @@ def limiter_gain(
         "threshold", as_inexact("threshold", threshold), None, 0.0, high_open=False
     )
     dtype = result_dtype(x, threshold, at, rt)
-    if zi is None:
-        zi = jnp.asarray([0.0, 1.0], dtype)
-    else:
-        zi = as_inexact("zi", zi)
-        if zi.shape != (2,):
-            raise ValueError(f"`zi` must be [peak, gain], shape (2,), got {zi.shape}.")
-        zi = zi.astype(dtype)
+    zi = check_zi(zi, (2,), "[peak, gain]")
+    zi = jnp.asarray([0.0, 1.0], dtype) if zi is None else zi.astype(dtype)
     peak, peak_zf = ballistics(jnp.abs(x.astype(dtype)), rt, at, zi[0], return_zf=True)
     ceiling = db2amp(threshold.astype(dtype))
     over = peak > ceiling

@@ -9,7 +9,7 @@ from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._misc import as_inexact, result_dtype
 from ..ops import state_space
-from ..ops._validate import check_signal
+from ..ops._validate import check_signal, check_zi
 
 
 Mode = Literal["lowpass", "bandpass", "highpass", "notch", "allpass", "peak"]
@@ -111,12 +111,8 @@ def svf(
     q = eqx.error_if(q, jnp.any((q <= 0) | ~jnp.isfinite(q)), "`q` must be positive.")
     x = eqx.error_if(x, jnp.any(~jnp.isfinite(x)), "`x` has non-finite samples.")
     dtype = result_dtype(x, cutoff, q)
+    zi = check_zi(zi, (2,), "(ic1eq, ic2eq)")
     if zi is not None:
-        zi = as_inexact("zi", zi)
-        if zi.shape != (2,):
-            raise ValueError(
-                f"`zi` must be (ic1eq, ic2eq), shape (2,), got {zi.shape}."
-            )
         zi = zi.astype(dtype)
     if cutoff.ndim or q.ndim:
         cutoff, q = jnp.broadcast_arrays(cutoff, q)

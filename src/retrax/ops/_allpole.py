@@ -5,7 +5,7 @@ from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._misc import as_inexact, result_dtype
 from ._recurrence import DEFAULT_UNROLL, Method, check_method, recurrence
-from ._validate import check_coeff_rank, check_signal
+from ._validate import check_coeff_rank, check_signal, check_zi
 
 
 def allpole(
@@ -69,13 +69,7 @@ def allpole(
     order = a.shape[-1]
     if order == 0:
         raise ValueError("`a` must have at least one coefficient (order >= 1).")
-    if zi is not None:
-        zi = as_inexact("zi", zi)
-        if zi.shape != (order,):
-            raise ValueError(
-                f"`zi` must hold the last {order} outputs, shape ({order},), "
-                f"got shape {zi.shape}."
-            )
+    zi = check_zi(zi, (order,), f"the last {order} outputs")
     dtype = result_dtype(x, a, zi)
     x = x.astype(dtype)
     a = a.astype(dtype)

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._misc import as_inexact, result_dtype
-from ._validate import check_coeff_rank, check_finite, check_signal
+from ._validate import check_coeff_rank, check_finite, check_signal, check_zi
 
 
 def fir_apply(b: Array, x: Array, zi: Array) -> Array:
@@ -69,13 +69,7 @@ def fir(
     if n_taps == 0:
         raise ValueError("`b` must have at least one tap.")
     order = n_taps - 1
-    if zi is not None:
-        zi = as_inexact("zi", zi)
-        if zi.shape != (order,):
-            raise ValueError(
-                f"`zi` must hold the last {order} inputs (len(b) - 1), shape "
-                f"({order},), got shape {zi.shape}."
-            )
+    zi = check_zi(zi, (order,), f"the last {order} inputs (len(b) - 1)")
     dtype = result_dtype(x, b, zi)
     x = x.astype(dtype)
     b = check_finite("b", b.astype(dtype))

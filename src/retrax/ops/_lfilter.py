@@ -8,7 +8,7 @@ from jaxtyping import Array, ArrayLike, Inexact, Shaped
 from .._misc import as_inexact, result_dtype
 from ._fir import fir_apply, fir_state
 from ._recurrence import DEFAULT_UNROLL, recurrence
-from ._validate import check_coeff_rank, check_finite, check_signal
+from ._validate import check_coeff_rank, check_finite, check_signal, check_zi
 
 
 Form = Literal["df2", "tdf2"]
@@ -178,13 +178,7 @@ def lfilter(
             "form='tdf2' needs constant `b` and `a` (shape (n,)); use form='df2' "
             "for time-varying coefficients."
         )
-    if zi is not None:
-        zi = as_inexact("zi", zi)
-        if zi.shape != (n_state,):
-            raise ValueError(
-                f"`zi` must have shape (max(len(a), len(b) - 1),) = ({n_state},), "
-                f"got shape {zi.shape}."
-            )
+    zi = check_zi(zi, (n_state,), "the delay line, max(len(a), len(b) - 1) long")
     dtype = result_dtype(x, b, a, zi)
     x = x.astype(dtype)
     b = check_finite("b", b.astype(dtype))

@@ -7,7 +7,7 @@ from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._misc import as_inexact, result_dtype
 from ._lfilter import tdf2_apply
-from ._validate import check_finite, check_signal
+from ._validate import check_finite, check_signal, check_zi
 
 
 def _check_sos(sos: Array) -> None:
@@ -70,13 +70,7 @@ def sosfilt(
     _check_sos(sos)
     check_signal("x", x)
     n_sections = sos.shape[0]
-    if zi is not None:
-        zi = as_inexact("zi", zi)
-        if zi.shape != (n_sections, 2):
-            raise ValueError(
-                f"`zi` must have shape (n_sections, 2) = ({n_sections}, 2), got "
-                f"shape {zi.shape}."
-            )
+    zi = check_zi(zi, (n_sections, 2), "two states per section (n_sections, 2)")
     dtype = result_dtype(sos, x, zi)
     sos = _checked_sos(sos.astype(dtype))
     y = x.astype(dtype)

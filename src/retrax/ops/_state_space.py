@@ -7,7 +7,7 @@ from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._misc import as_inexact, result_dtype
 from ._recurrence import DEFAULT_UNROLL, recurrence
-from ._validate import check_finite
+from ._validate import check_finite, check_zi
 
 
 def _check_map(name: str, m: Array, shape: tuple[int, ...], length: int, what: str):
@@ -112,13 +112,7 @@ def _run(structure, A, B, C, D, x, zi, n_state, return_zf, names):
     if D is not None:
         D = as_inexact("D", D)
         _check_map("D", D, (n_out, n_in), length, "(outputs, inputs)")
-    if zi is not None:
-        zi = as_inexact("zi", zi)
-        if zi.shape != (n_state,):
-            raise ValueError(
-                f"`zi` must be the initial state h[0] of shape ({n_state},), got "
-                f"shape {zi.shape}."
-            )
+    zi = check_zi(zi, (n_state,), "the initial state h[0]")
     dtype = result_dtype(A, B, C, D, x, zi)
     A = check_finite(a_name, A.astype(dtype))
     B = check_finite("B", B.astype(dtype))

@@ -3,6 +3,9 @@
 import equinox as eqx
 import jax.numpy as jnp
 from jax import Array
+from jaxtyping import ArrayLike
+
+from .._misc import as_inexact
 
 
 def check_signal(name: str, x: Array) -> None:
@@ -38,3 +41,20 @@ def check_coeff_rank(name: str, c: Array, length: int, what: str) -> None:
             f"time-varying `{name}` must have one row per sample of `x`: `{name}` "
             f"has {c.shape[0]} rows and `x` has {length} samples."
         )
+
+
+def check_zi(
+    zi: ArrayLike | None, shape: tuple[int, ...], meaning: str
+) -> Array | None:
+    """An initial state `zi` as an inexact array of `shape`, or `None` if absent.
+
+    `meaning` says what the state holds, for the error message.
+    """
+    if zi is None:
+        return None
+    zi = as_inexact("zi", zi)
+    if zi.shape != shape:
+        raise ValueError(
+            f"`zi` must be {meaning}, shape {shape}, got shape {zi.shape}."
+        )
+    return zi
