@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import jax.test_util  # noqa: F401  (explicit import: not loaded by `import jax`)
 import numpy as np
+import pytest
 from jax import lax
 
 
@@ -30,6 +31,15 @@ def assert_close(x, y, rtol=1e-12, atol=0.0):
     scale = max(np.max(np.abs(b), initial=0.0), 1e-300)
     err = np.max(np.abs(a - b), initial=0.0)
     assert err <= rtol * scale + atol, f"max error {err:.3e}, scale {scale:.3e}"
+
+
+def raises_eagerly_and_under_jit(f, *args, match):
+    """`f(*args)` raises an error whose message matches `match`, both when
+    called directly and under `jax.jit` (where the arguments are traced)."""
+    with pytest.raises(Exception, match=match):
+        f(*args)
+    with pytest.raises(Exception, match=match):
+        jax.jit(f)(*args)
 
 
 def naive_allpole(x, a, zi=None):

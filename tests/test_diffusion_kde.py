@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import retrax.diffusion as rd
-from helpers import assert_close
+from helpers import assert_close, raises_eagerly_and_under_jit
 
 
 SCHED = rd.VPSDE()
@@ -58,8 +58,8 @@ def test_kde_bandwidth_errors():
         rd.kde_bandwidth(jnp.zeros((1, 2)))
     with pytest.raises(ValueError, match="holdout"):
         rd.kde_bandwidth(jnp.zeros((10, 2)), holdout=1.0)
-    with pytest.raises(ValueError, match="finite"):
-        rd.kde_bandwidth(jnp.full((10, 2), jnp.nan))
+    data = jax.random.normal(jax.random.key(0), (10, 2)).at[3, 1].set(jnp.nan)
+    raises_eagerly_and_under_jit(rd.kde_bandwidth, data, match="`data` must be finite")
 
 
 def reference_observe(means, weights, x, forget, radius, prune):
@@ -118,16 +118,37 @@ def test_online_kde_merge_prune_and_budget():
 
 
 def test_online_kde_errors():
-    with pytest.raises(ValueError, match="budget"):
+    with pytest.raises(ValueError, match="`budget` must be a positive integer"):
         rd.OnlineKDE(2, 0, 0.1)
-    with pytest.raises(ValueError, match="forget"):
-        rd.OnlineKDE(2, 3, 0.1, forget=1.5)
-    with pytest.raises(ValueError, match="bandwidth"):
-        rd.OnlineKDE(2, 3, 0.0)
+    x = jnp.array([0.1, -0.2])
+
+    def eps(bandwidth, forget, merge_radius, prune):
+        kde = rd.OnlineKDE(
+            2, 3, bandwidth, forget=forget, merge_radius=merge_radius, prune=prune
+        )
+        return kde.observe(x).observe(-x).predictor(SCHED).epsilon(x, 0.1)
+
+    # the value checks hold eagerly and under `jit` (traced arguments)
+    good = (0.1, 0.9, 0.2, 1e-3)
+    for i, bad, match in [
+        (0, 0.0, "`bandwidth` must be positive"),
+        (0, jnp.nan, "`bandwidth` must be positive"),
+        (1, 1.5, r"`forget` must lie in \(0, 1\]"),
+        (1, 0.0, r"`forget` must lie in \(0, 1\]"),
+        (2, -0.1, "`merge_radius` must be nonnegative"),
+        (3, -1.0, "`prune` must be nonnegative"),
+    ]:
+        args = good[:i] + (bad,) + good[i + 1 :]
+        raises_eagerly_and_under_jit(eps, *args, match=match)
+    assert jnp.all(jnp.isfinite(jax.jit(eps)(*good)))
     kde = rd.OnlineKDE(2, 3, 0.1)
     with pytest.raises((ValueError, TypeError), match="shape"):
         kde.observe(jnp.zeros(3))
     with pytest.raises(Exception, match="finite"):
         kde.observe(jnp.array([jnp.nan, 0.0]))
-    with pytest.raises(ValueError, match="weights"):
-        kde.predictor(SCHED)  # nothing observed yet
+    # nothing observed yet: every weight is zero
+    raises_eagerly_and_under_jit(
+        lambda k: k.predictor(SCHED).epsilon(x, 0.1),
+        kde,
+        match="`OnlineKDE.predictor` needs at least one observation",
+    )

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import retrax.diffusion as rd
-from helpers import assert_close, tree_allclose
+from helpers import assert_close, raises_eagerly_and_under_jit, tree_allclose
 
 
 SCHED = rd.VPSDE()
@@ -151,15 +151,29 @@ def test_mixture_bad_input():
         rd.GaussianMixtureEps(SCHED, jnp.zeros(3), 1.0)
     with pytest.raises(ValueError, match="scales"):
         rd.GaussianMixtureEps(SCHED, jnp.zeros((2, 3)), jnp.ones(3))
-    with pytest.raises(ValueError, match="scales"):
-        rd.GaussianMixtureEps(SCHED, jnp.zeros((2, 3)), -1.0)
-    with pytest.raises(ValueError, match="weights"):
-        rd.GaussianMixtureEps(SCHED, jnp.zeros((2, 3)), 1.0, jnp.array([1.0, -1.0]))
-    with pytest.raises(ValueError, match="weights"):
-        rd.GaussianMixtureEps(SCHED, jnp.zeros((2, 3)), 1.0, jnp.zeros(2))
-    with pytest.raises(ValueError, match="finite"):
-        rd.GaussianMixtureEps(SCHED, jnp.full((2, 3), jnp.nan), 1.0)
     mix = mixture()
+    x = jnp.zeros(3)
+
+    def eps(means, scales, weights):
+        return rd.GaussianMixtureEps(SCHED, means, scales, weights).epsilon(x, 0.1)
+
+    # the value checks hold eagerly and under `jit` (traced arguments)
+    good = (mix.means, mix.scales, mix.weights)
+    for i, bad, match in [
+        (1, -mix.scales, "`scales` must be finite, nonnegative"),
+        (1, mix.scales.at[0].set(jnp.inf), "`scales` must be finite, nonnegative"),
+        (2, mix.weights.at[0].set(-1.0), "`weights` must be finite and nonnegative"),
+        (2, jnp.zeros(3), "`weights` must be .* with a positive sum"),
+        (0, mix.means.at[1, 2].set(jnp.nan), "`means` must be finite"),
+    ]:
+        args = good[:i] + (bad,) + good[i + 1 :]
+        raises_eagerly_and_under_jit(eps, *args, match=match)
+    # and under `vmap` over constructors: one bad mixture in the batch raises
+    batch = jnp.stack([mix.weights, mix.weights.at[1].set(-0.5)])
+    build = eqx.filter_vmap(lambda w: rd.GaussianMixtureEps(SCHED, mix.means, 0.3, w))
+    with pytest.raises(Exception, match="`weights` must be finite and nonnegative"):
+        build(batch)
+    assert build(jnp.stack([mix.weights, mix.weights])).weights.shape == (2, 3)
     with pytest.raises(ValueError, match="one point of shape"):
         mix.epsilon(jnp.zeros(2), 0.1)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):

@@ -1,5 +1,10 @@
 """Small private helpers shared across retrax."""
 
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,6 +33,26 @@ def as_inexact(name: str, value: ArrayLike) -> jax.Array:
             f"Convert it first, e.g. `{name}.astype(jnp.float32)`."
         )
     return arr
+
+
+def check_value(value: Any, bad: Callable[[ModuleType, Any], Any], msg: str) -> Any:
+    """Raise `msg` where `bad(xp, value)` holds, eagerly and under `jit`.
+
+    `bad` computes the failing entries with the array namespace `xp` it is
+    given (`numpy` or `jax.numpy`). Python and NumPy values are checked at once
+    with NumPy and raise a `ValueError`, so that a Python-float hyperparameter
+    stays a Python float. JAX arrays, concrete or traced (`jit`, `vmap`,
+    `grad`), are checked by `eqx.error_if` with the same message; that check is
+    only kept if the returned value is used, so always store the result.
+    """
+    if isinstance(value, jax.Array):
+        return eqx.error_if(value, jnp.any(bad(jnp, value)), msg)
+    flag = bad(np, np.asarray(value))
+    if isinstance(flag, jax.Array):  # `bad` involves a JAX value (e.g. a bound)
+        return eqx.error_if(jnp.asarray(value), jnp.any(flag), msg)
+    if np.any(flag):
+        raise ValueError(msg)
+    return value
 
 
 def check_positive_int(name: str, value: int) -> None:

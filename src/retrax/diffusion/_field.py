@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
+from .._misc import check_value
 from ._energy import EnergyNetwork
 from ._mixture import GaussianMixtureEps
 from ._nodes import FieldNodes, density_lambda
@@ -171,26 +172,48 @@ class ImplicitDiffusion(AbstractImplicitRelation):
 
     pred: AbstractPredictor
     nodes: FieldNodes
-    lam: float | Float[Array, ""] = 1.0
+    lam: float | Float[Array, ""]
 
-    def __check_init__(self):
-        if not isinstance(self.pred, AbstractPredictor):
+    def __init__(
+        self,
+        pred: AbstractPredictor,
+        nodes: FieldNodes,
+        lam: float | Float[ArrayLike, ""] = 1.0,
+    ):
+        if not isinstance(pred, AbstractPredictor):
             raise TypeError(
                 "`pred` must be a noise predictor (an AbstractPredictor such as "
-                f"NoisePredictor or GaussianMixtureEps), got {type(self.pred)}."
+                f"NoisePredictor or GaussianMixtureEps), got {type(pred)}."
             )
-        if not isinstance(self.nodes, FieldNodes):
+        if not isinstance(nodes, FieldNodes):
             raise TypeError(
-                f"`nodes` must be FieldNodes (see `field_nodes`), got "
-                f"{type(self.nodes)}."
+                f"`nodes` must be FieldNodes (see `field_nodes`), got {type(nodes)}."
             )
-        if not isinstance(self.lam, jax.core.Tracer):
-            lam = np.asarray(self.lam)
-            if lam.shape != () or not np.isfinite(lam) or lam < 0:
-                raise ValueError(
-                    "`lam` must be a finite, nonnegative scalar field weight (see "
-                    f"`density_lambda` for a data-unit choice), got {self.lam!r}."
-                )
+        n = nodes.dim
+        try:
+            jax.eval_shape(
+                pred.epsilon,
+                jax.ShapeDtypeStruct((n,), nodes.eps.dtype),
+                jax.ShapeDtypeStruct((), nodes.t.dtype),
+            )
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"`nodes` have dimension {n}, but `pred` cannot take a point of "
+                f"shape ({n},): {err} Build the nodes for the predictor's "
+                "dimension, e.g. `field_nodes(key, n)`."
+            ) from err
+        if np.shape(lam) != ():
+            raise ValueError(
+                f"`lam` must be a scalar field weight, got shape {np.shape(lam)}."
+            )
+        self.pred = pred
+        self.nodes = nodes
+        self.lam = check_value(
+            lam,
+            lambda xp, v: ~(v >= 0) | ~xp.isfinite(v),
+            "`lam` must be a finite, nonnegative field weight (see "
+            "`density_lambda` for a data-unit choice).",
+        )
 
     @property
     def dim(self) -> int:

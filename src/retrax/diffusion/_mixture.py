@@ -3,16 +3,11 @@
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._misc import check_positive_int
+from .._misc import check_positive_int, check_value
 from ._predictor import AbstractExactPredictor, as_state, as_state_like, time_like
 from ._schedule import AbstractNoiseSchedule
-
-
-def _is_concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
 
 
 class GaussianMixtureEps(AbstractExactPredictor):
@@ -77,18 +72,19 @@ class GaussianMixtureEps(AbstractExactPredictor):
                 f"`weights` must have shape ({m},), one per component, got "
                 f"shape {weights.shape}."
             )
-        if _is_concrete(scales) and not bool(jnp.all(scales >= 0)):
-            raise ValueError("`scales` must be nonnegative standard deviations.")
-        if _is_concrete(weights) and not (
-            bool(jnp.all(weights >= 0)) and bool(jnp.sum(weights) > 0)
-        ):
-            raise ValueError(
-                "`weights` must be nonnegative with a positive sum, got "
-                f"{np.asarray(weights)}."
-            )
-        for name, arr in (("means", means), ("scales", scales), ("weights", weights)):
-            if _is_concrete(arr) and not bool(jnp.all(jnp.isfinite(arr))):
-                raise ValueError(f"`{name}` must be finite.")
+        means = check_value(
+            means, lambda xp, v: ~xp.isfinite(v), "`means` must be finite."
+        )
+        scales = check_value(
+            scales,
+            lambda xp, v: ~(v >= 0) | ~xp.isfinite(v),
+            "`scales` must be finite, nonnegative standard deviations.",
+        )
+        weights = check_value(
+            weights,
+            lambda xp, v: ~(v >= 0) | ~xp.isfinite(v) | ~(xp.sum(v) > 0),
+            "`weights` must be finite and nonnegative with a positive sum.",
+        )
         self.schedule = schedule
         self.means = means
         self.scales = scales.astype(means.dtype)
@@ -302,8 +298,7 @@ def kde_bandwidth(
         )
     if not 0.0 < holdout < 1.0:
         raise ValueError(f"`holdout` must lie in (0, 1), got {holdout}.")
-    if _is_concrete(data) and not bool(jnp.all(jnp.isfinite(data))):
-        raise ValueError("`data` must be finite.")
+    data = check_value(data, lambda xp, v: ~xp.isfinite(v), "`data` must be finite.")
     num = data.shape[0]
     n_test = min(max(1, round(holdout * num)), num - 1)
     key = jax.random.key(0) if key is None else key
@@ -351,40 +346,46 @@ class OnlineKDE(eqx.Module):
 
     means: Float[Array, "budget n"]
     weights: Float[Array, " budget"]
-    bandwidth: float
-    forget: float
-    merge_radius: float
-    prune: float
+    bandwidth: float | Float[Array, ""]
+    forget: float | Float[Array, ""]
+    merge_radius: float | Float[Array, ""]
+    prune: float | Float[Array, ""]
 
     def __init__(
         self,
         dim: int,
         budget: int,
-        bandwidth: float,
+        bandwidth: float | Float[ArrayLike, ""],
         *,
-        forget: float = 0.99,
-        merge_radius: float | None = None,
-        prune: float = 1e-3,
+        forget: float | Float[ArrayLike, ""] = 0.99,
+        merge_radius: float | Float[ArrayLike, ""] | None = None,
+        prune: float | Float[ArrayLike, ""] = 1e-3,
         dtype=None,
     ):
         check_positive_int("dim", dim)
         check_positive_int("budget", budget)
-        if not bandwidth > 0:
-            raise ValueError(f"`bandwidth` must be positive, got {bandwidth}.")
-        if not 0 < forget <= 1:
-            raise ValueError(f"`forget` must lie in (0, 1], got {forget}.")
+        bandwidth = check_value(
+            bandwidth,
+            lambda xp, v: ~(v > 0) | ~xp.isfinite(v),
+            "`bandwidth` must be positive and finite.",
+        )
+        forget = check_value(
+            forget, lambda xp, v: ~((v > 0) & (v <= 1)), "`forget` must lie in (0, 1]."
+        )
         merge_radius = bandwidth if merge_radius is None else merge_radius
-        if not merge_radius >= 0:
-            raise ValueError(f"`merge_radius` must be nonnegative, got {merge_radius}.")
-        if not prune >= 0:
-            raise ValueError(f"`prune` must be nonnegative, got {prune}.")
+        merge_radius = check_value(
+            merge_radius, lambda xp, v: ~(v >= 0), "`merge_radius` must be nonnegative."
+        )
+        prune = check_value(
+            prune, lambda xp, v: ~(v >= 0), "`prune` must be nonnegative."
+        )
         dtype = jnp.result_type(float) if dtype is None else dtype
         self.means = jnp.zeros((budget, dim), dtype)
         self.weights = jnp.zeros((budget,), dtype)
-        self.bandwidth = float(bandwidth)
-        self.forget = float(forget)
-        self.merge_radius = float(merge_radius)
-        self.prune = float(prune)
+        self.bandwidth, self.forget, self.merge_radius, self.prune = (
+            v if isinstance(v, jax.Array) else float(v)
+            for v in (bandwidth, forget, merge_radius, prune)
+        )
 
     def observe(self, x: Float[ArrayLike, " n"]) -> "OnlineKDE":
         """Absorb one observation.
@@ -433,6 +434,13 @@ class OnlineKDE(eqx.Module):
         **Returns:**
 
         A [`retrax.diffusion.GaussianMixtureEps`][] over all slots (free slots
-        have weight 0). Raises if nothing has been observed yet.
+        have weight 0). Raises if nothing has been observed yet (also under
+        `jit`).
         """
-        return GaussianMixtureEps(schedule, self.means, self.bandwidth, self.weights)
+        weights = eqx.error_if(
+            self.weights,
+            ~jnp.any(self.weights > 0),
+            "`OnlineKDE.predictor` needs at least one observation: every weight "
+            "is zero (call `observe` first).",
+        )
+        return GaussianMixtureEps(schedule, self.means, self.bandwidth, weights)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._misc import check_positive_int
+from .._misc import check_positive_int, check_value
 from ._schedule import AbstractNoiseSchedule
 
 
@@ -32,8 +32,12 @@ class FieldNodes(eqx.Module):
     eps: Float[Array, "_K n"]
     w: Float[Array, " _K"]
 
-    def __check_init__(self):
-        t, eps, w = self.t, self.eps, self.w
+    def __init__(
+        self,
+        t: Float[ArrayLike, " _K"],
+        eps: Float[ArrayLike, "_K n"],
+        w: Float[ArrayLike, " _K"],
+    ):
         if not (hasattr(t, "ndim") and hasattr(eps, "ndim") and hasattr(w, "ndim")):
             raise ValueError("`t`, `eps` and `w` must be arrays.")
         if eps.ndim != 2 or eps.shape[0] == 0 or eps.shape[1] == 0:
@@ -50,14 +54,19 @@ class FieldNodes(eqx.Module):
         for name, a in (("t", t), ("eps", eps), ("w", w)):
             if not jnp.issubdtype(a.dtype, jnp.floating):
                 raise TypeError(f"`{name}` must be floating, got {a.dtype}.")
-            if not isinstance(a, jax.core.Tracer) and not bool(
-                jnp.all(jnp.isfinite(a))
-            ):
-                raise ValueError(f"`{name}` must be finite.")
-        if not isinstance(t, jax.core.Tracer) and not bool(jnp.all((t > 0) & (t <= 1))):
-            raise ValueError("the node times `t` must lie in (0, 1].")
-        if not isinstance(w, jax.core.Tracer) and not bool(jnp.all(w >= 0)):
-            raise ValueError("the node weights `w` must be nonnegative.")
+        self.t = check_value(
+            t,
+            lambda xp, v: ~((v > 0) & (v <= 1)),
+            "the node times `t` must lie in (0, 1].",
+        )
+        self.eps = check_value(
+            eps, lambda xp, v: ~xp.isfinite(v), "the noise draws `eps` must be finite."
+        )
+        self.w = check_value(
+            w,
+            lambda xp, v: ~(v >= 0) | ~xp.isfinite(v),
+            "the node weights `w` must be finite and nonnegative.",
+        )
 
     @property
     def size(self) -> int:

@@ -13,7 +13,7 @@ import optimistix as optx
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
-from .._misc import check_positive_int
+from .._misc import check_positive_int, check_value
 from ._mixture import GaussianMixtureEps
 from ._predictor import as_state, as_state_like, is_key, time_like
 from ._sample import _dtype
@@ -21,23 +21,20 @@ from ._schedule import AbstractNoiseSchedule
 
 
 def _as_lam(lam, dtype, *, positive: bool = False) -> Array:
-    """Check a scalar prox strength (eagerly, or by `error_if` when traced)."""
-    msg = "`lam` must be " + ("positive" if positive else "nonnegative") + " and finite"
-    if not isinstance(lam, jax.core.Tracer):
-        value = np.asarray(lam)
-        if value.ndim != 0:
-            raise ValueError(f"`lam` must be a scalar, got shape {value.shape}.")
-        if not np.issubdtype(value.dtype, np.number) or np.iscomplexobj(value):
-            raise TypeError(f"`lam` must be a real number, got dtype {value.dtype}.")
-        ok = np.isfinite(value) and (value > 0 if positive else value >= 0)
-        if not ok:
-            raise ValueError(f"{msg}, got {value}.")
-        return jnp.asarray(lam).astype(dtype)
-    if lam.ndim != 0:
-        raise ValueError(f"`lam` must be a scalar, got shape {lam.shape}.")
-    lam = lam.astype(dtype)
-    bad = ~(lam > 0) if positive else ~(lam >= 0)
-    return eqx.error_if(lam, bad | ~jnp.isfinite(lam), msg + ".")
+    """A checked scalar prox strength of `dtype` (eagerly and under `jit`)."""
+    if np.ndim(lam) != 0:
+        raise ValueError(f"`lam` must be a scalar, got shape {np.shape(lam)}.")
+    kind = jnp.result_type(lam)
+    if not jnp.issubdtype(kind, jnp.number) or jnp.issubdtype(
+        kind, jnp.complexfloating
+    ):
+        raise TypeError(f"`lam` must be a real number, got dtype {kind}.")
+    if positive:
+        msg, bad = "`lam` must be positive and finite.", lambda xp, v: ~(v > 0)
+    else:
+        msg, bad = "`lam` must be nonnegative and finite.", lambda xp, v: ~(v >= 0)
+    lam = check_value(lam, lambda xp, v: bad(xp, v) | ~xp.isfinite(v), msg)
+    return jnp.asarray(lam).astype(dtype)
 
 
 def _max_norm(x) -> Array:
@@ -320,8 +317,9 @@ def proxdm_sample(
     if len(shape) != 1 or not (isinstance(shape[0], int) and shape[0] >= 1):
         raise ValueError(f"`shape` must be `(n,)` with n >= 1, got {shape}.")
     check_positive_int("steps", steps)
-    if not 0.0 < t_start <= 1.0:
-        raise ValueError(f"`t_start` must lie in (0, 1], got {t_start}.")
+    t_start = check_value(
+        t_start, lambda xp, v: ~((v > 0) & (v <= 1)), "`t_start` must lie in (0, 1]."
+    )
     dtype = _dtype(dtype)
     sched = prox.schedule
     ts = jnp.linspace(0.0, t_start, steps + 1, dtype=dtype)
@@ -387,9 +385,12 @@ def proximal_matching_loss(
     else:
         eps = as_state_like("eps", key_or_eps, "x", x).astype(x.dtype)
     lam = _as_lam(lam, x.dtype)
+    zeta = check_value(
+        zeta,
+        lambda xp, v: ~(v > 0) | ~xp.isfinite(v),
+        "`zeta` must be positive and finite.",
+    )
     zeta = jnp.asarray(zeta).astype(x.dtype)
-    if not isinstance(zeta, jax.core.Tracer) and not bool(zeta > 0):
-        raise ValueError(f"`zeta` must be positive, got {zeta}.")
     eps_hat = net.epsilon(x + jnp.sqrt(lam) * eps, t, lam)
     return 1 - jnp.exp(-jnp.sum((eps_hat - eps) ** 2) / (x.size * zeta**2))
 
@@ -512,8 +513,7 @@ def prox_infer(
     check_positive_int("max_steps", max_steps)
     if tol is None:
         tol = 1e-9 if dtype == jnp.float64 else 1e-5
-    if not tol > 0:
-        raise ValueError(f"`tol` must be positive, got {tol}.")
+    tol = check_value(tol, lambda xp, v: ~(v > 0), "`tol` must be positive.")
     hard = jnp.isinf(rho)
     used = rho > 0
     z0 = eqx.error_if(

@@ -9,16 +9,17 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
-from .._misc import check_positive_int
+from .._misc import check_positive_int, check_value
 from ._predictor import AbstractPredictor, as_state, is_key
 from ._schedule import AbstractNoiseSchedule, as_time
 
 
-def _check_lam(lam) -> None:
-    if not isinstance(lam, jax.core.Tracer) and not bool(np.all(np.asarray(lam) >= 0)):
-        raise ValueError(
-            f"`lam` (the regulariser strength) must be nonnegative, got {lam}."
-        )
+def _check_lam(lam):
+    return check_value(
+        lam,
+        lambda xp, v: ~(v >= 0) | ~xp.isfinite(v),
+        "`lam` (the regulariser strength) must be nonnegative and finite.",
+    )
 
 
 class REDDiff(eqx.Module):
@@ -61,34 +62,58 @@ class REDDiff(eqx.Module):
     - `b1`, `b2`, `eps`: Adam's moment decays and denominator offset.
     """
 
-    lam: float = 0.25
-    steps: int = eqx.field(default=200, static=True)
-    lr: float = 0.1
-    samples: int = eqx.field(default=1, static=True)
-    average: float = 0.0
-    t_max: float = 1.0
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
+    lam: float | Float[Array, ""]
+    steps: int = eqx.field(static=True)
+    lr: float | Float[Array, ""]
+    samples: int = eqx.field(static=True)
+    average: float
+    t_max: float | Float[Array, ""]
+    b1: float | Float[Array, ""]
+    b2: float | Float[Array, ""]
+    eps: float | Float[Array, ""]
 
-    def __check_init__(self):
-        _check_lam(self.lam)
-        check_positive_int("steps", self.steps)
-        check_positive_int("samples", self.samples)
-        if not self.lr > 0:
-            raise ValueError(f"`lr` must be positive, got {self.lr}.")
-        if not 0 <= self.average < 1:
+    def __init__(
+        self,
+        lam: float | Float[ArrayLike, ""] = 0.25,
+        steps: int = 200,
+        lr: float | Float[ArrayLike, ""] = 0.1,
+        samples: int = 1,
+        average: float = 0.0,
+        t_max: float | Float[ArrayLike, ""] = 1.0,
+        b1: float | Float[ArrayLike, ""] = 0.9,
+        b2: float | Float[ArrayLike, ""] = 0.999,
+        eps: float | Float[ArrayLike, ""] = 1e-8,
+    ):
+        # Python numbers are checked here; traced ones (a configuration built
+        # under `jit`, `vmap` or `grad`) when the program runs, with the same
+        # messages. `average` fixes the number of averaged iterates, so it must
+        # be a Python number.
+        check_positive_int("steps", steps)
+        check_positive_int("samples", samples)
+        if not 0 <= average < 1:
             raise ValueError(
                 f"`average` (the fraction of iterates averaged) must lie in [0, 1), "
-                f"got {self.average}."
+                f"got {average}."
             )
-        if not 0 < self.t_max <= 1:
-            raise ValueError(f"`t_max` must lie in (0, 1], got {self.t_max}.")
-        if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1 and self.eps > 0):
-            raise ValueError(
-                "Adam needs 0 <= b1, b2 < 1 and eps > 0, got "
-                f"b1={self.b1}, b2={self.b2}, eps={self.eps}."
+        self.lam = _check_lam(lam)
+        self.steps = steps
+        self.lr = check_value(lr, lambda xp, v: ~(v > 0), "`lr` must be positive.")
+        self.samples = samples
+        self.average = average
+        self.t_max = check_value(
+            t_max, lambda xp, v: ~((v > 0) & (v <= 1)), "`t_max` must lie in (0, 1]."
+        )
+        self.b1, self.b2 = (
+            check_value(
+                b,
+                lambda xp, v: ~((v >= 0) & (v < 1)),
+                f"Adam's `{name}` must lie in [0, 1).",
             )
+            for name, b in (("b1", b1), ("b2", b2))
+        )
+        self.eps = check_value(
+            eps, lambda xp, v: ~(v > 0), "Adam's `eps` must be positive."
+        )
 
     @property
     def window(self) -> int:
@@ -117,7 +142,7 @@ def reddiff_weight(
 
     $\lambda_t$, shaped like `t`.
     """
-    _check_lam(lam)
+    lam = _check_lam(lam)
     t = as_time(t)
     lam = jnp.asarray(lam).astype(t.dtype)
     return lam * schedule.sigma(t) / schedule.alpha(t)
@@ -171,13 +196,13 @@ def _regulariser_gradient(pred, cfg, x, key):
     sched = pred.schedule
     dtype = x.dtype
     k_t, k_eps = jax.random.split(key)
-    if not sched.t_min < cfg.t_max:
-        raise ValueError(
-            f"`cfg.t_max` ({cfg.t_max}) must exceed the schedule's t_min "
-            f"({sched.t_min})."
-        )
+    t_max = check_value(
+        cfg.t_max,
+        lambda xp, v: ~(v > sched.t_min),
+        "`cfg.t_max` must exceed the schedule's `t_min`.",
+    )
     ts = jax.random.uniform(
-        k_t, (cfg.samples,), dtype, minval=sched.t_min, maxval=cfg.t_max
+        k_t, (cfg.samples,), dtype, minval=sched.t_min, maxval=t_max
     )
     eps = jax.random.normal(k_eps, (cfg.samples,) + x.shape, dtype)
 

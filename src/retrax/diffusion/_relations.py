@@ -4,11 +4,11 @@ and the weighted product of several relations."""
 from collections.abc import Mapping, Sequence
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
+from .._misc import check_value
 from ._field import AbstractImplicitRelation
 
 
@@ -238,20 +238,19 @@ class ProductRelation(AbstractImplicitRelation):
             )
         if weights is None:
             weights = np.ones(len(relations))
-        if not isinstance(weights, jax.core.Tracer):
-            arr = np.asarray(weights)
-            if arr.shape != (len(relations),):
-                raise ValueError(
-                    f"`weights` must hold one weight per relation ({len(relations)}),"
-                    f" got shape {arr.shape}."
-                )
-            if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-                raise ValueError(
-                    f"`weights` must be finite and nonnegative, got {arr.tolist()}."
-                )
-            weights = jnp.asarray(weights)
-            if not jnp.issubdtype(weights.dtype, jnp.inexact):
-                weights = weights.astype(jnp.asarray(1.0).dtype)
+        weights = jnp.asarray(weights)
+        if weights.shape != (len(relations),):
+            raise ValueError(
+                f"`weights` must hold one weight per relation ({len(relations)}),"
+                f" got shape {weights.shape}."
+            )
+        if not jnp.issubdtype(weights.dtype, jnp.inexact):
+            weights = weights.astype(jnp.result_type(float))
+        weights = check_value(
+            weights,
+            lambda xp, v: ~(v >= 0) | ~xp.isfinite(v),
+            "`weights` must be finite and nonnegative.",
+        )
         self.relations = relations
         self.weights = weights
 

@@ -9,12 +9,14 @@ import numpy as np
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 
+from .._misc import check_value
+
 
 def as_time(t: Shaped[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
     """Convert `t` to a floating array and check that it lies in `[0, 1]`.
 
     Concrete values are checked eagerly (a `ValueError`); traced values under
-    `jit` through `eqx.error_if`.
+    `jit` through `eqx.error_if`, with the same message.
     """
     t = jnp.asarray(t)
     if not jnp.issubdtype(t.dtype, jnp.floating):
@@ -28,7 +30,7 @@ def as_time(t: Shaped[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
     # body, `custom_root`) is checked eagerly, not staged out
     value = np.asarray(t)
     if not bool(np.all((value >= 0) & (value <= 1))):
-        raise ValueError(f"{msg[:-1]}: {value}.")
+        raise ValueError(msg)
     return t
 
 
@@ -239,20 +241,31 @@ class VPSDE(AbstractNoiseSchedule):
     - `t_min`: the smallest time used for training and sampling, in `[0, 1)`.
     """
 
-    beta_min: float = 0.1
-    beta_max: float = 20.0
-    t_min: float = 1e-3
+    beta_min: float | Float[Array, ""]
+    beta_max: float | Float[Array, ""]
+    t_min: float | Float[Array, ""]
 
-    def __check_init__(self):
-        if not self.beta_min > 0:
-            raise ValueError(f"`beta_min` must be positive, got {self.beta_min}.")
-        if not self.beta_max >= self.beta_min:
-            raise ValueError(
-                f"`beta_max` must be at least `beta_min`: got beta_max="
-                f"{self.beta_max} < beta_min={self.beta_min}."
-            )
-        if not 0 <= self.t_min < 1:
-            raise ValueError(f"`t_min` must lie in [0, 1), got {self.t_min}.")
+    def __init__(
+        self,
+        beta_min: float | Float[ArrayLike, ""] = 0.1,
+        beta_max: float | Float[ArrayLike, ""] = 20.0,
+        t_min: float | Float[ArrayLike, ""] = 1e-3,
+    ):
+        # Python numbers are checked here; traced ones (a schedule built under
+        # `jit`, `vmap` or `grad`) when the program runs, with the same messages.
+        self.beta_min = check_value(
+            beta_min,
+            lambda xp, v: ~(v > 0) | ~xp.isfinite(v),
+            "`beta_min` must be positive and finite.",
+        )
+        self.beta_max = check_value(
+            beta_max,
+            lambda xp, v: ~(v >= self.beta_min) | ~xp.isfinite(v),
+            "`beta_max` must be finite and at least `beta_min`.",
+        )
+        self.t_min = check_value(
+            t_min, lambda xp, v: ~((v >= 0) & (v < 1)), "`t_min` must lie in [0, 1)."
+        )
 
     def beta(self, t: Float[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
         t = as_time(t)
