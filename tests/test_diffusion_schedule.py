@@ -7,7 +7,7 @@ import mpmath
 import numpy as np
 import pytest
 
-from helpers import assert_close
+from helpers import assert_close, raises_eagerly_and_under_jit
 from retrax.diffusion import VPSDE
 
 
@@ -105,18 +105,40 @@ def test_float32_and_transforms():
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    "kwargs, match",
     [
-        dict(beta_min=0.0),
-        dict(beta_min=-1.0),
-        dict(beta_min=5.0, beta_max=1.0),
-        dict(t_min=1.0),
-        dict(t_min=-0.1),
+        (dict(beta_min=0.0), "`beta_min` must be positive"),
+        (dict(beta_min=-1.0), "`beta_min` must be positive"),
+        (dict(beta_min=np.nan), "`beta_min` must be positive and finite"),
+        (dict(beta_min=5.0, beta_max=1.0), "`beta_max` must be .* at least `beta_min`"),
+        (dict(beta_max=np.inf), "`beta_max` must be finite"),
+        (dict(t_min=1.0), r"`t_min` must lie in \[0, 1\)"),
+        (dict(t_min=-0.1), r"`t_min` must lie in \[0, 1\)"),
     ],
 )
-def test_invalid_parameters(kwargs):
-    with pytest.raises(ValueError):
+def test_invalid_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
         VPSDE(**kwargs)
+    # the same check, with the same message, when the parameters are traced
+    # (a schedule built under `jit`, e.g. to differentiate with respect to it)
+    names = sorted(kwargs)
+
+    def use(*values):
+        s = VPSDE(**dict(zip(names, values, strict=True)))
+        return s.alpha(0.5) + s.sample_time(jax.random.key(0))
+
+    raises_eagerly_and_under_jit(use, *[kwargs[k] for k in names], match=match)
+
+
+def test_parameters_can_be_traced():
+    def alpha(beta_max):
+        return VPSDE(beta_max=beta_max).alpha(0.5)
+
+    # alpha = exp(-B/2), B = beta_min t + (beta_max - beta_min) t^2 / 2, so
+    # d alpha / d beta_max = -alpha t^2 / 4
+    ref = -float(VPSDE().alpha(0.5)) * 0.25 / 4
+    assert_close(jax.jit(jax.grad(alpha))(20.0), ref, rtol=1e-12)
+    assert isinstance(VPSDE().t_min, float)
 
 
 def test_time_outside_unit_interval():

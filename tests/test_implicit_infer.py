@@ -8,7 +8,7 @@ import optimistix as optx
 import pytest
 
 import retrax.diffusion as rd
-from helpers import assert_close
+from helpers import assert_close, raises_eagerly_and_under_jit
 
 
 SCHED = rd.VPSDE()
@@ -76,8 +76,22 @@ def test_field_nodes():
     assert_close(lam, ref)
     with pytest.raises(ValueError, match="one per node"):
         rd.FieldNodes(jnp.ones(3), jnp.ones((4, 2)), jnp.ones(4))
-    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+    with pytest.raises(Exception, match=r"the node times `t` must lie in \(0, 1\]"):
         rd.FieldNodes(jnp.zeros(4), jnp.ones((4, 2)), jnp.ones(4))
+    # the value checks also hold when the nodes are built from traced arrays
+    mix = rd.GaussianMixtureEps(SCHED, jnp.zeros((1, 2)), 0.5)
+
+    def field(t, eps, w):
+        model = rd.ImplicitDiffusion(mix, rd.FieldNodes(t, eps, w))
+        return model.prior_field(jnp.ones(2))
+
+    t, eps, w = jnp.full(4, 0.01), jnp.ones((4, 2)), jnp.full(4, 0.25)
+    for args, match in [
+        ((t.at[2].set(1.5), eps, w), r"the node times `t` must lie in \(0, 1\]"),
+        ((t, eps.at[0, 1].set(jnp.nan), w), "the noise draws `eps` must be finite"),
+        ((t, eps, w.at[3].set(-0.1)), "the node weights `w` must be finite and"),
+    ]:
+        raises_eagerly_and_under_jit(field, *args, match=match)
     with pytest.raises(ValueError, match="positive integer"):
         rd.field_nodes(jax.random.key(0), 0)
 
@@ -329,11 +343,15 @@ def test_bad_queries():
         rd.implicit_infer(model, jnp.array([jnp.nan, 0.5]), jnp.array([INF, 0.0]))
     with pytest.raises(TypeError, match="floating|Float"):
         model.implicit_residual(jnp.array([1, 0]), z0, jnp.array([INF, 0.0]))
-    wrong = rd.ImplicitDiffusion(model.pred, rd.field_nodes(jax.random.key(0), 3))
+    # nodes of the wrong dimension are refused at construction, for an exact
+    # predictor and for a network alike
+    with pytest.raises(ValueError, match="`nodes` have dimension 3, but `pred`"):
+        rd.ImplicitDiffusion(model.pred, rd.field_nodes(jax.random.key(0), 3))
+    pred_2d = rd.NoisePredictor(rd.TimeMLP(2, hidden=8, key=jax.random.key(1)), SCHED)
+    with pytest.raises(ValueError, match="`nodes` have dimension 3, but `pred`"):
+        rd.ImplicitDiffusion(pred_2d, rd.field_nodes(jax.random.key(0), 3))
     with pytest.raises(ValueError, match="nodes' dimension"):
-        rd.implicit_infer(wrong, z0, jnp.array([INF, 0.0]))
-    with pytest.raises(ValueError, match="means' dimension"):
-        wrong.prior_field(jnp.zeros(3))
+        rd.implicit_infer(model, jnp.zeros(3), jnp.array([INF, 0.0, 0.0]))
     with pytest.raises(TypeError, match="FieldNodes"):
         rd.ImplicitDiffusion(model.pred, jnp.zeros((4, 2)))
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import retrax.diffusion as rd
-from helpers import assert_close
+from helpers import assert_close, raises_eagerly_and_under_jit
 
 
 SCHED = rd.VPSDE()
@@ -276,14 +276,33 @@ def test_bad_relations():
         rd.ProductRelation([r1, r2], [1.0])
     with pytest.raises(ValueError, match="one weight per relation"):
         rd.ProductRelation([r1, r2], [1.0, 2.0, 3.0])
-    with pytest.raises(ValueError, match="nonnegative"):
+    with pytest.raises(ValueError, match="`weights` must be finite and nonnegative"):
         rd.ProductRelation([r1, r2], [1.0, -1.0])
+
+    def product_field(weights):
+        return rd.ProductRelation([r1, r2], weights).prior_field(jnp.ones(3))
+
+    for bad in [jnp.array([1.0, -1.0]), jnp.array([jnp.nan, 1.0])]:
+        raises_eagerly_and_under_jit(
+            product_field, bad, match="`weights` must be finite and nonnegative"
+        )
     with pytest.raises(ValueError, match="different joint dimensions"):
         rd.ProductRelation([r1, rd.IndexedRelation(g, [0, 1], 4)])
     with pytest.raises(TypeError, match="AbstractImplicitRelation"):
         rd.ProductRelation([r1, g.pred])
-    with pytest.raises(ValueError, match="nonnegative"):
+    with pytest.raises(ValueError, match="`lam` must be a finite, nonnegative"):
         rd.ImplicitDiffusion(g.pred, nodes, -1.0)
+
+    def field(lam):
+        return rd.ImplicitDiffusion(g.pred, nodes, lam).prior_field(jnp.ones(2))
+
+    for bad in [-1.0, jnp.inf]:
+        raises_eagerly_and_under_jit(
+            field, bad, match="`lam` must be a finite, nonnegative"
+        )
+    # beartype (active in this suite) or the library's own check
+    with pytest.raises((ValueError, TypeError), match="`lam` must be a scalar|'lam'"):
+        rd.ImplicitDiffusion(g.pred, nodes, jnp.ones(2))
     twisted = rd.ImplicitDiffusion(
         rd.NoisePredictor(
             rd.TimeMLP(2, hidden=4, key=jax.random.key(0), dtype=jnp.float64), SCHED

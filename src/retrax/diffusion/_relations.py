@@ -238,19 +238,19 @@ class ProductRelation(AbstractImplicitRelation):
             )
         if weights is None:
             weights = np.ones(len(relations))
-        weights = jnp.asarray(weights)
-        if weights.shape != (len(relations),):
+        if np.shape(weights) != (len(relations),):
             raise ValueError(
                 f"`weights` must hold one weight per relation ({len(relations)}),"
-                f" got shape {weights.shape}."
+                f" got shape {np.shape(weights)}."
             )
-        if not jnp.issubdtype(weights.dtype, jnp.inexact):
-            weights = weights.astype(jnp.result_type(float))
         weights = check_value(
             weights,
             lambda xp, v: ~(v >= 0) | ~xp.isfinite(v),
             "`weights` must be finite and nonnegative.",
         )
+        weights = jnp.asarray(weights)
+        if not jnp.issubdtype(weights.dtype, jnp.inexact):
+            weights = weights.astype(jnp.result_type(float))
         self.relations = relations
         self.weights = weights
 
