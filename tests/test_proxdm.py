@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import retrax.diffusion as rd
-from helpers import assert_close
+from helpers import assert_close, raises_eagerly_and_under_jit
 
 
 SCHED = rd.VPSDE()
@@ -233,6 +233,35 @@ def test_prox_infer_vmap_patterns_and_float32(getkey):
     )
     assert sol32.z.dtype == jnp.float32 and bool(sol32.converged)
     assert_close(sol32.z, sols.z[0], rtol=1e-4)
+
+
+def test_prox_value_checks_hold_under_jit():
+    # each check raises with the same message eagerly and with traced arguments
+    net = rd.ProxNetwork(ExactGaussianEps(), SCHED)
+    prox = rd.MixtureProx(rd.GaussianMixtureEps(SCHED, MU1[None], S1))
+    v, t = jnp.array([0.3, 0.7]), 0.2
+    x, eps = jnp.array([0.4, -0.8]), jnp.array([0.5, -1.5])
+    nonneg = "`lam` must be nonnegative and finite"
+    raises_eagerly_and_under_jit(lambda lam: net.prox(v, t, lam), -0.1, match=nonneg)
+    raises_eagerly_and_under_jit(
+        lambda lam: prox.prox(v, t, lam), jnp.nan, match=nonneg
+    )
+    raises_eagerly_and_under_jit(
+        lambda zeta: rd.proximal_matching_loss(net, eps, x, t, 0.4, zeta),
+        0.0,
+        match="`zeta` must be positive and finite",
+    )
+    mix = rd.MixtureProx(mixture())
+    raises_eagerly_and_under_jit(
+        lambda lam: rd.prox_infer(mix, Z0, RHO, 0.01, lam).z,
+        0.0,
+        match="`lam` must be positive and finite",
+    )
+    # `tol` and `t_start` are Python numbers (see their signatures)
+    with pytest.raises(ValueError, match="`tol` must be positive"):
+        rd.prox_infer(mix, Z0, RHO, 0.01, tol=-1e-6)
+    with pytest.raises(ValueError, match=r"`t_start` must lie in \(0, 1\]"):
+        rd.proxdm_sample(prox, jax.random.key(0), 2, steps=4, t_start=0.0)
 
 
 def test_prox_infer_bad_input():

@@ -8,7 +8,7 @@ import pytest
 from scipy.integrate import quad
 
 import retrax.diffusion as rd
-from helpers import assert_close
+from helpers import assert_close, raises_eagerly_and_under_jit
 
 
 SCHED = rd.VPSDE()
@@ -157,6 +157,35 @@ def test_float32_and_jit(getkey):
     assert sol.x.dtype == jnp.float32 and sol.path is None
     assert jnp.all(jnp.isfinite(sol.x))
     assert rd.regulariser_gradient(prior, cfg, sol.x, getkey()).dtype == jnp.float32
+
+
+def test_reddiff_checks_hold_under_jit(getkey):
+    # each check raises with the same message eagerly and with traced values
+    prior, grad, key = gaussian_prior(), LinearGaussianGrad(A, Y), getkey()
+    x = jnp.array([0.3, -0.1, 0.8])
+    raises_eagerly_and_under_jit(
+        lambda lam: rd.reddiff_weight(SCHED, 0.5, lam),
+        -0.1,
+        match=r"`lam` \(the regulariser strength\) must be nonnegative and finite",
+    )
+
+    def solve(lam, lr, t_max, b1, b2, eps):
+        cfg = rd.REDDiff(lam=lam, steps=3, lr=lr, t_max=t_max, b1=b1, b2=b2, eps=eps)
+        return rd.reddiff_solve(prior, cfg, x, grad, key=key).x
+
+    good = (0.25, 0.1, 1.0, 0.9, 0.999, 1e-8)
+    for i, bad, match in [
+        (0, jnp.nan, r"`lam` \(the regulariser strength\) must be nonnegative"),
+        (1, 0.0, "`lr` must be positive"),
+        (2, 1.5, r"`t_max` must lie in \(0, 1\]"),
+        (2, 1e-4, "`cfg.t_max` must exceed the schedule's `t_min`"),
+        (3, 1.0, r"Adam's `b1` must lie in \[0, 1\)"),
+        (4, -0.5, r"Adam's `b2` must lie in \[0, 1\)"),
+        (5, 0.0, "Adam's `eps` must be positive"),
+    ]:
+        args = good[:i] + (bad,) + good[i + 1 :]
+        raises_eagerly_and_under_jit(solve, *args, match=match)
+    assert_close(jax.jit(solve)(*good), solve(*good), rtol=1e-12)
 
 
 def test_bad_input(getkey):
