@@ -42,6 +42,34 @@ def raises_eagerly_and_under_jit(f, *args, match):
         jax.jit(f)(*args)
 
 
+def ring_radius(schedule, nodes, scale, radius=1.0):
+    r"""Where the implicit field of a ring of data puts its stable roots.
+
+    Data on a circle of radius `radius`, smoothed by Gaussians of standard
+    deviation `scale`: the spec's smoothing bias puts the mode of the data
+    smoothed to variance $v$ at $r = R - v/(2r)$ (the radial Gaussian profile
+    and the $-\tfrac12\log r$ of the polar measure), with
+    $v = s^2 + \sigma^2/\alpha^2$ for a noise-free node. A node with a noise
+    draw evaluates the predictor at $\alpha z + \sigma e$, which smooths once
+    more by $\sigma^2/\alpha^2$: $v_k = s^2 + 2\sigma_k^2/\alpha_k^2$. The field
+    sums the nodes' scores with weights $a_k = w_k\sigma_k^2/\alpha_k^2$, so its
+    root solves $\sum_k a_k ((r - R)/v_k + 1/(2r)) = 0$, i.e. the same rule
+    with the weighted harmonic mean $v = \sum_k a_k / \sum_k (a_k/v_k)$.
+    Neglected: terms of order $v^2/R^3$, the lumps of a ring made of finitely
+    many components, and the sampling error of finitely many noise draws.
+    """
+    t = np.asarray(nodes.t, np.float64)
+    alpha = np.asarray(schedule.alpha(jnp.asarray(t)), np.float64)
+    sigma = np.asarray(schedule.sigma(jnp.asarray(t)), np.float64)
+    u = sigma**2 / alpha**2
+    noisy = np.any(np.asarray(nodes.eps) != 0, axis=1)
+    v = scale**2 + np.where(noisy, 2.0, 1.0) * u
+    a = np.asarray(nodes.w, np.float64) * u
+    v_eff = np.sum(a) / np.sum(a / v)
+    # r = R - v / (2 r): the larger root of r^2 - R r + v / 2 = 0
+    return 0.5 * (radius + np.sqrt(radius**2 - 2 * v_eff))
+
+
 def naive_allpole(x, a, zi=None):
     """All-pole filter as a plain `lax.scan`, differentiated by JAX directly."""
     a = jnp.broadcast_to(a, x.shape + a.shape[-1:])
