@@ -119,10 +119,14 @@ def test_map_with_iterate_averaging(getkey):
     )
     err = jnp.max(jnp.abs(solve(averaged, keys) - ref), axis=1)
     assert jnp.all(err < 0.02), err
-    # The plain defaults (200 steps, last iterate): measured, not asserted;
-    # constant-step Adam jitters about the MAP at about the step size.
-    plain = jnp.max(jnp.abs(solve(rd.REDDiff(lam=lam), keys) - ref), axis=1)
-    print(f"RED-Diff max error, averaged {np.asarray(err)}, defaults {plain}")
+    # The plain defaults (200 steps, last iterate): constant-step Adam jitters
+    # about the MAP at about the step size (the spec: within ~0.1, not closer),
+    # which averaging removes. Over 32 runs the median error is 0.07.
+    cfg = rd.REDDiff(lam=lam)
+    plain = jnp.max(jnp.abs(solve(cfg, jax.random.split(getkey(), 32)) - ref), axis=1)
+    typical = float(jnp.median(plain))
+    assert 0.25 * cfg.lr < typical < cfg.lr, plain
+    assert float(jnp.max(err)) < typical
 
 
 def test_hard_clamps_hold_after_every_step(getkey):
