@@ -79,8 +79,20 @@ def test_calibrate_lambda_against_quad():
     with pytest.raises(ValueError, match="t_max"):
         rd.calibrate_lambda(SCHED, 0.3, t_max=SCHED.t_min)
     for bad in [0.0, -1.0, np.nan, np.inf]:
-        with pytest.raises(ValueError, match="v0"):
-            rd.calibrate_lambda(SCHED, bad)
+        raises_eagerly_and_under_jit(
+            lambda v0: rd.calibrate_lambda(SCHED, v0),
+            bad,
+            match="`v0` must be a positive finite scalar variance",
+        )
+
+    # a traced variance gives the same value, and a derivative
+    def calibrated(v0):
+        return rd.calibrate_lambda(SCHED, v0, t_max=0.1)
+
+    assert_close(jax.jit(calibrated)(0.3), ref, rtol=1e-12)
+    h = 1e-6
+    fd = (calibrated(0.3 + h) - calibrated(0.3 - h)) / (2 * h)
+    assert_close(jax.grad(calibrated)(0.3), fd, rtol=1e-8)
 
 
 @pytest.mark.parametrize("t_max", [1.0, 0.1])

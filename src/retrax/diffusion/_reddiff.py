@@ -382,9 +382,13 @@ def calibrate_lambda(
 
     $\lambda$, a scalar in JAX's default float dtype.
     """
-    v0 = np.asarray(v0, dtype=np.float64)
-    if v0.ndim != 0 or not np.isfinite(v0) or not v0 > 0:
-        raise ValueError(f"`v0` must be a positive finite scalar variance, got {v0}.")
+    if np.ndim(v0) != 0:
+        raise ValueError(f"`v0` must be a scalar variance, got shape {np.shape(v0)}.")
+    v0 = check_value(
+        v0,
+        lambda xp, v: ~(v > 0) | ~xp.isfinite(v),
+        "`v0` must be a positive finite scalar variance.",
+    )
     if not (isinstance(nodes, int) and nodes >= 2):
         raise ValueError(f"`nodes` must be an integer >= 2, got {nodes!r}.")
     t_min = float(schedule.t_min)
