@@ -139,6 +139,11 @@ def test_parameters_can_be_traced():
     ref = -float(VPSDE().alpha(0.5)) * 0.25 / 4
     assert_close(jax.jit(jax.grad(alpha))(20.0), ref, rtol=1e-12)
     assert isinstance(VPSDE().t_min, float)
+    # a batch of schedules: the check holds for each member
+    build = eqx.filter_vmap(lambda b: VPSDE(beta_min=b))
+    assert build(jnp.array([0.1, 0.2])).beta_min.shape == (2,)
+    with pytest.raises(Exception, match="`beta_min` must be positive and finite"):
+        build(jnp.array([0.1, -0.2]))
 
 
 def test_time_outside_unit_interval():
