@@ -62,6 +62,11 @@ def test_kde_bandwidth_errors():
         rd.kde_bandwidth(jnp.zeros((10, 2)), holdout=1.0)
     data = jax.random.normal(jax.random.key(0), (10, 2)).at[3, 1].set(jnp.nan)
     raises_eagerly_and_under_jit(rd.kde_bandwidth, data, match="`data` must be finite")
+    raises_eagerly_and_under_jit(
+        lambda c: rd.kde_bandwidth(jnp.nan_to_num(data), candidates=c),
+        jnp.array([0.1, -0.3]),
+        match="`candidates` must be positive, finite bandwidths",
+    )
 
 
 def reference_observe(means, weights, x, forget, radius, prune):

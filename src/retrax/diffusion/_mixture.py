@@ -312,6 +312,11 @@ def kde_bandwidth(
         cands = as_state("candidates", candidates).astype(data.dtype)
         if cands.ndim != 1 or cands.shape[0] == 0:
             raise ValueError("`candidates` must be a non-empty vector.")
+        cands = check_value(
+            cands,
+            lambda xp, v: ~(v > 0) | ~xp.isfinite(v),
+            "`candidates` must be positive, finite bandwidths.",
+        )
         return cands[jnp.argmax(score(cands))]
     scale = jnp.sqrt(jnp.mean(jnp.var(data, axis=0)))
     scale = jnp.where(scale > 0, scale, 1.0)
