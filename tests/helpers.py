@@ -1,8 +1,11 @@
 """Shared test utilities: comparisons, references and finite differences."""
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import jax.test_util  # noqa: F401  (explicit import: not loaded by `import jax`)
+import jaxtyping
 import numpy as np
 from jax import lax
 
@@ -73,3 +76,16 @@ def stable_poly(rng, order, radius=0.95, complex_=False):
         )
     coeffs = np.poly(poles)[1:]
     return coeffs if complex_ else coeffs.real
+
+
+@contextlib.contextmanager
+def without_typechecker():
+    """Turn off jaxtyping's runtime type checks (installed by the test suite's
+    import hook) so that a call meets the library's own argument checks, as it
+    does for a user: their messages are what a bad-input test must pin down."""
+    previous = jaxtyping.config.jaxtyping_disable
+    jaxtyping.config.update("jaxtyping_disable", True)
+    try:
+        yield
+    finally:
+        jaxtyping.config.update("jaxtyping_disable", previous)

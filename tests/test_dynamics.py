@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import assert_close, check_grads
+from helpers import assert_close, check_grads, without_typechecker
 from retrax.dynamics import (
     amp2db,
     avg,
@@ -157,5 +157,8 @@ def test_bad_input():
         limiter_gain(x, 3.0, 0.2, 0.05)
     with pytest.raises(eqx.EquinoxRuntimeError, match="coef"):
         avg(x, 0.0)
-    with pytest.raises((ValueError, TypeError), match="x"):
+    with (
+        without_typechecker(),
+        pytest.raises(ValueError, match="`x` must be one signal"),
+    ):
         limiter_gain(jnp.ones((2, 8)), -3.0, 0.2, 0.05)

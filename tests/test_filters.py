@@ -119,7 +119,7 @@ def test_svf_bad_input():
         svf(x, 4_000.0, 1.0, 8_000.0)
     with pytest.raises(eqx.EquinoxRuntimeError, match="cutoff"):
         svf(x, -3.0, 1.0, 8_000.0)
-    with pytest.raises(eqx.EquinoxRuntimeError, match="q"):
+    with pytest.raises(eqx.EquinoxRuntimeError, match="`q` must be positive"):
         svf(x, 1_000.0, 0.0, 8_000.0)
     with pytest.raises(eqx.EquinoxRuntimeError, match="non-finite"):
         svf(x.at[3].set(jnp.nan), 1_000.0, 1.0, 8_000.0)

@@ -13,7 +13,13 @@ import optimistix as optx
 import pytest
 import scipy.signal
 
-from helpers import assert_close, check_grads, naive_allpole, stable_poly
+from helpers import (
+    assert_close,
+    check_grads,
+    naive_allpole,
+    stable_poly,
+    without_typechecker,
+)
 from retrax.ops import allpole, linear_recurrence
 from retrax.ops._recurrence import recurrence
 
@@ -311,32 +317,47 @@ def test_root_find_through_allpole():
 
 
 def test_bad_input():
+    # The library's own checks, as a user meets them (without the test suite's
+    # jaxtyping hook, which would otherwise reject some shapes first).
     x = jnp.ones(10)
     a = jnp.asarray([0.1, 0.2])
     bad = (ValueError, TypeError)
-    with pytest.raises(bad, match="a"):
-        allpole(x, jnp.ones((9, 2)))  # mismatched length
-    with pytest.raises(bad, match="x"):
-        allpole(jnp.ones((2, 10)), a)  # wrong rank
-    with pytest.raises(bad, match="a"):
-        allpole(x, jnp.ones((10, 2, 1)))
-    with pytest.raises(bad, match="zi"):
-        allpole(x, a, jnp.ones(3))
-    with pytest.raises(TypeError, match="x"):
-        allpole(jnp.ones(10, jnp.int32), a)
-    with pytest.raises(TypeError, match="a"):
-        allpole(x, jnp.asarray([1, 2]))
-    with pytest.raises(bad, match="decay"):
-        linear_recurrence(jnp.ones(9), x)
-    with pytest.raises(bad, match="zi"):
-        linear_recurrence(0.5, x, jnp.ones(2))
+    with without_typechecker():
+        with pytest.raises(bad, match="`a` must have one row per sample of `x`"):
+            allpole(x, jnp.ones((9, 2)))  # mismatched length
+        with pytest.raises(bad, match=r"`x` must be one signal of shape \(time,\)"):
+            allpole(jnp.ones((2, 10)), a)  # wrong rank
+        with pytest.raises(bad, match=r"`a` must have shape \(order,\) or"):
+            allpole(x, jnp.ones((10, 2, 1)))
+        with pytest.raises(bad, match="`zi` must be the last 2 outputs"):
+            allpole(x, a, jnp.ones(3))
+        with pytest.raises(
+            TypeError, match="`x` must have a floating or complex dtype"
+        ):
+            allpole(jnp.ones(10, jnp.int32), a)
+        with pytest.raises(
+            TypeError, match="`a` must have a floating or complex dtype"
+        ):
+            allpole(x, jnp.asarray([1, 2]))
+        with pytest.raises(bad, match="`decay` must be a scalar or have the shape"):
+            linear_recurrence(jnp.ones(9), x)
+        with pytest.raises(bad, match="`zi` must be a scalar"):
+            linear_recurrence(0.5, x, jnp.ones(2))
 
 
 def test_unstable_filter_is_not_a_crash():
-    # Documented behaviour: the recursion grows, it does not raise.
-    y = allpole(jnp.ones(2000), jnp.asarray([-1.5]))
-    assert not bool(jnp.all(jnp.isfinite(y)))
-    assert float(y[10]) > 1.0
+    # Documented behaviour: the recursion grows, it does not raise. With
+    # y[t] = 1 + 1.5 y[t-1] the closed form is y[t] = 2 (1.5^(t+1) - 1): the
+    # values follow it while they are representable, then overflow to +inf
+    # (never NaN, never a wrapped or clipped number).
+    y = np.asarray(allpole(jnp.ones(2000), jnp.asarray([-1.5])))
+    t = np.arange(2000)
+    with np.errstate(over="ignore"):
+        exact = 2.0 * (1.5 ** (t + 1.0) - 1.0)
+    finite = np.isfinite(exact)
+    assert 100 < finite.sum() < 2000
+    assert_close(y[finite], exact[finite], rtol=1e-12)
+    assert np.all(y[~finite] == np.inf)
 
 
 def test_core_structures_agree():
@@ -370,4 +391,7 @@ def test_filter_inside_equinox_module():
     model = OnePole(jnp.asarray(0.5))
     x = jnp.ones(16)
     grads = eqx.filter_grad(lambda m: jnp.sum(m(x)))(model)
-    assert jnp.isfinite(grads.pole)
+    # y[t] = sum_{k<=t} p^k, so d sum(y) / dp = sum_t sum_{k<=t} k p^(k-1).
+    p, t = 0.5, np.arange(16)
+    exact = sum(np.sum(np.arange(1, n + 1) * p ** np.arange(n)) for n in t)
+    assert_close(grads.pole, exact)
