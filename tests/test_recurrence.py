@@ -18,7 +18,8 @@ from helpers import (
     check_grads,
     naive_allpole,
     stable_poly,
-    without_typechecker,
+    time_varying_allpole,
+    unchecked,
 )
 from retrax.ops import allpole, linear_recurrence
 from retrax.ops._recurrence import recurrence
@@ -38,8 +39,9 @@ def _random(rng, shape, dtype):
 def _time_varying(rng, length, order, dtype, radius=0.9):
     """Slowly varying stable coefficients: a different stable filter per sample."""
     complex_ = jnp.issubdtype(dtype, jnp.complexfloating)
-    rows = [stable_poly(rng, order, radius, complex_) for _ in range(length)]
-    return jnp.asarray(np.stack(rows), dtype)
+    return jnp.asarray(
+        time_varying_allpole(rng, length, order, radius, complex_), dtype
+    )
 
 
 # ---------------------------------------------------------------- values
@@ -322,27 +324,23 @@ def test_bad_input():
     x = jnp.ones(10)
     a = jnp.asarray([0.1, 0.2])
     bad = (ValueError, TypeError)
-    with without_typechecker():
-        with pytest.raises(bad, match="`a` must have one row per sample of `x`"):
-            allpole(x, jnp.ones((9, 2)))  # mismatched length
-        with pytest.raises(bad, match=r"`x` must be one signal of shape \(time,\)"):
-            allpole(jnp.ones((2, 10)), a)  # wrong rank
-        with pytest.raises(bad, match=r"`a` must have shape \(order,\) or"):
-            allpole(x, jnp.ones((10, 2, 1)))
-        with pytest.raises(bad, match="`zi` must be the last 2 outputs"):
-            allpole(x, a, jnp.ones(3))
-        with pytest.raises(
-            TypeError, match="`x` must have a floating or complex dtype"
-        ):
-            allpole(jnp.ones(10, jnp.int32), a)
-        with pytest.raises(
-            TypeError, match="`a` must have a floating or complex dtype"
-        ):
-            allpole(x, jnp.asarray([1, 2]))
-        with pytest.raises(bad, match="`decay` must be a scalar or have the shape"):
-            linear_recurrence(jnp.ones(9), x)
-        with pytest.raises(bad, match="`zi` must be a scalar"):
-            linear_recurrence(0.5, x, jnp.ones(2))
+    allpole_, linrec_ = unchecked(allpole), unchecked(linear_recurrence)
+    with pytest.raises(bad, match="`a` must have one row per sample of `x`"):
+        allpole_(x, jnp.ones((9, 2)))  # mismatched length
+    with pytest.raises(bad, match=r"`x` must be one signal of shape \(time,\)"):
+        allpole_(jnp.ones((2, 10)), a)  # wrong rank
+    with pytest.raises(bad, match=r"`a` must have shape \(order,\) or"):
+        allpole_(x, jnp.ones((10, 2, 1)))
+    with pytest.raises(bad, match="`zi` must be the last 2 outputs"):
+        allpole_(x, a, jnp.ones(3))
+    with pytest.raises(TypeError, match="`x` must have a floating or complex dtype"):
+        allpole_(jnp.ones(10, jnp.int32), a)
+    with pytest.raises(TypeError, match="`a` must have a floating or complex dtype"):
+        allpole_(x, jnp.asarray([1, 2]))
+    with pytest.raises(bad, match="`decay` must be a scalar or have the shape"):
+        linrec_(jnp.ones(9), x)
+    with pytest.raises(bad, match="`zi` must be a scalar"):
+        linrec_(0.5, x, jnp.ones(2))
 
 
 def test_unstable_filter_is_not_a_crash():
