@@ -168,3 +168,19 @@ def np_limiter_gain(x, threshold, at, rt):
     ceiling = 10 ** (threshold / 20)
     static = np.where(peak > ceiling, ceiling / np.maximum(peak, 1e-300), 1.0)
     return np_ballistics(static, at, rt, 1.0)
+
+
+def np_df2(b, a, x, zi):
+    """Direct form II over one delay line, a plain loop (`a` without the 1);
+    `b` and `a` constant or one row per sample. Returns `(y, final line)`."""
+    length = len(x)
+    b = np.broadcast_to(b, (length, b.shape[-1]))
+    a = np.broadcast_to(a, (length, a.shape[-1]))
+    line = list(zi)
+    y = np.zeros(length, np.result_type(b, a, x, zi))
+    for t in range(length):
+        w = x[t] - sum(a[t, k] * line[k] for k in range(a.shape[1]))
+        line = [w] + line
+        y[t] = sum(b[t, k] * line[k] for k in range(b.shape[1]))
+        line = line[: len(zi)]
+    return y, np.array(line)

@@ -63,10 +63,10 @@ def test_circle_mlp_smoke(capsys, tmp_path):
 
 @pytest.mark.slow
 def test_circle_mlp_reproduces_the_table(tmp_path):
-    """The full run answers the spec's three queries (y ~ 0.78, -0.77, 0.99: within
-    0.02, about the spread the radius band allows), converged and stable, with the radius 1-3%
-    inside the unit circle: the smoothing bias, which the spec states in whole
-    percent (so 0.96% counts as 1%)."""
+    """The full run answers the spec's three queries (y ~ 0.78, -0.77, 0.99:
+    within 0.02, about the spread the radius band allows), converged and
+    stable, with the radius 1-3% inside the unit circle: the smoothing bias,
+    which the spec states in whole percent (so 0.96% counts as 1%)."""
     result = load_example("circle_mlp.py").main(plot_path=str(tmp_path / "c.png"))
     for row, expected in zip(result["rows"], (0.78, -0.77, 0.99), strict=True):
         assert row["converged"] and row["stable"], row
