@@ -88,7 +88,7 @@ def main(smoke: bool = False, plot_path: str | None = None, seed: int = 0) -> di
     jax.config.update("jax_enable_x64", True)
     key = jax.random.key(seed)
     k_data, k_model, k_fit, k_nodes = jax.random.split(key, 4)
-    steps = 300 if smoke else 6000
+    steps = 2000 if smoke else 6000
 
     # --8<-- [start:train]
     # Train in float32, as one jitted scan per chunk of steps. Adam's last

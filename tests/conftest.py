@@ -5,7 +5,12 @@ import jax
 import pytest
 
 
-jax.config.update("jax_enable_x64", True)
+# The float32 session (`RETRAX_TEST_FLOAT32=1`) keeps JAX's default precision,
+# the users' default, and runs only the tests marked `float32`; the default
+# session enables x64 and deselects them.
+FLOAT32_SESSION = os.environ.get("RETRAX_TEST_FLOAT32", "0") == "1"
+if not FLOAT32_SESSION:
+    jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update(
     "jax_compilation_cache_dir",
@@ -14,6 +19,24 @@ jax.config.update(
     ),
 )
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "float32: runs only in the float32 session (RETRAX_TEST_FLOAT32=1), "
+        "where x64 is off",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    keep, drop = [], []
+    for item in items:
+        in_session = (item.get_closest_marker("float32") is not None) == FLOAT32_SESSION
+        (keep if in_session else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(autouse=True, scope="module")

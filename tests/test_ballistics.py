@@ -3,30 +3,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import assert_close, check_grads
+from helpers import assert_close, check_grads, np_ballistics, unchecked
 from retrax import _native
 from retrax.ops import ballistics, linear_recurrence
 from retrax.ops._ballistics import _switched_kernel, _switched_loop
-
-
-def unchecked(f):
-    """`f` without the test suite's runtime type checker, as users call it."""
-    while hasattr(f, "__wrapped__"):
-        f = f.__wrapped__
-    return f
-
-
-def np_ballistics(x, at, rt, zi):
-    """torchcomp's compressor_core as a plain loop."""
-    at = np.broadcast_to(at, x.shape)
-    rt = np.broadcast_to(rt, x.shape)
-    y = np.zeros_like(x)
-    prev = zi
-    for t in range(len(x)):
-        c = at[t] if x[t] < prev else rt[t]
-        prev = (1 - c) * prev + c * x[t]
-        y[t] = prev
-    return y
 
 
 def _one_pole(decay, drive, zi):

@@ -8,7 +8,7 @@ import optax
 import pytest
 import scipy.signal
 
-from helpers import assert_close, check_grads
+from helpers import assert_close, check_grads, naive_allpole, np_svf
 from retrax.filters import SVF, Biquad, Compressor, ParametricEQ, StateSpaceFilter, svf
 from retrax.filters._eq import rbj_section
 
@@ -16,47 +16,17 @@ from retrax.filters._eq import rbj_section
 MODES = ["lowpass", "bandpass", "highpass", "notch", "allpass", "peak"]
 
 
-def _tpt_loop(x, cutoff, q, sr, mode, zi=(0.0, 0.0)):
-    """Cytomic's SVF equations, sample by sample, in numpy."""
-    n = len(x)
-    cutoff = np.broadcast_to(np.asarray(cutoff, float), n)
-    q = np.broadcast_to(np.asarray(q, float), n)
-    ic1, ic2 = zi
-    out = np.empty(n)
-    for t in range(n):
-        g = np.tan(np.pi * cutoff[t] / sr)
-        k = 1 / q[t]
-        a1 = 1 / (1 + g * (g + k))
-        a2 = g * a1
-        a3 = g * a2
-        v0 = x[t]
-        v3 = v0 - ic2
-        v1 = a1 * ic1 + a2 * v3
-        v2 = ic2 + a2 * ic1 + a3 * v3
-        ic1, ic2 = 2 * v1 - ic1, 2 * v2 - ic2
-        low, band, high = v2, v1, v0 - k * v1 - v2
-        out[t] = {
-            "lowpass": low,
-            "bandpass": band,
-            "highpass": high,
-            "notch": low + high,
-            "allpass": low + high - k * band,
-            "peak": low - high,
-        }[mode]
-    return out, np.asarray([ic1, ic2])
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_svf_matches_tpt_equations(mode):
     rng = np.random.default_rng(0)
     x = rng.standard_normal(300)
     y = svf(jnp.asarray(x), 1200.0, 2.0, 16_000.0, mode)
-    assert_close(y, _tpt_loop(x, 1200.0, 2.0, 16_000.0, mode)[0])
+    assert_close(y, np_svf(x, 1200.0, 2.0, 16_000.0, mode)[0])
     # Modulated cutoff and resonance.
     cutoff = 300 + 3000 * (1 + np.sin(np.linspace(0, 6, 300))) / 2
     q = np.linspace(0.5, 8.0, 300)
     y = svf(jnp.asarray(x), jnp.asarray(cutoff), jnp.asarray(q), 16_000.0, mode)
-    assert_close(y, _tpt_loop(x, cutoff, q, 16_000.0, mode)[0])
+    assert_close(y, np_svf(x, cutoff, q, 16_000.0, mode)[0])
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -87,7 +57,7 @@ def test_svf_response_is_prewarped_bilinear_transform(mode):
 def test_svf_streaming_and_state():
     rng = np.random.default_rng(1)
     x = rng.standard_normal(100)
-    y_ref, zf_ref = _tpt_loop(x, 800.0, 0.9, 8_000.0, "bandpass", zi=(0.3, -0.2))
+    y_ref, zf_ref = np_svf(x, 800.0, 0.9, 8_000.0, "bandpass", zi=(0.3, -0.2))
     zi = jnp.asarray([0.3, -0.2])
     y1, z = svf(
         jnp.asarray(x[:40]), 800.0, 0.9, 8_000.0, "bandpass", zi, return_zf=True
@@ -119,7 +89,7 @@ def test_svf_bad_input():
         svf(x, 4_000.0, 1.0, 8_000.0)
     with pytest.raises(eqx.EquinoxRuntimeError, match="cutoff"):
         svf(x, -3.0, 1.0, 8_000.0)
-    with pytest.raises(eqx.EquinoxRuntimeError, match="q"):
+    with pytest.raises(eqx.EquinoxRuntimeError, match="`q` must be positive"):
         svf(x, 1_000.0, 0.0, 8_000.0)
     with pytest.raises(eqx.EquinoxRuntimeError, match="non-finite"):
         svf(x.at[3].set(jnp.nan), 1_000.0, 1.0, 8_000.0)
@@ -207,8 +177,41 @@ def test_compressor_and_state_space_modules(getkey):
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
     ssf = StateSpaceFilter(4, getkey())
     y = ssf(x)
-    assert y.dtype == x.dtype and y.shape == x.shape
+    assert y.dtype == x.dtype
+    # Each conjugate pair is the real second-order section
+    # 2 Re(c b z^-1 / (1 - p z^-1)), plus the direct term d x.
+    ref = float(ssf.d) * np.asarray(x)
+    for p, b, c in zip(np.asarray(ssf.poles), ssf.b, ssf.c, strict=True):
+        cb = complex(c[0], c[1]) * complex(b[0], b[1])
+        num = [0.0, 2 * cb.real, -2 * (cb * np.conj(p)).real]
+        den = [1.0, -2 * p.real, abs(p) ** 2]
+        ref = ref + scipy.signal.lfilter(num, den, np.asarray(x))
+    assert_close(y, ref, rtol=1e-12)
     assert bool(jnp.all(jnp.abs(ssf.poles) < 1))
+
+    # Its parameter gradients equal those of the same sections written as a
+    # plain scan and a convolution, differentiated by JAX.
+    def sections(m, x):
+        p = m.poles
+        cb = jax.lax.complex(m.c[:, 0], m.c[:, 1]) * jax.lax.complex(
+            m.b[:, 0], m.b[:, 1]
+        )
+        out = m.d * x
+        for j in range(p.shape[0]):
+            den = jnp.stack([-2 * jnp.real(p[j]), jnp.abs(p[j]) ** 2])
+            num = jnp.stack(
+                [2 * jnp.real(cb[j]), -2 * jnp.real(cb[j] * jnp.conj(p[j]))]
+            )
+            w = jnp.convolve(naive_allpole(x, den), num)[: x.shape[0] - 1]
+            out = out + jnp.concatenate([jnp.zeros(1, w.dtype), w])  # the z^-1
+        return out
+
+    grads = eqx.filter_grad(lambda m: jnp.sum(jnp.sin(m(x))))(ssf)
+    ref = eqx.filter_jit(eqx.filter_grad(lambda m: jnp.sum(jnp.sin(sections(m, x)))))(
+        ssf
+    )
+    for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref), strict=True):
+        assert_close(g, r, rtol=1e-10)
     y32 = jax.jit(jax.vmap(ssf))(jnp.ones((2, 32), jnp.float32))
     assert y32.dtype == jnp.float32
 

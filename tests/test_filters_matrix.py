@@ -1,4 +1,5 @@
-"""Every filter op under jit, vmap, grad and jvp in every supported dtype.
+"""Every filter op under jit, vmap, grad and jvp in every supported dtype,
+against an independent float64 (complex128) reference: scipy or a plain loop.
 
 The exhaustive matrix is slow (one compilation per cell): run with `-m slow`.
 """
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.signal as ss
 
-from helpers import assert_close
+from helpers import assert_close, np_ballistics, np_df2, np_state_space
 from retrax.ops import (
     ballistics,
     diag_state_space,
@@ -61,16 +62,44 @@ def _cases(rng):
 CASES = _cases(np.random.default_rng(0))
 
 
+def _fir_reference(b, x):
+    b = np.broadcast_to(b, (len(x), b.shape[-1]))
+    past = np.concatenate([np.zeros(b.shape[-1] - 1, x.dtype), x])
+    return np.asarray(
+        [b[t] @ past[t + b.shape[-1] - 1 :: -1][: b.shape[-1]] for t in range(len(x))]
+    )
+
+
+def _ss_reference(A, B, C, D, x):
+    return np_state_space(A, B, C, D, x, np.zeros(A.shape[-1], x.dtype))[0]
+
+
+# The reference of each case, from its float64 (complex128) arguments.
+REFERENCES = {
+    "fir": _fir_reference,
+    "fir_tv": _fir_reference,
+    "lfilter": lambda b, a, x: ss.lfilter(b, [1.0, *a], x),
+    "lfilter_tv": lambda b, a, x: np_df2(b, a, x, np.zeros(2, x.dtype))[0],
+    "lfilter_tdf2": lambda b, a, x: ss.lfilter(b, [1.0, *a], x),
+    "filtfilt": lambda b, a, x: ss.filtfilt(b, [1.0, *a], x, padlen=3),
+    "sosfilt": ss.sosfilt,
+    "state_space": _ss_reference,
+    "diag_state_space": lambda a, B, C, D, x: _ss_reference(np.diag(a), B, C, D, x),
+    "ballistics": lambda x, at, rt: np_ballistics(x, at, rt, 0.0),
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("dtype", REAL + COMPLEX, ids=lambda d: jnp.dtype(d).name)
 def test_transforms(case, dtype):
-    _, op, args, dtypes = case
+    name, op, args, dtypes = case
     if dtype not in dtypes:
         pytest.skip("not a supported dtype for this op")
     args = tuple(jnp.asarray(v).astype(dtype) for v in args)
     tol = 1e-4 if jnp.finfo(dtype).bits <= 32 else 1e-12
-    ref = np.asarray(op(*(v.astype(_wide(dtype)) for v in args)))
+    wide = np.complex128 if jnp.issubdtype(dtype, jnp.complexfloating) else np.float64
+    ref = REFERENCES[name](*(np.asarray(v).astype(wide) for v in args))
     y = jax.jit(op)(*args)
     assert y.dtype == dtype
     assert_close(y, ref, rtol=tol)
@@ -86,7 +115,3 @@ def test_transforms(case, dtype):
     total = sum(jnp.sum(jnp.real(g)) for g in grads)
     # JAX convention: d loss[v + s t] / ds = Re <grad, t> for real tangents t
     assert_close(dloss, total, rtol=10 * tol)
-
-
-def _wide(dtype):
-    return jnp.complex128 if jnp.issubdtype(dtype, jnp.complexfloating) else jnp.float64

@@ -133,7 +133,7 @@ def test_lfilter_time_varying_matches_loop():
 @pytest.mark.parametrize("time_varying", [False, True])
 def test_lfilter_streaming(form, time_varying):
     if form == "tdf2" and time_varying:
-        return
+        pytest.skip("form='tdf2' takes constant coefficients only")
     rng = np.random.default_rng(3)
     length = 30
     if time_varying:

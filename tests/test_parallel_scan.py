@@ -5,15 +5,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import assert_close, check_grads, naive_allpole, stable_poly
+from helpers import (
+    assert_close,
+    check_grads,
+    naive_allpole,
+    stable_poly,
+    time_varying_allpole,
+)
 from retrax.ops import allpole, linear_recurrence
 from retrax.ops._recurrence import recurrence
-
-
-def _time_varying_allpole(rng, length, order, radius=0.9):
-    return jnp.asarray(
-        np.stack([stable_poly(rng, order, radius) for _ in range(length)])
-    )
 
 
 def _dense_transitions(rng, shape, n):
@@ -28,7 +28,7 @@ def _coeffs(rng, structure, length, constant, n=3, radius=0.95):
     if structure == "allpole":
         if constant:
             return jnp.asarray(stable_poly(rng, n, radius))
-        return _time_varying_allpole(rng, length, n, min(radius, 0.9))
+        return jnp.asarray(time_varying_allpole(rng, length, n, min(radius, 0.9)))
     if structure == "diagonal":
         return jnp.asarray(rng.uniform(-0.95, 0.95, shape + (n,)))
     return _dense_transitions(rng, shape, n)
@@ -66,7 +66,7 @@ def test_allpole_method_with_zi_and_zf(order, constant):
     a = (
         jnp.asarray(stable_poly(rng, order, 0.95))
         if constant
-        else _time_varying_allpole(rng, length, order)
+        else jnp.asarray(time_varying_allpole(rng, length, order))
     )
     zi = jnp.asarray(rng.standard_normal(order))
     y_seq, zf_seq = allpole(x, a, zi, return_zf=True)
@@ -148,7 +148,7 @@ def test_associative_gradients_equal_sequential():
     rng = np.random.default_rng(7)
     length, order = 200, 3
     x = jnp.asarray(rng.standard_normal(length))
-    a = _time_varying_allpole(rng, length, order)
+    a = jnp.asarray(time_varying_allpole(rng, length, order))
     zi = jnp.asarray(rng.standard_normal(order))
     w = jnp.asarray(rng.standard_normal(length))
 
@@ -166,7 +166,7 @@ def test_tangent_uses_the_same_method():
     # scan: the gradient's jaxpr holds no `scan` at all.
     rng = np.random.default_rng(8)
     x = jnp.asarray(rng.standard_normal(64))
-    a = _time_varying_allpole(rng, 64, 2)
+    a = jnp.asarray(time_varying_allpole(rng, 64, 2))
 
     def loss(x, a):
         return jnp.sum(allpole(x, a, method="associative") ** 2)

@@ -1,5 +1,7 @@
 """The recurrence core and the ops built directly on it: allpole, linear_recurrence."""
 
+import contextlib
+import io
 import re
 
 import equinox as eqx
@@ -13,9 +15,26 @@ import optimistix as optx
 import pytest
 import scipy.signal
 
-from helpers import assert_close, check_grads, naive_allpole, stable_poly
-from retrax.ops import allpole, linear_recurrence
+from helpers import (
+    assert_close,
+    check_grads,
+    naive_allpole,
+    np_ballistics,
+    stable_poly,
+    time_varying_allpole,
+    unchecked,
+)
+from retrax.ops import (
+    allpole,
+    ballistics,
+    diag_state_space,
+    lfilter,
+    linear_recurrence,
+    sosfilt,
+    state_space,
+)
 from retrax.ops._recurrence import recurrence
+from retrax.ops._state_space import chunk_length
 
 
 REAL = (jnp.float32, jnp.float64)
@@ -32,8 +51,9 @@ def _random(rng, shape, dtype):
 def _time_varying(rng, length, order, dtype, radius=0.9):
     """Slowly varying stable coefficients: a different stable filter per sample."""
     complex_ = jnp.issubdtype(dtype, jnp.complexfloating)
-    rows = [stable_poly(rng, order, radius, complex_) for _ in range(length)]
-    return jnp.asarray(np.stack(rows), dtype)
+    return jnp.asarray(
+        time_varying_allpole(rng, length, order, radius, complex_), dtype
+    )
 
 
 # ---------------------------------------------------------------- values
@@ -267,6 +287,140 @@ def test_saved_residuals_are_inputs_output_and_lags(capsys):
     assert sum(int(np.prod(s)) for s in shapes) <= 3 * length + 2 * length * order + 8
 
 
+def _recurrences(jaxpr):
+    """The time recursions of a program, as their `reverse` flags: every scan,
+    and the compiled kernel (`ffi_call`, forward). The branches of a `cond`
+    that picks one implementation per platform count once."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            found.append(eqn.params["reverse"])
+        elif eqn.primitive.name == "ffi_call":
+            found.append(False)
+        subs = [
+            _recurrences(sub) for sub in jax.extend.core.jaxprs_in_params(eqn.params)
+        ]
+        if eqn.primitive.name == "cond":
+            branches = [b for b in subs if b]
+            assert all(b == branches[0] for b in branches), branches
+            found.extend(branches[0] if branches else [])
+        else:
+            for sub in subs:
+                found.extend(sub)
+    return found
+
+
+def _residual_shapes(f, *args):
+    """The shapes of what reverse mode keeps from the forward pass."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        jax.ad_checkpoint.print_saved_residuals(f, *args)
+    shapes = []
+    for line in out.getvalue().splitlines():
+        match = re.match(r"\s*\w+\[([\d,]*)\]", line)
+        assert match, line
+        shapes.append(tuple(int(d) for d in match.group(1).split(",") if d))
+    return shapes
+
+
+def _lfilter(b, a, x):
+    # `b` and `a` without the leading 1 (the time-first, direct form II call).
+    return lfilter(b, a, x)
+
+
+def _adjoint_cases(length=100):
+    rng = np.random.default_rng(11)
+    x = jnp.asarray(rng.standard_normal(length))
+    sos = jnp.asarray(scipy.signal.butter(4, 0.3, output="sos"))  # 2 sections
+    b, a = scipy.signal.butter(2, 0.3)
+    xm = jnp.asarray(rng.standard_normal((length, 2)))
+    B, C, D = (jnp.asarray(rng.standard_normal(s)) for s in ((3, 2), (2, 3), (2, 2)))
+    decay = jnp.asarray(rng.uniform(-0.9, 0.9, 3))
+    xb = jnp.asarray(away_from_ties(rng, length))
+    # (name, op, args, recursions each way, state size, residual shapes allowed)
+    n = length
+    return [
+        ("lfilter", _lfilter, (jnp.asarray(b), jnp.asarray(a[1:]), x), 1, 2,
+         {(n,), (n, 2), (2,), ()}),
+        ("sosfilt", sosfilt, (sos, x), 2, 2, {(n,), (n, 2), (2,), ()}),
+        ("diag_state_space", diag_state_space, (decay, B, C, D, xm), 1, 3,
+         {(n, 2), (n, 3), (1, 3), (3,), (2, 3), (3, 2), (2, 2)}),
+        ("ballistics", ballistics, (xb, jnp.asarray(0.4), jnp.asarray(0.1)), 1, 1,
+         {(n,), (n, 1), (1,), ()}),
+    ]  # fmt: skip
+
+
+def away_from_ties(rng, length):
+    """A level none of whose attack/release decisions is near a tie."""
+    while True:
+        x = rng.uniform(0.0, 2.0, length)
+        prev = np.r_[0.0, np_ballistics(x, 0.4, 0.1, 0.0)[:-1]]
+        if np.min(np.abs(x - prev)) > 1e-3:
+            return x
+
+
+@pytest.mark.parametrize("case", _adjoint_cases(), ids=lambda c: c[0])
+def test_reverse_pass_is_the_adjoint_filter_for_every_op(case):
+    # As for `allpole`: the gradient runs one recursion forward (scan or the
+    # compiled kernel) and its adjoint backward in time, per section, each
+    # carrying only the state; reverse mode keeps O(T x state) numbers (the
+    # lags, the per-sample coefficients, the inputs), no history of carries.
+    _, op, args, per_way, n_state, allowed = case
+    length = 100
+
+    def loss(*v):
+        return jnp.sum(jnp.sin(op(*v)))
+
+    argnums = tuple(range(len(args)))
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=argnums))(*args).jaxpr
+    assert sorted(_recurrences(jaxpr)) == [False] * per_way + [True] * per_way
+    for eqn in _scans(jaxpr):
+        carry = eqn.params["jaxpr"].in_avals[: eqn.params["num_carry"]]
+        assert sum(int(np.prod(v.shape)) for v in carry) <= n_state
+    shapes = _residual_shapes(loss, *args)
+    for shape in shapes:
+        assert shape in allowed, (shape, shapes)
+    bound = (4 * n_state * per_way + 2) * length
+    assert sum(int(np.prod(s)) for s in shapes) <= bound, shapes
+
+
+def test_state_space_recomputes_blocks_within_its_memory_bound():
+    # Past one block (`chunk_length` samples), `state_space` stores only the
+    # state at each block's start and recomputes the block's states before
+    # its adjoint: the saved numbers grow with T x inputs (the signal) and
+    # T / block x state, never with T x state.
+    n_state, length = 8, 8 * chunk_length(8)
+    rng = np.random.default_rng(12)
+    A = jnp.asarray(0.5 * np.eye(n_state) + 0.05 * rng.standard_normal((8, 8)))
+    B, C = (
+        jnp.asarray(rng.standard_normal((8, 1))),
+        jnp.asarray(rng.standard_normal((1, 8))),
+    )
+    x = jnp.asarray(rng.standard_normal((length, 1)))
+
+    def loss(A, B, C, x):
+        return jnp.sum(jnp.sin(state_space(A, B, C, None, x)))
+
+    shapes = _residual_shapes(loss, A, B, C, x)
+    total = sum(int(np.prod(s)) for s in shapes)
+    # the signal, its sine's cosine, the maps, and 8 block-start states
+    assert total <= 3 * length + 4 * n_state**2 + 8 * n_state, shapes
+    assert total < length * n_state / 2, shapes
+    # a single block (short signal) keeps its states: the plain adjoint
+    short = _residual_shapes(loss, A, B, C, x[:100])
+    assert (100, n_state) in short
+    # and the blocked gradient equals the gradient of one plain recursion
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(A, B, C, x)
+
+    def plain(A, B, C, x):
+        h = jax.lax.scan(lambda h, u: (A @ h + B @ u, h), jnp.zeros(n_state), x)[1]
+        return jnp.sum(jnp.sin(h @ C.T))
+
+    ref = jax.jit(jax.grad(plain, argnums=(0, 1, 2)))(A, B, C, x)
+    for g, r in zip(grads, ref, strict=True):
+        assert_close(g, r, rtol=1e-10)
+
+
 def test_root_find_through_allpole():
     # Find the constant coefficient whose filtered step response ends at 2.
     x = jnp.ones(32)
@@ -311,32 +465,43 @@ def test_root_find_through_allpole():
 
 
 def test_bad_input():
+    # The library's own checks, as a user meets them (without the test suite's
+    # jaxtyping hook, which would otherwise reject some shapes first).
     x = jnp.ones(10)
     a = jnp.asarray([0.1, 0.2])
     bad = (ValueError, TypeError)
-    with pytest.raises(bad, match="a"):
-        allpole(x, jnp.ones((9, 2)))  # mismatched length
-    with pytest.raises(bad, match="x"):
-        allpole(jnp.ones((2, 10)), a)  # wrong rank
-    with pytest.raises(bad, match="a"):
-        allpole(x, jnp.ones((10, 2, 1)))
-    with pytest.raises(bad, match="zi"):
-        allpole(x, a, jnp.ones(3))
-    with pytest.raises(TypeError, match="x"):
-        allpole(jnp.ones(10, jnp.int32), a)
-    with pytest.raises(TypeError, match="a"):
-        allpole(x, jnp.asarray([1, 2]))
-    with pytest.raises(bad, match="decay"):
-        linear_recurrence(jnp.ones(9), x)
-    with pytest.raises(bad, match="zi"):
-        linear_recurrence(0.5, x, jnp.ones(2))
+    allpole_, linrec_ = unchecked(allpole), unchecked(linear_recurrence)
+    with pytest.raises(bad, match="`a` must have one row per sample of `x`"):
+        allpole_(x, jnp.ones((9, 2)))  # mismatched length
+    with pytest.raises(bad, match=r"`x` must be one signal of shape \(time,\)"):
+        allpole_(jnp.ones((2, 10)), a)  # wrong rank
+    with pytest.raises(bad, match=r"`a` must have shape \(order,\) or"):
+        allpole_(x, jnp.ones((10, 2, 1)))
+    with pytest.raises(bad, match="`zi` must be the last 2 outputs"):
+        allpole_(x, a, jnp.ones(3))
+    with pytest.raises(TypeError, match="`x` must have a floating or complex dtype"):
+        allpole_(jnp.ones(10, jnp.int32), a)
+    with pytest.raises(TypeError, match="`a` must have a floating or complex dtype"):
+        allpole_(x, jnp.asarray([1, 2]))
+    with pytest.raises(bad, match="`decay` must be a scalar or have the shape"):
+        linrec_(jnp.ones(9), x)
+    with pytest.raises(bad, match="`zi` must be a scalar"):
+        linrec_(0.5, x, jnp.ones(2))
 
 
 def test_unstable_filter_is_not_a_crash():
-    # Documented behaviour: the recursion grows, it does not raise.
-    y = allpole(jnp.ones(2000), jnp.asarray([-1.5]))
-    assert not bool(jnp.all(jnp.isfinite(y)))
-    assert float(y[10]) > 1.0
+    # Documented behaviour: the recursion grows, it does not raise. With
+    # y[t] = 1 + 1.5 y[t-1] the closed form is y[t] = 2 (1.5^(t+1) - 1): the
+    # values follow it while they are representable, then overflow to +inf
+    # (never NaN, never a wrapped or clipped number).
+    y = np.asarray(allpole(jnp.ones(2000), jnp.asarray([-1.5])))
+    t = np.arange(2000)
+    with np.errstate(over="ignore"):
+        exact = 2.0 * (1.5 ** (t + 1.0) - 1.0)
+    finite = np.isfinite(exact)
+    assert 100 < finite.sum() < 2000
+    assert_close(y[finite], exact[finite], rtol=1e-12)
+    assert np.all(y[~finite] == np.inf)
 
 
 def test_core_structures_agree():
@@ -370,4 +535,7 @@ def test_filter_inside_equinox_module():
     model = OnePole(jnp.asarray(0.5))
     x = jnp.ones(16)
     grads = eqx.filter_grad(lambda m: jnp.sum(m(x)))(model)
-    assert jnp.isfinite(grads.pole)
+    # y[t] = sum_{k<=t} p^k, so d sum(y) / dp = sum_t sum_{k<=t} k p^(k-1).
+    p, t = 0.5, np.arange(16)
+    exact = sum(np.sum(np.arange(1, n + 1) * p ** np.arange(n)) for n in t)
+    assert_close(grads.pole, exact)

@@ -6,15 +6,8 @@ import numpy as np
 import pytest
 import scipy.signal as ss
 
-from helpers import assert_close, check_grads, stable_poly
+from helpers import assert_close, check_grads, stable_poly, unchecked
 from retrax.ops import filtfilt, freqz, sosfilt, sosfreqz
-
-
-def unchecked(f):
-    """`f` without the test suite's runtime type checker, as users call it."""
-    while hasattr(f, "__wrapped__"):
-        f = f.__wrapped__
-    return f
 
 
 def designs():

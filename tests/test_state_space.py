@@ -3,30 +3,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import assert_close, check_grads, stable_poly
+from helpers import assert_close, check_grads, np_state_space, stable_poly, unchecked
 from retrax.ops import allpole, diag_state_space, lfilter, state_space
-
-
-def unchecked(f):
-    """`f` without the test suite's runtime type checker, as users call it."""
-    while hasattr(f, "__wrapped__"):
-        f = f.__wrapped__
-    return f
-
-
-def np_state_space(A, B, C, D, x, zi):
-    """h[n+1] = A h[n] + B x[n], y[n] = C h[n] + D x[n], a plain loop."""
-    length = x.shape[0]
-    per = lambda m: (lambda n: m[n]) if m.ndim == 3 else (lambda n: m)
-    A_, B_, C_ = per(A), per(B), per(C)
-    D_ = None if D is None else per(D)
-    h = np.array(zi)
-    ys = []
-    for n in range(length):
-        y = C_(n) @ h + (0 if D is None else D_(n) @ x[n])
-        ys.append(y)
-        h = A_(n) @ h + B_(n) @ x[n]
-    return np.stack(ys), h
 
 
 def random_system(rng, n_state, n_in, n_out, length=None, complex_=False):

@@ -120,7 +120,8 @@ class StateSpaceFilter(eqx.Module):
     `n_modes` complex-conjugate pole pairs $p_j = r_j e^{i\\theta_j}$ with
     $r_j = r_{\\max}\\,\\sigma(\\rho_j)$, so the filter is stable for every
     parameter value, and complex input and output weights; the output is
-    $y = \\mathrm{Re} \\sum_j c_j h_j + d\\,x$ with $h_{t+1} = p \\odot h_t + b\\,x_t$
+    $y = 2\\,\\mathrm{Re} \\sum_j c_j h_j + d\\,x$ with
+    $h_{t+1} = p \\odot h_t + b\\,x_t$
     (`diag_state_space`), which equals a real system of order `2 n_modes`.
     All parameters are stored as real arrays (real and imaginary parts kept
     apart), so optax treats them as ordinary real leaves.

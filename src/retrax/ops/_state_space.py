@@ -155,9 +155,14 @@ def state_space(
     parameter-varying), read from its rank. The state recursion runs on
     retrax's recurrence core with the dense structure, so reverse mode is the
     adjoint system run backwards in time,
-    $\lambda_n = C_n^\top g_n + A_n^\top \lambda_{n+1}$, storing only the
-    maps and the states. Cost $O(T N^2)$ per signal; for a diagonalisable
-    $A$ use `diag_state_space`, $O(T N)$.
+    $\lambda_n = C_n^\top g_n + A_n^\top \lambda_{n+1}$. Memory: a signal
+    shorter than two blocks ($L$ = 64 to 1024 samples, fewer for larger $N$)
+    keeps its $T \times N$ states for the adjoint; a longer one runs in blocks
+    and keeps only the state at each block's start, recomputing a block's
+    states just before its adjoint: $O(T N / L + L N)$ saved numbers besides
+    the inputs, for one extra forward pass. Cost $O(T N^2)$ per signal; for a
+    diagonalisable $A$ use `diag_state_space`, $O(T N)$, which stores and
+    recomputes the same way.
 
     **Arguments:**
 
