@@ -196,7 +196,6 @@ def implicit_infer(
         matrix_free,
         adjoint_solver,
         throw,
-        True,
         symmetric,
     )
 
@@ -211,7 +210,6 @@ def _infer(
     matrix_free,
     adjoint_solver,
     throw,
-    poison,
     symmetric=None,
 ):
     z0, rho, z_init = _check_query(model, z0, rho, z_init)
@@ -241,7 +239,7 @@ def _infer(
         _solver(tol, matrix_free, dtype),
         y0,
         args=(model, z0, rho),
-        options={"fixed": clamped},
+        options={"fixed": clamped, "keep_last": True},
         max_steps=max_steps,
         adjoint=optx.ImplicitAdjoint(linear_solver=adjoint_solver),
         throw=False,
@@ -257,12 +255,12 @@ def _infer(
             converged & ~stable, RESULTS.unstable_root, RESULTS.promote(sol.result)
         ),
     )
-    if poison:
-        z = _never_silent(sol.value, (model, z0, rho), converged)
-    else:
-        one = jnp.where(converged, jnp.ones((), dtype), jnp.zeros((), dtype))
-        z = _gate(sol.value, one)
-    residual = jnp.where(clamped, jnp.zeros((), dtype), state.f)
+    z = _never_silent(sol.value, (model, z0, rho), converged)
+    # Recomputed from the answer rather than read off the solver's state (whose
+    # tangent is zero): a function of `z`, `z0`, `rho` and the model, so its
+    # derivatives are those of the residual at the answer.
+    residual = model.implicit_residual(z, z0, rho)
+    residual = jnp.where(clamped, jnp.zeros((), dtype), residual)
     out = ImplicitSolution(
         z=z,
         residual=residual,
@@ -284,6 +282,8 @@ def implicit_pullback(
     z0: Float[ArrayLike, " n"],
     rho: Float[ArrayLike, " n"],
     zbar: Float[ArrayLike, " n"],
+    *,
+    throw: bool = True,
 ) -> tuple[PyTree, Float[Array, " n"], Float[Array, " n"]]:
     r"""The cotangents of a query's inputs, by the adjoint formulas.
 
@@ -300,7 +300,10 @@ def implicit_pullback(
 
     These are the numbers `jax.grad` through
     [`retrax.diffusion.implicit_infer`][] returns. NaN when the solve did not
-    converge.
+    converge. The adjoint solve is a lineax LU solve whose result is
+    checked: a singular $J_{FF}$ (no unique adjoint, e.g. a flat field with
+    free coordinates) raises with lineax's message when `throw=True`, and
+    gives NaN cotangents when `throw=False`.
 
     **Arguments:**
 
@@ -308,6 +311,7 @@ def implicit_pullback(
     - `sol`: the query's solution.
     - `z0`, `rho`: the query.
     - `zbar`: the cotangent of the answer `sol.z`, shape `(n,)`.
+    - `throw`: whether a singular Jacobian raises (otherwise NaN).
 
     **Returns:**
 
@@ -321,7 +325,16 @@ def implicit_pullback(
     zbar = model.check_point("zbar", zbar).astype(dtype)
     clamped = clamp_mask(rho)
     jac = jax.jacfwd(lambda y: model.implicit_residual(y, z0, rho))(z)
-    mu = jnp.linalg.solve(jac.T, -zbar)
+    adjoint = lx.linear_solve(
+        lx.MatrixLinearOperator(jac.T), -zbar, lx.LU(), throw=False
+    )
+    if throw:
+        mu = adjoint.result.error_if(
+            adjoint.value, adjoint.result != lx.RESULTS.successful
+        )
+    else:
+        mu = adjoint.value
+    solved = adjoint.result == lx.RESULTS.successful
     mu = jnp.where(clamped, jnp.zeros((), dtype), mu)
     _, vjp = eqx.filter_vjp(lambda m: m.prior_field(z), model)
     (model_bar,) = vjp(mu)
@@ -329,7 +342,8 @@ def implicit_pullback(
     safe_rho = jnp.where(clamped, jnp.zeros((), dtype), rho)
     z0_bar = jnp.where(clamped, zbar + jac.T @ mu, -rho_sq * mu)
     rho_bar = jnp.where(clamped, jnp.zeros((), dtype), 2 * safe_rho * (z - z0) * mu)
-    scale = jnp.where(sol.converged, jnp.ones((), dtype), jnp.array(jnp.nan, dtype))
+    good = sol.converged & solved
+    scale = jnp.where(good, jnp.ones((), dtype), jnp.array(jnp.nan, dtype))
     model_bar = jax.tree.map(lambda x: x * scale.astype(x.dtype), model_bar)
     return model_bar, z0_bar * scale, rho_bar * scale
 
@@ -346,7 +360,7 @@ class ImplicitRoots(eqx.Module):
       duplicate or failed solves.
     - `valid`: which slots hold a distinct, converged and stable answer.
     - `count`: the number of valid slots.
-    - `converged`, `stable`, `steps`: per slot, as in
+    - `converged`, `stable`, `steps`, `result`: per slot, as in
       [`retrax.diffusion.ImplicitSolution`][].
     """
 
@@ -356,6 +370,7 @@ class ImplicitRoots(eqx.Module):
     converged: Bool[Array, " starts"]
     stable: Bool[Array, " starts"]
     steps: Int[Array, " starts"]
+    result: RESULTS
 
 
 @eqx.filter_jit
@@ -370,6 +385,7 @@ def implicit_roots(
     *,
     tol: float | None = None,
     max_steps: int = 200,
+    throw: bool = True,
 ) -> ImplicitRoots:
     r"""All the stable answers of a query that `n_starts` random starts reach.
 
@@ -378,9 +394,16 @@ def implicit_roots(
     Converged, stable answers are kept and deduplicated: an answer within
     `unique_tol * (1 + max|z|)` (max-norm) of an earlier kept one is dropped.
 
-    Derivatives of the valid slots are those of `implicit_infer`; invalid
-    slots (failed or duplicate solves) carry zero derivatives, so masking
-    them out gives finite gradients.
+    Every slot carries the derivatives of its own solve, as in
+    `implicit_infer`: a duplicate (or a converged but unstable) slot is a root
+    of the query, and its derivatives are that root's (finite, and equal to
+    those of the valid slot it duplicates). A slot whose solve did not
+    converge is never silent: with `throw=True` (the default) the call
+    raises with the slot's result; with `throw=False` the derivatives of
+    its `z` are NaN and `result` says why. Reverse mode cannot tell a
+    masked-out slot from a used one, so with `throw=False` a gradient
+    through `z` is NaN whenever any slot failed, even if that slot is masked
+    out: check `result` (or raise `max_steps`) before differentiating.
 
     **Arguments:**
 
@@ -391,6 +414,7 @@ def implicit_roots(
     - `spread`: the standard deviation of the starts around `z0`.
     - `unique_tol`: the relative distance below which answers are the same.
     - `tol`, `max_steps`: as in `implicit_infer`.
+    - `throw`: whether a slot whose solve did not converge raises.
 
     **Returns:**
 
@@ -403,7 +427,7 @@ def implicit_roots(
     starts = z0 + jnp.asarray(spread, dtype) * noise
 
     def one(start, q, r):
-        return _infer(model, q, r, start, tol, max_steps, False, None, False, False)
+        return _infer(model, q, r, start, tol, max_steps, False, None, False)
 
     # z0 and rho are tiled rather than broadcast by vmap: transposing lineax's
     # solve under vmap fails for an unbatched right-hand-side input (equinox
@@ -426,14 +450,21 @@ def implicit_roots(
 
     keep = jax.lax.fori_loop(0, n_starts, body, jnp.zeros((n_starts,), bool))
     order = jnp.argsort(~keep, stable=True)
-    return ImplicitRoots(
+    out = ImplicitRoots(
         z=z[order],
         valid=keep[order],
         count=jnp.sum(keep),
         converged=sols.converged[order],
         stable=sols.stable[order],
         steps=sols.steps[order],
+        result=jax.tree.map(lambda x: x[order], sols.result),
     )
+    if throw:
+        result = sols.result
+        failed = (result != RESULTS.successful) & (result != RESULTS.unstable_root)
+        first = jax.tree.map(lambda x: x[jnp.argmax(failed)], result)
+        out = first.error_if(out, jnp.any(failed))
+    return out
 
 
 def _effective_lambda(model: AbstractImplicitRelation, dtype) -> Array:

@@ -22,6 +22,7 @@ class _GuardedState(eqx.Module):
     reflect: Float[Array, "n n"] | None
     # The result of the linear solve of the step that led here.
     result: optx.RESULTS
+    y: Float[Array, " n"]
 
 
 def _fixed_mask(options: dict[str, Any], y: Array) -> Array:
@@ -114,6 +115,23 @@ class GuardedNewton(optx.AbstractRootFinder):
     The optional `options["fixed"]` (a boolean vector) marks rows that are
     identity rows (hard clamps): they are excluded from the stability test.
 
+    Failures are never quiet. Every step's linear solve (LU on the dense
+    matrix, `linear_solver` matrix-free) is a lineax solve whose result is
+    kept: a failed one leaves the iterate where it was and ends the solve
+    with lineax's result code (`singular`, `max_steps_reached`, `breakdown`,
+    ...), which `optx.root_find` raises with `throw=True` and returns in
+    `sol.result` with `throw=False`. When the solve ends without converging
+    (any failure, including `nonlinear_max_steps_reached` away from a root)
+    the returned value is NaN, so that no derivative through
+    `optx.root_find(..., throw=False)` is taken at a point that is not a
+    root: the implicit adjoint's linear solve then raises instead of
+    returning a number. The last iterate is in `sol.state.y`. A converged
+    but unstable end (a saddle the solver could not leave within
+    `max_steps`) keeps its value, a root whose derivatives are meaningful.
+    [`retrax.diffusion.implicit_infer`][] passes `options["keep_last"] =
+    True` to get the last iterate instead of NaN, and makes its derivatives
+    NaN itself.
+
     With `matrix_free=True` the Jacobian is never formed: Newton–Krylov steps
     solve with `linear_solver` (a lineax iterative solver, GMRES by default)
     on Jacobian-vector products, and the stability test and escape direction
@@ -198,7 +216,10 @@ class GuardedNewton(optx.AbstractRootFinder):
             reflect = jnp.where(both, reflect, 0)
         scale = self.atol + self.rtol * jnp.max(jnp.abs(y))
         converged = self.norm(f) <= scale
-        stable = lmin > 0
+        # A non-finite Jacobian (or Lanczos value) proves nothing about stability.
+        stable = (lmin > 0) & jnp.isfinite(lmin)
+        if jac is not None:
+            stable = stable & jnp.all(jnp.isfinite(jac))
         return _GuardedState(
             f=f,
             jac=jac,
@@ -208,6 +229,7 @@ class GuardedNewton(optx.AbstractRootFinder):
             vmin=_oriented(jnp.where(free, vmin, 0)),
             reflect=reflect,
             result=result,
+            y=y,
         )
 
     def _direction(self, fn, y, args, state, fixed, newton):
@@ -312,5 +334,7 @@ class GuardedNewton(optx.AbstractRootFinder):
         return done | failed, result
 
     def postprocess(self, fn, y, aux, args, options, state, tags, result):
-        del fn, args, options, tags, result
+        del fn, args, tags, result
+        if not options.get("keep_last", False):
+            y = jnp.where(state.converged, y, jnp.array(jnp.nan, y.dtype))
         return y, aux, {"stable": state.stable, "converged": state.converged}
