@@ -59,6 +59,7 @@ from ._proxdm import (
     AbstractProximalPredictor as AbstractProximalPredictor,
     MixtureProx as MixtureProx,
     ProxNetwork as ProxNetwork,
+    ProxSample as ProxSample,
     ProxSolution as ProxSolution,
     default_prox_input as default_prox_input,
     prox_infer as prox_infer,

@@ -10,6 +10,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from .._misc import check_positive_int
 from ._field import AbstractImplicitRelation, clamp_mask, soft_stiffness
+from ._never_silent import never_silent
 from ._solution import RESULTS, ImplicitSolution
 from ._solver import GuardedNewton
 
@@ -31,41 +32,6 @@ def _symmetric_residual(y, args):
         model.prior_field(jnp.where(clamped, z0, y)) + soft_stiffness(rho) * diff
     )
     return jnp.where(clamped, diff, free_rows)
-
-
-@jax.custom_jvp
-def _gate(z, scale):
-    return z
-
-
-@_gate.defjvp
-def _gate_jvp(primals, tangents):
-    z, scale = primals
-    tz, _ = tangents
-    return z, tz * jax.lax.stop_gradient(scale)
-
-
-def _never_silent(z, inputs, converged):
-    """`z`, whose derivatives are NaN when the solve did not converge.
-
-    Linear in the tangents, so reverse mode transposes it. The cotangent fed to
-    the implicit (adjoint) linear solve is zeroed rather than NaN'ed (lineax
-    rejects non-finite right-hand sides), and NaN reaches every input through a
-    separate path instead.
-    """
-    dtype = z.dtype
-    one = jnp.where(converged, jnp.ones((), dtype), jnp.zeros((), dtype))
-    nan = jnp.where(converged, jnp.zeros((), dtype), jnp.array(jnp.nan, dtype))
-    leaves = [x for x in jax.tree.leaves(inputs) if eqx.is_inexact_array(x)]
-    # Zero, with the sum of every input tangent as its tangent; finite inputs only
-    # (an infinite stiffness is a clamp, not a value).
-    total = sum(
-        jnp.sum(jnp.where(jnp.isfinite(x), x - jax.lax.stop_gradient(x), 0)).astype(
-            dtype
-        )
-        for x in leaves
-    )
-    return _gate(z, one) + _gate(total, nan)
 
 
 def default_tol(dtype) -> float:
@@ -255,7 +221,7 @@ def _infer(
             converged & ~stable, RESULTS.unstable_root, RESULTS.promote(sol.result)
         ),
     )
-    z = _never_silent(sol.value, (model, z0, rho), converged)
+    z = never_silent(sol.value, (model, z0, rho), converged)
     # Recomputed from the answer rather than read off the solver's state (whose
     # tangent is zero): a function of `z`, `z0`, `rho` and the model, so its
     # derivatives are those of the residual at the answer.

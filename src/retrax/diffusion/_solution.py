@@ -15,6 +15,12 @@ class RESULTS(optx.RESULTS):  # pyright: ignore
         "learned density, not an answer; try another start (`z_init`), an anchor "
         "(a small positive `rho`), or `implicit_roots`."
     )
+    prox_search_failed = (
+        "The line search of an inner proximal solve (`MixtureProx`) found no "
+        "acceptable step from a point that is not a proximal point (a non-finite "
+        "objective, usually an input too large for the dtype). The result is not "
+        "a proximal point; its derivatives are NaN."
+    )
 
 
 class ImplicitSolution(eqx.Module):
