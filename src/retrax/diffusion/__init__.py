@@ -43,6 +43,7 @@ from ._models import (
 )
 from ._nodes import (
     FieldNodes as FieldNodes,
+    data_levels as data_levels,
     density_lambda as density_lambda,
     field_nodes as field_nodes,
     noisefree_nodes as noisefree_nodes,

@@ -100,6 +100,7 @@ def implicit_infer(
     matrix_free: bool = False,
     adjoint_solver: lx.AbstractLinearSolver | None = None,
     symmetric: bool | None = None,
+    off_data_tol: float = 3.0,
     throw: bool = True,
 ) -> ImplicitSolution:
     r"""Answer a query: the stable root of the clamped residual nearest the start.
@@ -146,6 +147,8 @@ def implicit_infer(
       `model.conservative`. For a symmetric field a symmetric solver such as
       `lineax.Cholesky()` may be passed as `adjoint_solver` (stable roots only:
       the free block is then positive definite).
+    - `off_data_tol`: the `clamp_load` beyond which the solution is flagged
+      `off_data` (see [`retrax.diffusion.ImplicitSolution`][]).
     - `throw`: whether a solve that did not converge raises.
 
     **Returns:**
@@ -163,6 +166,7 @@ def implicit_infer(
         adjoint_solver,
         throw,
         symmetric,
+        off_data_tol,
     )
 
 
@@ -177,6 +181,7 @@ def _infer(
     adjoint_solver,
     throw,
     symmetric=None,
+    off_data_tol=3.0,
 ):
     z0, rho, z_init = _check_query(model, z0, rho, z_init)
     if symmetric is None:
@@ -227,6 +232,11 @@ def _infer(
     # derivatives are those of the residual at the answer.
     residual = model.implicit_residual(z, z0, rho)
     residual = jnp.where(clamped, jnp.zeros((), dtype), residual)
+    # What the hard clamps hold against, in noise standard deviations.
+    load = jnp.abs(model.prior_field(jax.lax.stop_gradient(z)))
+    unit = model.field_unit(dtype)
+    load = jnp.where(clamped & (unit != 0), load / jnp.where(unit != 0, unit, 1), 0)
+    clamp_load = jnp.max(load)
     out = ImplicitSolution(
         z=z,
         residual=residual,
@@ -234,6 +244,8 @@ def _infer(
         converged=converged,
         stable=stable,
         result=result,
+        clamp_load=clamp_load,
+        off_data=clamp_load > off_data_tol,
     )
     if throw:
         failed = (result != RESULTS.successful) & (result != RESULTS.unstable_root)
@@ -626,6 +638,8 @@ def implicit_mixture(
             converged=conv,
             stable=stable,
             result=RESULTS.successful,
+            clamp_load=jnp.zeros((), z.dtype),
+            off_data=jnp.zeros((), bool),
         )
         return implicit_laplace(model, sol, rho)
 
