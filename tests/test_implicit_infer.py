@@ -573,3 +573,65 @@ def test_implicit_roots_failed_and_duplicate_slots():
         assert_close(jac[i], jac[twin], rtol=1e-6)
         assert bool(jnp.all(jnp.isfinite(jac[i])))
     assert float(jnp.max(jnp.abs(jac[~roots.valid]))) > 0.01
+
+
+# -- answers off the data ---------------------------------------------------------
+
+
+def test_data_levels_bring_answers_onto_fine_data():
+    # A tight helix (radius 0.4, points about 0.016 apart): the default levels
+    # smooth it by up to 0.17 and the answers land several hundredths off it;
+    # levels scaled to its spacing bring them onto it.
+    theta = jnp.linspace(0.0, 4 * np.pi, 160)
+    data = jnp.stack([0.4 * jnp.cos(theta), 0.4 * jnp.sin(theta), 0.05 * theta], 1)
+    pred = rd.kde_predictor(SCHED, data, 0.005)
+    levels = rd.data_levels(SCHED, data)
+    assert levels.shape == (8,) and bool(jnp.all(jnp.diff(levels) > 0))
+    ratio = SCHED.sigma(levels) / SCHED.alpha(levels)
+    spacing = jnp.median(jnp.sort(jnp.linalg.norm(data[:, None] - data, axis=-1))[:, 1])
+    # noise levels geometric in units of the spacing, the finest held at t_min
+    inside = levels > SCHED.t_min * (1 + 1e-9)
+    want = spacing * jnp.geomspace(0.25, 2.0, 8)
+    assert int(jnp.sum(inside)) >= 6 and bool(jnp.all(levels >= SCHED.t_min))
+    assert_close(jnp.where(inside, ratio, 0), jnp.where(inside, want, 0), rtol=1e-9)
+    rho = jnp.array([0.0, 0.0, INF])
+    heights = jnp.array([0.15, 0.4])
+    starts = jnp.stack([0.4 * jnp.cos(heights / 0.05), jnp.zeros(2), heights], 1)
+
+    def distance(levels):
+        nodes = rd.field_nodes(jax.random.key(0), 3, levels=levels, samples=2)
+        model = rd.ImplicitDiffusion(pred, nodes)
+        sols = jax.vmap(lambda q: rd.implicit_infer(model, q, rho))(starts)
+        assert bool(jnp.all(sols.converged & sols.stable))
+        gaps = jnp.linalg.norm(sols.z[:, None] - data[None], axis=-1)
+        return float(jnp.max(jnp.min(gaps, axis=1)))
+
+    default, scaled = distance(None), distance(levels)
+    assert default > 0.04
+    assert scaled < 0.3 * default and scaled < 0.02
+    with pytest.raises(ValueError, match="two points"):
+        rd.data_levels(SCHED, data[:1])
+    with pytest.raises(ValueError, match="low"):
+        rd.data_levels(SCHED, data, low=2.0, high=1.0)
+    with pytest.raises(Exception, match="finite"):
+        rd.data_levels(SCHED, data.at[0, 0].set(jnp.nan))
+
+
+def test_off_data_clamps_are_flagged():
+    model = ring_model()
+    rho = jnp.array([INF, 0.0])
+    queries = jnp.array([[0.6, 0.5], [5.0, 0.5]])
+    sols = jax.vmap(lambda q: rd.implicit_infer(model, q, rho))(queries)
+    # both are converged, stable roots: the flag is what tells them apart
+    assert bool(jnp.all(sols.converged & sols.stable))
+    assert bool(jnp.all(sols.result == rd.RESULTS.successful))
+    on, off = sols.clamp_load
+    assert float(on) < 0.1 and not bool(sols.off_data[0])
+    assert float(off) > 10 and bool(sols.off_data[1])
+    # the load is the field on the clamped coordinate in units of lam * s
+    level = jnp.sqrt(1 / rd.density_lambda(SCHED, model.nodes))
+    g = model.prior_field(sols.z[1])
+    assert_close(off, jnp.abs(g[0]) / level, rtol=1e-10)
+    # no clamp, no load
+    free = rd.implicit_infer(model, jnp.array([0.6, 0.5]), jnp.array([0.0, 0.0]))
+    assert float(free.clamp_load) == 0.0 and not bool(free.off_data)

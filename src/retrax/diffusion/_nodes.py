@@ -231,7 +231,7 @@ def data_levels(
     **Returns:**
 
     The levels, shape `(n_levels,)`, increasing, in `[t_min, 1]`; a level
-    whose noise would exceed the schedule's range is 1.
+    whose noise would exceed the schedule's range is 1, one below it `t_min`.
     """
     check_positive_int("n_levels", n_levels)
     data = jnp.asarray(data)
