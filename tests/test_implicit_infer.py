@@ -3,6 +3,7 @@
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
 import optimistix as optx
 import pytest
@@ -455,3 +456,229 @@ def test_guarded_newton_as_an_optimistix_root_finder():
     assert_close(fixed.value, jnp.array([0.5, 1.0]), atol=1e-10)
     with pytest.raises(ValueError, match="max_step"):
         rd.GuardedNewton(rtol=1e-8, atol=1e-8, max_step=0.0)
+
+
+# -- failures are never silent -----------------------------------------------------
+
+
+class CountingSolver(lx.AbstractLinearSolver):
+    """A lineax solver that records each solve it is traced into."""
+
+    inner: lx.AbstractLinearSolver
+    calls: list = eqx.field(static=True)
+
+    def init(self, operator, options):
+        self.calls.append(1)
+        return self.inner.init(operator, options)
+
+    def compute(self, state, vector, options):
+        return self.inner.compute(state, vector, options)
+
+    def transpose(self, state, options):
+        return self.inner.transpose(state, options)
+
+    def conj(self, state, options):
+        return self.inner.conj(state, options)
+
+    def assume_full_rank(self):
+        return self.inner.assume_full_rank()
+
+
+def chain(y, _):
+    return jnp.stack(
+        [y[0] ** 3 - y[0] + 0.1 * y[1], y[1] + 0.2 * y[2], y[2] - 0.5 * y[0]]
+    )
+
+
+def test_guarded_newton_reports_its_linear_solves():
+    # A Jacobian that is not finite at the start (0 * inf): lineax's LU reports
+    # it, and the solve stops there with lineax's result and a NaN value (the old
+    # raw solve stepped to NaN and reported only `nonfinite`).
+    def kinked(y, _):
+        return 2 * (y - 1) + 0 * jnp.sqrt(jnp.abs(y - 0.3))
+
+    solver = rd.GuardedNewton(rtol=1e-10, atol=1e-10)
+    start = jnp.array([0.3, 0.3])
+    sol = optx.root_find(kinked, solver, start, max_steps=20, throw=False)
+    assert sol.result == optx.RESULTS.singular
+    assert bool(jnp.all(jnp.isnan(sol.value)))
+    assert_close(sol.state.y, start)  # the last iterate, never moved
+    assert not bool(sol.stats["stable"])
+    with pytest.raises(Exception, match="non-finite"):
+        optx.root_find(kinked, solver, start, max_steps=20)
+    # A Krylov solver that cannot meet its tolerance in one step: its result ends
+    # the solve at once (the old solver ignored it and ran to max_steps).
+    weak = lx.GMRES(rtol=1e-12, atol=1e-12, max_steps=1, restart=1)
+    mf = rd.GuardedNewton(rtol=1e-10, atol=1e-10, matrix_free=True, linear_solver=weak)
+    y0 = jnp.array([0.5, 0.1, 0.2])
+    sol = optx.root_find(chain, mf, y0, max_steps=50, throw=False)
+    assert sol.result == optx.RESULTS.max_steps_reached
+    assert int(sol.stats["num_steps"]) == 1
+
+
+def test_guarded_newton_solves_once_per_step():
+    # Matrix-free, the Newton and the regularised steps are one GMRES solve with
+    # a data-dependent shift: one linear solve traced per step, not two.
+    calls = []
+    gmres = CountingSolver(lx.GMRES(rtol=1e-12, atol=1e-12), calls)
+    solver = rd.GuardedNewton(
+        rtol=1e-10, atol=1e-10, matrix_free=True, linear_solver=gmres
+    )
+    sol = optx.root_find(chain, solver, jnp.array([0.5, 0.1, 0.2]), max_steps=50)
+    assert bool(sol.stats["converged"]) and bool(sol.stats["stable"])
+    assert_close(chain(sol.value, None), jnp.zeros(3), atol=1e-9)
+    assert len(calls) == 1
+
+
+def test_guarded_newton_unconverged_value_is_nan():
+    # Through optx.root_find with throw=False an unconverged end is NaN, so no
+    # derivative is taken at a point that is not a root: the implicit adjoint's
+    # linear solve raises instead of returning a number.
+    solver = rd.GuardedNewton(rtol=1e-10, atol=1e-10)
+
+    def solve(a):
+        fn = lambda y, a: chain(y, None) + a
+        return optx.root_find(
+            fn, solver, jnp.array([0.5, 0.1, 0.2]), a, max_steps=1, throw=False
+        )
+
+    sol = solve(jnp.zeros(3))
+    assert sol.result == optx.RESULTS.nonlinear_max_steps_reached
+    assert bool(jnp.all(jnp.isnan(sol.value)))
+    assert bool(jnp.all(jnp.isfinite(sol.state.y)))
+    with pytest.raises(Exception, match="non-finite"):
+        jax.grad(lambda a: jnp.sum(solve(a).value))(jnp.zeros(3))
+
+
+def test_residual_is_differentiable():
+    model = ring_model()
+    z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
+    tangent = jnp.array([1.0, 0.3])
+
+    def residual(a, steps=200):
+        return rd.implicit_infer(model, a, rho, max_steps=steps, throw=False).residual
+
+    # At a converged answer r(z*(a), a) = 0 for every a: the implicit tangent
+    # and central differences both vanish (to the solve's tolerance).
+    _, jvp = jax.jvp(residual, (z0,), (tangent,))
+    h = 1e-4
+    fd = (residual(z0 + h * tangent) - residual(z0 - h * tangent)) / (2 * h)
+    assert_close(jvp, fd, atol=1e-9)
+    grad = jax.grad(lambda a: residual(a)[1])(z0)
+    fd_grad = jnp.stack(
+        [
+            (residual(z0 + h * e)[1] - residual(z0 - h * e)[1]) / (2 * h)
+            for e in jnp.eye(2)
+        ]
+    )
+    assert_close(grad, fd_grad, atol=1e-9)
+    # Unconverged, the residual is a real function of the answer, whose
+    # derivatives are NaN (the solver's state gave a silent 0).
+    _, bad = jax.jvp(lambda a: residual(a, 1), (z0,), (tangent,))
+    assert bool(jnp.isnan(bad[1])) and float(bad[0]) == 0.0  # clamped entry: 0
+
+
+def test_pullback_detects_a_singular_jacobian():
+    # A flat field (lam = 0) leaves the free coordinate undetermined: J_FF = 0.
+    model = ring_model()
+    flat = rd.ImplicitDiffusion(model.pred, model.nodes, lam=0.0)
+    z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
+    sol = rd.implicit_infer(flat, z0, rho, max_steps=3)
+    assert sol.result == rd.RESULTS.unstable_root and bool(sol.converged)
+    zbar = jnp.array([0.0, 1.0])
+    with pytest.raises(Exception, match="non-finite"):
+        rd.implicit_pullback(flat, sol, z0, rho, zbar)
+    _, p_z0, p_rho = rd.implicit_pullback(flat, sol, z0, rho, zbar, throw=False)
+    assert bool(jnp.all(jnp.isnan(p_z0))) and bool(jnp.all(jnp.isnan(p_rho)))
+
+
+def test_implicit_roots_failed_and_duplicate_slots():
+    model = ring_model()
+    z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
+    key = jax.random.key(0)
+    # Two steps are not enough from any start: raise by default...
+    with pytest.raises(Exception, match="maximum number of steps"):
+        rd.implicit_roots(model, z0, rho, key, n_starts=4, max_steps=2)
+    # ...or say why per slot, with NaN derivatives (the old slots carried 0).
+    roots = rd.implicit_roots(model, z0, rho, key, n_starts=4, max_steps=2, throw=False)
+    assert not bool(jnp.any(roots.converged))
+    assert bool(jnp.all(roots.result == rd.RESULTS.nonlinear_max_steps_reached))
+
+    def failing(a):
+        r = rd.implicit_roots(model, a, rho, key, n_starts=4, max_steps=2, throw=False)
+        return r.z[:, 1]
+
+    assert bool(jnp.all(jnp.isnan(jax.jacfwd(failing)(z0))))
+    # Converged slots, duplicates included, carry their root's derivatives:
+    # a duplicate's equals that of the valid slot it duplicates.
+    roots = rd.implicit_roots(model, z0, rho, key, n_starts=4)
+    assert bool(jnp.all(roots.result == rd.RESULTS.successful))
+    jac = jax.jacfwd(lambda a: rd.implicit_roots(model, a, rho, key, n_starts=4).z)(z0)
+    sols = {float(jnp.sign(roots.z[i, 1])): i for i in range(4) if roots.valid[i]}
+    for i in range(4):
+        twin = sols[float(jnp.sign(roots.z[i, 1]))]
+        assert_close(jac[i], jac[twin], rtol=1e-6)
+        assert bool(jnp.all(jnp.isfinite(jac[i])))
+    assert float(jnp.max(jnp.abs(jac[~roots.valid]))) > 0.01
+
+
+# -- answers off the data ---------------------------------------------------------
+
+
+def test_data_levels_bring_answers_onto_fine_data():
+    # A tight helix (radius 0.4, points about 0.016 apart): the default levels
+    # smooth it by up to 0.17 and the answers land several hundredths off it;
+    # levels scaled to its spacing bring them onto it.
+    theta = jnp.linspace(0.0, 4 * np.pi, 160)
+    data = jnp.stack([0.4 * jnp.cos(theta), 0.4 * jnp.sin(theta), 0.05 * theta], 1)
+    pred = rd.kde_predictor(SCHED, data, 0.005)
+    levels = rd.data_levels(SCHED, data)
+    assert levels.shape == (8,) and bool(jnp.all(jnp.diff(levels) > 0))
+    ratio = SCHED.sigma(levels) / SCHED.alpha(levels)
+    spacing = jnp.median(jnp.sort(jnp.linalg.norm(data[:, None] - data, axis=-1))[:, 1])
+    # noise levels geometric in units of the spacing, the finest held at t_min
+    inside = levels > SCHED.t_min * (1 + 1e-9)
+    want = spacing * jnp.geomspace(0.25, 2.0, 8)
+    assert int(jnp.sum(inside)) >= 6 and bool(jnp.all(levels >= SCHED.t_min))
+    assert_close(jnp.where(inside, ratio, 0), jnp.where(inside, want, 0), rtol=1e-9)
+    rho = jnp.array([0.0, 0.0, INF])
+    heights = jnp.array([0.15, 0.4])
+    starts = jnp.stack([0.4 * jnp.cos(heights / 0.05), jnp.zeros(2), heights], 1)
+
+    def distance(levels):
+        nodes = rd.field_nodes(jax.random.key(0), 3, levels=levels, samples=2)
+        model = rd.ImplicitDiffusion(pred, nodes)
+        sols = jax.vmap(lambda q: rd.implicit_infer(model, q, rho))(starts)
+        assert bool(jnp.all(sols.converged & sols.stable))
+        gaps = jnp.linalg.norm(sols.z[:, None] - data[None], axis=-1)
+        return float(jnp.max(jnp.min(gaps, axis=1)))
+
+    default, scaled = distance(None), distance(levels)
+    assert default > 0.04
+    assert scaled < 0.3 * default and scaled < 0.02
+    with pytest.raises(ValueError, match="two points"):
+        rd.data_levels(SCHED, data[:1])
+    with pytest.raises(ValueError, match="low"):
+        rd.data_levels(SCHED, data, low=2.0, high=1.0)
+    with pytest.raises(Exception, match="finite"):
+        rd.data_levels(SCHED, data.at[0, 0].set(jnp.nan))
+
+
+def test_off_data_clamps_are_flagged():
+    model = ring_model()
+    rho = jnp.array([INF, 0.0])
+    queries = jnp.array([[0.6, 0.5], [5.0, 0.5]])
+    sols = jax.vmap(lambda q: rd.implicit_infer(model, q, rho))(queries)
+    # both are converged, stable roots: the flag is what tells them apart
+    assert bool(jnp.all(sols.converged & sols.stable))
+    assert bool(jnp.all(sols.result == rd.RESULTS.successful))
+    on, off = sols.clamp_load
+    assert float(on) < 0.1 and not bool(sols.off_data[0])
+    assert float(off) > 10 and bool(sols.off_data[1])
+    # the load is the field on the clamped coordinate in units of lam * s
+    level = jnp.sqrt(1 / rd.density_lambda(SCHED, model.nodes))
+    g = model.prior_field(sols.z[1])
+    assert_close(off, jnp.abs(g[0]) / level, rtol=1e-10)
+    # no clamp, no load
+    free = rd.implicit_infer(model, jnp.array([0.6, 0.5]), jnp.array([0.0, 0.0]))
+    assert float(free.clamp_load) == 0.0 and not bool(free.off_data)

@@ -242,3 +242,24 @@ def test_bad_input(getkey):
         rd.regulariser_gradient(prior, cfg, x, 0)
     with pytest.raises(ValueError, match="t_max"):
         rd.regulariser_gradient(prior, rd.REDDiff(t_max=1e-4), x, key)
+
+
+def test_reddiff_solve_derivatives_are_never_silent(getkey):
+    # A fixed-step run with the regulariser under stop_gradient: its derivatives
+    # would be silent wrong numbers (0 for the prior's parameters), so they are NaN.
+    prior, data_grad = gaussian_prior(), LinearGaussianGrad(A, Y)
+    cfg, key = rd.REDDiff(steps=5), getkey()
+
+    def solve(x0):
+        return rd.reddiff_solve(prior, cfg, x0, data_grad, key=key).x
+
+    x0 = jnp.array([0.1, 0.2, 0.3])
+    assert bool(jnp.all(jnp.isfinite(solve(x0))))
+    assert bool(jnp.all(jnp.isnan(jax.jacfwd(solve)(x0))))
+    assert bool(jnp.all(jnp.isnan(jax.jacrev(solve)(x0))))
+
+    def through_means(means):
+        p = eqx.tree_at(lambda m: m.means, prior, means)
+        return jnp.sum(rd.reddiff_solve(p, cfg, x0, data_grad, key=key).x)
+
+    assert bool(jnp.all(jnp.isnan(jax.grad(through_means)(prior.means))))

@@ -43,6 +43,7 @@ from ._models import (
 )
 from ._nodes import (
     FieldNodes as FieldNodes,
+    data_levels as data_levels,
     density_lambda as density_lambda,
     field_nodes as field_nodes,
     noisefree_nodes as noisefree_nodes,
@@ -59,6 +60,7 @@ from ._proxdm import (
     AbstractProximalPredictor as AbstractProximalPredictor,
     MixtureProx as MixtureProx,
     ProxNetwork as ProxNetwork,
+    ProxSample as ProxSample,
     ProxSolution as ProxSolution,
     default_prox_input as default_prox_input,
     prox_infer as prox_infer,

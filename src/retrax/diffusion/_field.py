@@ -80,6 +80,13 @@ class AbstractImplicitRelation(eqx.Module):
         $-\nabla\log p$ (1 when not known)."""
         return jnp.ones((), dtype)
 
+    def field_unit(self, dtype) -> Float[Array, " n"]:
+        r"""Per coordinate, the size of the field one noise standard deviation
+        off the data: the unit of a query's clamp load (see
+        [`retrax.diffusion.ImplicitSolution`][]). NaN when not known (then no
+        query is flagged off the data); 0 where the relation has no field."""
+        return jnp.full((self.dim,), jnp.nan, dtype)
+
     def check_point(self, name: str, z: ArrayLike) -> Float[Array, " n"]:
         """Check that `z` is one floating point of the joint space."""
         z = as_state(name, z)
@@ -290,6 +297,15 @@ class ImplicitDiffusion(AbstractImplicitRelation):
         else:
             energy = jax.vmap(self.pred.energy)(x, t)
         return jnp.dot(coef * sigma / alpha, energy) - jnp.dot(coef @ e, z)
+
+    def field_unit(self, dtype) -> Float[Array, " n"]:
+        r"""$\lambda s$ on every coordinate, with the nodes' mean noise level
+        $s^2 = \sum_k w_k\sigma_k^2/\alpha_k^2$: the field is about
+        $\lambda s^2(-\nabla\log p)$, and a point $d$ off a smoothed data
+        set has $|\nabla\log p| \approx d/s^2$."""
+        lam = jnp.asarray(self.lam).astype(dtype)
+        level = jnp.sqrt(1 / density_lambda(self.pred.schedule, self.nodes))
+        return jnp.full((self.dim,), lam * level.astype(dtype), dtype)
 
     def effective_lambda(self, dtype) -> Float[Array, ""]:
         r"""`lam * sum_k w_k sigma_k^2 / alpha_k^2`: the field's scale against

@@ -10,6 +10,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from .._misc import check_positive_int
 from ._field import AbstractImplicitRelation, clamp_mask, soft_stiffness
+from ._never_silent import never_silent
 from ._solution import RESULTS, ImplicitSolution
 from ._solver import GuardedNewton
 
@@ -31,41 +32,6 @@ def _symmetric_residual(y, args):
         model.prior_field(jnp.where(clamped, z0, y)) + soft_stiffness(rho) * diff
     )
     return jnp.where(clamped, diff, free_rows)
-
-
-@jax.custom_jvp
-def _gate(z, scale):
-    return z
-
-
-@_gate.defjvp
-def _gate_jvp(primals, tangents):
-    z, scale = primals
-    tz, _ = tangents
-    return z, tz * jax.lax.stop_gradient(scale)
-
-
-def _never_silent(z, inputs, converged):
-    """`z`, whose derivatives are NaN when the solve did not converge.
-
-    Linear in the tangents, so reverse mode transposes it. The cotangent fed to
-    the implicit (adjoint) linear solve is zeroed rather than NaN'ed (lineax
-    rejects non-finite right-hand sides), and NaN reaches every input through a
-    separate path instead.
-    """
-    dtype = z.dtype
-    one = jnp.where(converged, jnp.ones((), dtype), jnp.zeros((), dtype))
-    nan = jnp.where(converged, jnp.zeros((), dtype), jnp.array(jnp.nan, dtype))
-    leaves = [x for x in jax.tree.leaves(inputs) if eqx.is_inexact_array(x)]
-    # Zero, with the sum of every input tangent as its tangent; finite inputs only
-    # (an infinite stiffness is a clamp, not a value).
-    total = sum(
-        jnp.sum(jnp.where(jnp.isfinite(x), x - jax.lax.stop_gradient(x), 0)).astype(
-            dtype
-        )
-        for x in leaves
-    )
-    return _gate(z, one) + _gate(total, nan)
 
 
 def default_tol(dtype) -> float:
@@ -134,6 +100,7 @@ def implicit_infer(
     matrix_free: bool = False,
     adjoint_solver: lx.AbstractLinearSolver | None = None,
     symmetric: bool | None = None,
+    off_data_tol: float = 3.0,
     throw: bool = True,
 ) -> ImplicitSolution:
     r"""Answer a query: the stable root of the clamped residual nearest the start.
@@ -180,6 +147,8 @@ def implicit_infer(
       `model.conservative`. For a symmetric field a symmetric solver such as
       `lineax.Cholesky()` may be passed as `adjoint_solver` (stable roots only:
       the free block is then positive definite).
+    - `off_data_tol`: the `clamp_load` beyond which the solution is flagged
+      `off_data` (see [`retrax.diffusion.ImplicitSolution`][]).
     - `throw`: whether a solve that did not converge raises.
 
     **Returns:**
@@ -196,8 +165,8 @@ def implicit_infer(
         matrix_free,
         adjoint_solver,
         throw,
-        True,
         symmetric,
+        off_data_tol,
     )
 
 
@@ -211,8 +180,8 @@ def _infer(
     matrix_free,
     adjoint_solver,
     throw,
-    poison,
     symmetric=None,
+    off_data_tol=3.0,
 ):
     z0, rho, z_init = _check_query(model, z0, rho, z_init)
     if symmetric is None:
@@ -241,7 +210,7 @@ def _infer(
         _solver(tol, matrix_free, dtype),
         y0,
         args=(model, z0, rho),
-        options={"fixed": clamped},
+        options={"fixed": clamped, "keep_last": True},
         max_steps=max_steps,
         adjoint=optx.ImplicitAdjoint(linear_solver=adjoint_solver),
         throw=False,
@@ -257,12 +226,17 @@ def _infer(
             converged & ~stable, RESULTS.unstable_root, RESULTS.promote(sol.result)
         ),
     )
-    if poison:
-        z = _never_silent(sol.value, (model, z0, rho), converged)
-    else:
-        one = jnp.where(converged, jnp.ones((), dtype), jnp.zeros((), dtype))
-        z = _gate(sol.value, one)
-    residual = jnp.where(clamped, jnp.zeros((), dtype), state.f)
+    z = never_silent(sol.value, (model, z0, rho), converged)
+    # Recomputed from the answer rather than read off the solver's state (whose
+    # tangent is zero): a function of `z`, `z0`, `rho` and the model, so its
+    # derivatives are those of the residual at the answer.
+    residual = model.implicit_residual(z, z0, rho)
+    residual = jnp.where(clamped, jnp.zeros((), dtype), residual)
+    # What the hard clamps hold against, in noise standard deviations.
+    load = jnp.abs(model.prior_field(jax.lax.stop_gradient(z)))
+    unit = model.field_unit(dtype)
+    load = jnp.where(clamped & (unit != 0), load / jnp.where(unit != 0, unit, 1), 0)
+    clamp_load = jnp.max(load)
     out = ImplicitSolution(
         z=z,
         residual=residual,
@@ -270,6 +244,8 @@ def _infer(
         converged=converged,
         stable=stable,
         result=result,
+        clamp_load=clamp_load,
+        off_data=clamp_load > off_data_tol,
     )
     if throw:
         failed = (result != RESULTS.successful) & (result != RESULTS.unstable_root)
@@ -284,6 +260,8 @@ def implicit_pullback(
     z0: Float[ArrayLike, " n"],
     rho: Float[ArrayLike, " n"],
     zbar: Float[ArrayLike, " n"],
+    *,
+    throw: bool = True,
 ) -> tuple[PyTree, Float[Array, " n"], Float[Array, " n"]]:
     r"""The cotangents of a query's inputs, by the adjoint formulas.
 
@@ -300,7 +278,10 @@ def implicit_pullback(
 
     These are the numbers `jax.grad` through
     [`retrax.diffusion.implicit_infer`][] returns. NaN when the solve did not
-    converge.
+    converge. The adjoint solve is a lineax LU solve whose result is
+    checked: a singular $J_{FF}$ (no unique adjoint, e.g. a flat field with
+    free coordinates) raises with lineax's message when `throw=True`, and
+    gives NaN cotangents when `throw=False`.
 
     **Arguments:**
 
@@ -308,6 +289,7 @@ def implicit_pullback(
     - `sol`: the query's solution.
     - `z0`, `rho`: the query.
     - `zbar`: the cotangent of the answer `sol.z`, shape `(n,)`.
+    - `throw`: whether a singular Jacobian raises (otherwise NaN).
 
     **Returns:**
 
@@ -321,7 +303,16 @@ def implicit_pullback(
     zbar = model.check_point("zbar", zbar).astype(dtype)
     clamped = clamp_mask(rho)
     jac = jax.jacfwd(lambda y: model.implicit_residual(y, z0, rho))(z)
-    mu = jnp.linalg.solve(jac.T, -zbar)
+    adjoint = lx.linear_solve(
+        lx.MatrixLinearOperator(jac.T), -zbar, lx.LU(), throw=False
+    )
+    if throw:
+        mu = adjoint.result.error_if(
+            adjoint.value, adjoint.result != lx.RESULTS.successful
+        )
+    else:
+        mu = adjoint.value
+    solved = adjoint.result == lx.RESULTS.successful
     mu = jnp.where(clamped, jnp.zeros((), dtype), mu)
     _, vjp = eqx.filter_vjp(lambda m: m.prior_field(z), model)
     (model_bar,) = vjp(mu)
@@ -329,7 +320,8 @@ def implicit_pullback(
     safe_rho = jnp.where(clamped, jnp.zeros((), dtype), rho)
     z0_bar = jnp.where(clamped, zbar + jac.T @ mu, -rho_sq * mu)
     rho_bar = jnp.where(clamped, jnp.zeros((), dtype), 2 * safe_rho * (z - z0) * mu)
-    scale = jnp.where(sol.converged, jnp.ones((), dtype), jnp.array(jnp.nan, dtype))
+    good = sol.converged & solved
+    scale = jnp.where(good, jnp.ones((), dtype), jnp.array(jnp.nan, dtype))
     model_bar = jax.tree.map(lambda x: x * scale.astype(x.dtype), model_bar)
     return model_bar, z0_bar * scale, rho_bar * scale
 
@@ -346,7 +338,7 @@ class ImplicitRoots(eqx.Module):
       duplicate or failed solves.
     - `valid`: which slots hold a distinct, converged and stable answer.
     - `count`: the number of valid slots.
-    - `converged`, `stable`, `steps`: per slot, as in
+    - `converged`, `stable`, `steps`, `result`: per slot, as in
       [`retrax.diffusion.ImplicitSolution`][].
     """
 
@@ -356,6 +348,7 @@ class ImplicitRoots(eqx.Module):
     converged: Bool[Array, " starts"]
     stable: Bool[Array, " starts"]
     steps: Int[Array, " starts"]
+    result: RESULTS
 
 
 @eqx.filter_jit
@@ -370,6 +363,7 @@ def implicit_roots(
     *,
     tol: float | None = None,
     max_steps: int = 200,
+    throw: bool = True,
 ) -> ImplicitRoots:
     r"""All the stable answers of a query that `n_starts` random starts reach.
 
@@ -378,9 +372,16 @@ def implicit_roots(
     Converged, stable answers are kept and deduplicated: an answer within
     `unique_tol * (1 + max|z|)` (max-norm) of an earlier kept one is dropped.
 
-    Derivatives of the valid slots are those of `implicit_infer`; invalid
-    slots (failed or duplicate solves) carry zero derivatives, so masking
-    them out gives finite gradients.
+    Every slot carries the derivatives of its own solve, as in
+    `implicit_infer`: a duplicate (or a converged but unstable) slot is a root
+    of the query, and its derivatives are that root's (finite, and equal to
+    those of the valid slot it duplicates). A slot whose solve did not
+    converge is never silent: with `throw=True` (the default) the call
+    raises with the slot's result; with `throw=False` the derivatives of
+    its `z` are NaN and `result` says why. Reverse mode cannot tell a
+    masked-out slot from a used one, so with `throw=False` a gradient
+    through `z` is NaN whenever any slot failed, even if that slot is masked
+    out: check `result` (or raise `max_steps`) before differentiating.
 
     **Arguments:**
 
@@ -391,6 +392,7 @@ def implicit_roots(
     - `spread`: the standard deviation of the starts around `z0`.
     - `unique_tol`: the relative distance below which answers are the same.
     - `tol`, `max_steps`: as in `implicit_infer`.
+    - `throw`: whether a slot whose solve did not converge raises.
 
     **Returns:**
 
@@ -403,7 +405,7 @@ def implicit_roots(
     starts = z0 + jnp.asarray(spread, dtype) * noise
 
     def one(start, q, r):
-        return _infer(model, q, r, start, tol, max_steps, False, None, False, False)
+        return _infer(model, q, r, start, tol, max_steps, False, None, False)
 
     # z0 and rho are tiled rather than broadcast by vmap: transposing lineax's
     # solve under vmap fails for an unbatched right-hand-side input (equinox
@@ -426,14 +428,21 @@ def implicit_roots(
 
     keep = jax.lax.fori_loop(0, n_starts, body, jnp.zeros((n_starts,), bool))
     order = jnp.argsort(~keep, stable=True)
-    return ImplicitRoots(
+    out = ImplicitRoots(
         z=z[order],
         valid=keep[order],
         count=jnp.sum(keep),
         converged=sols.converged[order],
         stable=sols.stable[order],
         steps=sols.steps[order],
+        result=jax.tree.map(lambda x: x[order], sols.result),
     )
+    if throw:
+        result = sols.result
+        failed = (result != RESULTS.successful) & (result != RESULTS.unstable_root)
+        first = jax.tree.map(lambda x: x[jnp.argmax(failed)], result)
+        out = first.error_if(out, jnp.any(failed))
+    return out
 
 
 def _effective_lambda(model: AbstractImplicitRelation, dtype) -> Array:
@@ -629,6 +638,8 @@ def implicit_mixture(
             converged=conv,
             stable=stable,
             result=RESULTS.successful,
+            clamp_load=jnp.zeros((), z.dtype),
+            off_data=jnp.zeros((), bool),
         )
         return implicit_laplace(model, sol, rho)
 

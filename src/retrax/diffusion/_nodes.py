@@ -188,3 +188,83 @@ def density_lambda(
     t = nodes.t
     ratio = schedule.sigma(t) ** 2 / schedule.alpha(t) ** 2
     return 1.0 / jnp.sum(nodes.w * ratio.astype(nodes.w.dtype))
+
+
+def _time_of_noise(schedule, ratio, dtype):
+    """The times where $\\sigma_t/\alpha_t$ equals `ratio`, by bisection on
+    `[t_min, 1]` (the ratio increases with $t$ for any schedule)."""
+    lo = jnp.full(ratio.shape, schedule.t_min, dtype)
+    lo = jnp.maximum(lo, jnp.finfo(dtype).tiny)
+    hi = jnp.ones(ratio.shape, dtype)
+
+    def body(_, bounds):
+        lo, hi = bounds
+        mid = 0.5 * (lo + hi)
+        above = schedule.sigma(mid) / schedule.alpha(mid) > ratio
+        return jnp.where(above, lo, mid), jnp.where(above, mid, hi)
+
+    lo, hi = jax.lax.fori_loop(0, 60, body, (lo, hi))
+    return 0.5 * (lo + hi)
+
+
+def data_levels(
+    schedule: AbstractNoiseSchedule,
+    data: Float[ArrayLike, "points n"],
+    n_levels: int = 8,
+    low: float = 0.25,
+    high: float = 2.0,
+) -> Float[Array, " levels"]:
+    r"""Field-node levels scaled to the data's own spacing.
+
+    The default levels of [`retrax.diffusion.field_nodes`][] read the data at
+    noise standard deviations $\sigma_t/lpha_t$ from about 0.016 to 0.17
+    (for the default `VPSDE`): right for data spread over unit scales with
+    points about 0.1 apart, too smooth for finer data (the answers of a query
+    then land off the data by the smoothing bias) and too sharp for coarser
+    data. This returns `n_levels` times whose noise standard deviations run
+    geometrically from `low * h` to `high * h`, where $h$ is the median
+    distance from a data point to its nearest neighbour. Pass them as
+    `field_nodes(key, n, levels=data_levels(schedule, data))`.
+
+    The distance matrix is formed in full: `data` of a few thousand points
+    at most (a subsample is enough to measure the spacing).
+
+    **Arguments:**
+
+    - `schedule`: the predictor's noise schedule.
+    - `data`: the training data, shape `(points, n)`, at least two points.
+    - `n_levels`: the number of levels.
+    - `low`, `high`: the smallest and largest noise standard deviation, in
+      units of the nearest-neighbour spacing $h$ ($0 <$ `low` $\le$ `high`).
+
+    **Returns:**
+
+    The levels, shape `(n_levels,)`, increasing, in `[t_min, 1]`; a level
+    whose noise would exceed the schedule's range is 1, one below it `t_min`.
+    """
+    check_positive_int("n_levels", n_levels)
+    data = jnp.asarray(data)
+    if data.ndim != 2 or data.shape[0] < 2:
+        raise ValueError(
+            "`data` must be points of shape (points, n) with at least two points, "
+            f"got shape {data.shape}."
+        )
+    if not jnp.issubdtype(data.dtype, jnp.floating):
+        raise TypeError(f"`data` must be floating, got {data.dtype}.")
+    if not 0 < low <= high:
+        raise ValueError(f"need 0 < `low` <= `high`, got low={low}, high={high}.")
+    dtype = data.dtype
+    data = eqx.error_if(
+        data, ~jnp.all(jnp.isfinite(data)), "`data` must be finite (no inf or NaN)."
+    )
+    sq = jnp.sum((data[:, None, :] - data[None, :, :]) ** 2, axis=-1)
+    sq = jnp.where(jnp.eye(data.shape[0], dtype=bool), jnp.inf, sq)
+    spacing = jnp.median(jnp.sqrt(jnp.min(sq, axis=1)))
+    spacing = eqx.error_if(
+        spacing,
+        ~(spacing > 0),
+        "`data` has a median nearest-neighbour distance of 0 (repeated points): "
+        "remove duplicates before measuring its spacing.",
+    )
+    factors = jnp.geomspace(low, high, n_levels).astype(dtype)
+    return _time_of_noise(schedule, factors * spacing, dtype)

@@ -15,9 +15,11 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .._misc import check_positive_int, check_value
 from ._mixture import GaussianMixtureEps
+from ._never_silent import never_silent
 from ._predictor import as_state, as_state_like, is_key, time_like
 from ._sample import _dtype
 from ._schedule import AbstractNoiseSchedule
+from ._solution import RESULTS
 
 
 def _as_lam(lam, dtype, *, positive: bool = False) -> Array:
@@ -54,7 +56,7 @@ class AbstractProximalPredictor(eqx.Module):
     arXiv:2507.08956) sample and infer with this map in place of the score.
     Works on one example; batch with `jax.vmap`.
 
-    Subclasses define `prox` and the field `schedule`.
+    Subclasses define `prox`, `prox_result` and the field `schedule`.
     """
 
     schedule: eqx.AbstractVar[AbstractNoiseSchedule]
@@ -77,6 +79,34 @@ class AbstractProximalPredictor(eqx.Module):
         **Returns:**
 
         The proximal point, shaped and typed like `v`.
+        """
+
+    @abc.abstractmethod
+    def prox_result(
+        self,
+        v: Float[ArrayLike, " n"],
+        t: Float[ArrayLike, ""] | float,
+        lam: Float[ArrayLike, ""] | float,
+    ) -> tuple[Float[Array, " n"], RESULTS]:
+        r"""The proximal map and the result code of computing it.
+
+        For a prox given in closed form or by a network the result is always
+        `RESULTS.successful`; for one computed by an inner solve
+        ([`retrax.diffusion.MixtureProx`][]) it says whether that solve
+        reached a proximal point. The point's derivatives are those of the
+        map whatever the result: callers that differentiate check the result
+        (`prox` itself makes them NaN on a failure).
+
+        **Arguments:**
+
+        - `v`: the point, shape `(n,)`.
+        - `t`: the scalar diffusion time in `[0, 1]`.
+        - `lam`: the strength $\lambda \ge 0$.
+
+        **Returns:**
+
+        A tuple `(u, result)`: the proximal point, shaped and typed like `v`,
+        and a [`retrax.diffusion.RESULTS`][] code.
         """
 
 
@@ -157,6 +187,14 @@ class ProxNetwork(AbstractProximalPredictor):
         lam = _as_lam(lam, v.dtype)
         return v - jnp.sqrt(lam) * self.epsilon(v, t, lam)
 
+    def prox_result(
+        self,
+        v: Float[ArrayLike, " n"],
+        t: Float[ArrayLike, ""] | float,
+        lam: Float[ArrayLike, ""] | float,
+    ) -> tuple[Float[Array, " n"], RESULTS]:
+        return self.prox(v, t, lam), RESULTS.successful
+
 
 class MixtureProx(AbstractProximalPredictor):
     r"""The exact proximal operator of a Gaussian mixture's $-\log p_t$.
@@ -176,6 +214,13 @@ class MixtureProx(AbstractProximalPredictor):
     Derivatives are implicit (`jax.lax.custom_root`): $\partial u/\partial v =
     (\nabla^2 F)^{-1}$, and likewise for $t$, $\lambda$ and the mixture's
     parameters; the Newton loop is never differentiated.
+
+    A solve that does not reach a proximal point is never silent: when the
+    line search finds no acceptable step (`RESULTS.prox_search_failed`) or
+    `steps` run out (`RESULTS.nonlinear_max_steps_reached`),
+    `prox_result` returns that code and `prox` makes every derivative of its
+    answer NaN; [`retrax.diffusion.prox_infer`][] and
+    [`retrax.diffusion.proxdm_sample`][] carry the code into their results.
 
     **Arguments:**
 
@@ -200,6 +245,16 @@ class MixtureProx(AbstractProximalPredictor):
         t: Float[ArrayLike, ""] | float,
         lam: Float[ArrayLike, ""] | float,
     ) -> Float[Array, " n"]:
+        u, result = self.prox_result(v, t, lam)
+        ok = result == RESULTS.successful
+        return never_silent(u, (v, t, lam, self.mixture), ok)
+
+    def prox_result(
+        self,
+        v: Float[ArrayLike, " n"],
+        t: Float[ArrayLike, ""] | float,
+        lam: Float[ArrayLike, ""] | float,
+    ) -> tuple[Float[Array, " n"], RESULTS]:
         v = as_state("v", v)
         if v.ndim != 1:
             raise ValueError(f"`v` must be a vector of shape (n,), got {v.shape}.")
@@ -221,7 +276,7 @@ class MixtureProx(AbstractProximalPredictor):
         tiny = 10 * jnp.finfo(v.dtype).eps
 
         def newton(carry):
-            i, u, _ = carry
+            i, u, _, _ = carry
             _, _, c, uj, gamma, logp = mix._terms(u, t)
             ubar = gamma @ uj
             r = u - v + lam * ubar
@@ -251,23 +306,42 @@ class MixtureProx(AbstractProximalPredictor):
 
             one = jnp.ones((), v.dtype)
             eta, f = jax.lax.while_loop(too_high, shrink, (one, objective(u + d)))
-            eta = jnp.where(f <= f0 + 1e-4 * eta * slope + slack, eta, 0.0)
-            step = eta * d
+            accepted = f <= f0 + 1e-4 * eta * slope + slack
+            step = jnp.where(accepted, eta, 0.0) * d
             done = jnp.max(jnp.abs(step)) <= tiny * (1 + jnp.max(jnp.abs(u)))
-            return i + 1, u + step, done
+            # No acceptable step from a point that is not yet a minimiser: the
+            # search failed (a non-finite objective, or rounding), not converged.
+            failed = ~accepted
+            return i + 1, u + step, done | failed, failed
 
-        def solve(_, u0):
+        def loop(u0):
             def keep_going(carry):
-                i, _, done = carry
+                i, _, done, _ = carry
                 return (i < self.steps) & ~done
 
-            init = (jnp.zeros((), jnp.int32), u0, jnp.zeros((), bool))
-            return jax.lax.while_loop(keep_going, newton, init)[1]
+            no = jnp.zeros((), bool)
+            init = (jnp.zeros((), jnp.int32), u0, no, no)
+            return jax.lax.while_loop(keep_going, newton, init)
+
+        def solve(_, u0):
+            # The flags as floats: custom_root's JVP gives boolean auxiliary
+            # outputs a boolean tangent, which JAX then rejects.
+            _, u, done, failed = loop(u0)
+            return u, jnp.stack([done, failed]).astype(u.dtype)
 
         def tangent_solve(g, y):
             return jnp.linalg.solve(jax.jacfwd(g)(y), y)
 
-        return jax.lax.custom_root(residual, v, solve, tangent_solve)
+        u, flags = jax.lax.custom_root(residual, v, solve, tangent_solve, has_aux=True)
+        done, failed = jax.lax.stop_gradient(flags) > 0
+        result = RESULTS.where(
+            failed,
+            RESULTS.prox_search_failed,
+            RESULTS.where(
+                done, RESULTS.successful, RESULTS.nonlinear_max_steps_reached
+            ),
+        )
+        return u, result
 
 
 @eqx.filter_jit
@@ -280,7 +354,8 @@ def proxdm_sample(
     hybrid: bool = False,
     t_start: float = 1.0,
     dtype: DTypeLike | None = None,
-) -> Float[Array, " n"]:
+    throw: bool = True,
+) -> "ProxSample":
     r"""Draw one sample with ProxDM's sampler (Fang et al. 2025, Algorithm 1).
 
     From $X_N \sim N(0, I)$ on a uniform grid $0 = t_0 < \dots < t_N$ =
@@ -307,11 +382,16 @@ def proxdm_sample(
     - `hybrid`: use PDA-hybrid instead of PDA.
     - `t_start`: the start time $t_N$ in `(0, 1]`.
     - `dtype`: JAX's default float by default.
+    - `throw`: whether a failed prox (see
+      [`retrax.diffusion.AbstractProximalPredictor.prox_result`][]) raises.
+      With `throw=False` the sample is returned with the first failure's
+      result code and NaN derivatives.
 
     **Returns:**
 
-    One sample of the given shape. PDA with a step $\gamma_k \ge 2$ raises
-    (use more steps or `hybrid=True`).
+    A [`retrax.diffusion.ProxSample`][]: the sample (of the given shape) and
+    its result code. PDA with a step $\gamma_k \ge 2$ raises (use more steps
+    or `hybrid=True`).
     """
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if len(shape) != 1 or not (isinstance(shape[0], int) and shape[0] >= 1):
@@ -336,18 +416,42 @@ def proxdm_sample(
     x = jax.random.normal(k_init, shape, dtype)
     keys = jax.random.split(k_steps, steps)
 
-    def body(x, inp):
+    def body(carry, inp):
+        x, result = carry
         t_prev, gamma, k = inp
         z = jax.random.normal(k, shape, dtype)
         if hybrid:
-            return prox.prox(
-                (1 + gamma / 2) * x + jnp.sqrt(gamma) * z, t_prev, gamma
-            ), None
-        scale = 2 / (2 - gamma)
-        return prox.prox(scale * (x + jnp.sqrt(gamma) * z), t_prev, gamma * scale), None
+            v, lam = (1 + gamma / 2) * x + jnp.sqrt(gamma) * z, gamma
+        else:
+            scale = 2 / (2 - gamma)
+            v, lam = scale * (x + jnp.sqrt(gamma) * z), gamma * scale
+        x, step_result = prox.prox_result(v, t_prev, lam)
+        # keep the first failure
+        result = RESULTS.where(result == RESULTS.successful, step_result, result)
+        return (x, result), None
 
-    x, _ = jax.lax.scan(body, x, (ts[:-1], gammas, keys), reverse=True)
-    return x
+    init = (x, RESULTS.successful)
+    (x, result), _ = jax.lax.scan(body, init, (ts[:-1], gammas, keys), reverse=True)
+    x = never_silent(x, prox, result == RESULTS.successful)
+    out = ProxSample(x=x, result=result)
+    if throw:
+        out = result.error_if(out, result != RESULTS.successful)
+    return out
+
+
+class ProxSample(eqx.Module):
+    """The result of [`retrax.diffusion.proxdm_sample`][].
+
+    **Attributes:**
+
+    - `x`: the sample.
+    - `result`: a [`retrax.diffusion.RESULTS`][] code: `successful`, or the
+      first failure of a prox along the chain (then the derivatives of `x`
+      are NaN).
+    """
+
+    x: Float[Array, " n"]
+    result: RESULTS
 
 
 def proximal_matching_loss(
@@ -405,8 +509,11 @@ class ProxSolution(eqx.Module):
     - `residual`: the fixed-point residual $T(w) - w$, full length (0 on
       hard clamps).
     - `steps`: the number of iterations taken.
-    - `converged`: whether the iteration met its tolerance.
-    - `result`: optimistix's result code.
+    - `converged`: whether the iteration met its tolerance and the prox at
+      the answer is a proximal point.
+    - `result`: a [`retrax.diffusion.RESULTS`][] code: optimistix's result of
+      the iteration, or the prox's own failure at the answer (see
+      [`retrax.diffusion.AbstractProximalPredictor.prox_result`][]).
     """
 
     z: Float[Array, " n"]
@@ -414,25 +521,14 @@ class ProxSolution(eqx.Module):
     residual: Float[Array, " n"]
     steps: Int[Array, ""]
     converged: Bool[Array, ""]
-    result: optx.RESULTS
-
-
-@jax.custom_jvp
-def _nan_tangent_unless(ok, z):
-    return z
-
-
-@_nan_tangent_unless.defjvp
-def _nan_tangent_unless_jvp(primals, tangents):
-    ok, z = primals
-    _, dz = tangents
-    # a multiplication, so that the rule transposes for reverse mode
-    return z, dz * jnp.where(ok, 1.0, jnp.nan).astype(z.dtype)
+    result: RESULTS
 
 
 def _hqs_step(w, args):
     prox, z0, rho, hard, t, lam = args
-    u = prox.prox(w, t, lam)
+    # The prox's own failures are checked at the answer (`prox_infer`); its
+    # derivatives here are the map's, so that the adjoint's operator is finite.
+    u, _ = prox.prox_result(w, t, lam)
     stiff = lam * rho**2
     return jnp.where(hard, z0, (u + stiff * z0) / (1 + stiff))
 
@@ -486,11 +582,12 @@ def prox_infer(
       contracts linearly, so the error is about `tol` divided by one minus
       its rate.
     - `max_steps`: the most iterations.
-    - `throw`: raise if the iteration does not converge. With
-      `throw=False` a failed solve returns its last iterate and result code;
-      its tangent is NaN, so reverse-mode derivatives through it raise (the
-      adjoint's linear solve refuses the NaN cotangent) and forward-mode
-      ones are NaN, never a silent number.
+    - `throw`: raise if the iteration does not converge, or if the prox at
+      the answer failed (see
+      [`retrax.diffusion.AbstractProximalPredictor.prox_result`][]). With
+      `throw=False` a failed solve returns its last iterate and its result
+      code, and every derivative of `z`, `u` and `residual` is NaN (forward
+      and reverse mode), never a silent number.
 
     **Returns:**
 
@@ -539,17 +636,26 @@ def prox_infer(
         args,
         max_steps=max_steps,
         adjoint=optx.ImplicitAdjoint(),
-        throw=throw,
+        throw=False,
     )
-    converged = sol.result == optx.RESULTS.successful
-    z = _nan_tangent_unless(converged, sol.value)
-    u = prox.prox(z, t, lam)
+    _, prox_result = prox.prox_result(jax.lax.stop_gradient(sol.value), t, lam)
+    result = RESULTS.where(
+        sol.result == optx.RESULTS.successful,
+        prox_result,
+        RESULTS.promote(sol.result),
+    )
+    converged = result == RESULTS.successful
+    z = never_silent(sol.value, (prox, z0, rho_soft, t, lam), converged)
+    u, _ = prox.prox_result(z, t, lam)
     residual = _hqs_step(z, args) - z
-    return ProxSolution(
+    out = ProxSolution(
         z=z,
         u=u,
         residual=residual,
         steps=jnp.asarray(sol.stats["num_steps"]),
         converged=converged,
-        result=sol.result,
+        result=result,
     )
+    if throw:
+        out = result.error_if(out, ~converged)
+    return out

@@ -10,6 +10,7 @@ import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from .._misc import check_positive_int, check_value
+from ._never_silent import never_silent
 from ._predictor import AbstractPredictor, as_state, is_key
 from ._schedule import AbstractNoiseSchedule, as_time
 
@@ -281,6 +282,13 @@ def reddiff_solve(
     estimate; Adam's constant step leaves a jitter of about `cfg.lr` that
     iterate averaging (`cfg.average`) removes.
 
+    Not differentiable: the run has no convergence test (so no result code
+    and nothing to raise on) and its regulariser is under `stop_gradient`,
+    so a derivative through the unrolled steps would be a silent, wrong
+    number. Every derivative of the solution is NaN instead; for an answer
+    with derivatives use [`retrax.diffusion.implicit_infer`][] or
+    [`retrax.diffusion.prox_infer`][].
+
     **Arguments:**
 
     - `pred`: the noise predictor (the prior).
@@ -342,8 +350,15 @@ def reddiff_solve(
 
     keys = jax.random.split(key, cfg.steps)
     idx = jnp.arange(cfg.steps)
+    inputs = (pred, cfg, x, data_grad, clamp)
     (x, _, mean), path = jax.lax.scan(step, (x, opt_state, x), (keys, idx))
-    return REDDiffSolution(project(mean), x, path)
+    # Not differentiable: a fixed number of steps with no convergence test, and
+    # the regulariser under stop_gradient. NaN derivatives, never a silent number.
+    no = jnp.zeros((), bool)
+    mean, x = never_silent(project(mean), inputs, no), never_silent(x, inputs, no)
+    if path is not None:
+        path = never_silent(path, inputs, no)
+    return REDDiffSolution(mean, x, path)
 
 
 def calibrate_lambda(

@@ -164,6 +164,11 @@ class IndexedRelation(AbstractImplicitRelation):
     def effective_lambda(self, dtype) -> Float[Array, ""]:
         return self.relation.effective_lambda(dtype)
 
+    def field_unit(self, dtype) -> Float[Array, " n"]:
+        """The member's unit on its coordinates, 0 (no field) elsewhere."""
+        unit = self.relation.field_unit(dtype)
+        return jnp.zeros((self.dim,), dtype).at[np.asarray(self.index)].set(unit)
+
 
 def named_relation(
     relation: AbstractImplicitRelation,
@@ -278,6 +283,11 @@ class ProductRelation(AbstractImplicitRelation):
             return super().energy(z)
         w = self.weights.astype(z.dtype)
         return sum(w[i] * r.energy(z) for i, r in enumerate(self.relations))
+
+    def field_unit(self, dtype) -> Float[Array, " n"]:
+        r"""$\sum_i w_i u_i$ of the members' units $u_i$, per coordinate."""
+        w = self.weights.astype(dtype)
+        return sum(w[i] * r.field_unit(dtype) for i, r in enumerate(self.relations))
 
     def effective_lambda(self, dtype) -> Float[Array, ""]:
         r"""The members' common $\lambda_{\mathrm{eff}}$ (an error, under `jit`

@@ -15,6 +15,12 @@ class RESULTS(optx.RESULTS):  # pyright: ignore
         "learned density, not an answer; try another start (`z_init`), an anchor "
         "(a small positive `rho`), or `implicit_roots`."
     )
+    prox_search_failed = (
+        "The line search of an inner proximal solve (`MixtureProx`) found no "
+        "acceptable step from a point that is not a proximal point (a non-finite "
+        "objective, usually an input too large for the dtype). The result is not "
+        "a proximal point; its derivatives are NaN."
+    )
 
 
 class ImplicitSolution(eqx.Module):
@@ -23,7 +29,9 @@ class ImplicitSolution(eqx.Module):
     **Attributes:**
 
     - `z`: the full joint point (clamped coordinates equal to `z0`).
-    - `residual`: the query residual at `z`, full length, clamped entries 0.
+    - `residual`: the query residual at `z`, full length, clamped entries 0;
+      recomputed from `z`, so its derivatives are those of the residual at
+      the answer (about 0 at a converged answer, NaN at an unconverged one).
     - `steps`: the number of solver iterations.
     - `converged`: whether $\\max|r_F| \\le \\mathrm{tol}\\,(1 + \\max|z|)$.
     - `stable`: whether the symmetric part of the free-block Jacobian
@@ -32,6 +40,18 @@ class ImplicitSolution(eqx.Module):
     - `result`: a [`retrax.diffusion.RESULTS`][] code: `successful` when
       converged and stable, `unstable_root` when converged but unstable, or the
       optimistix/lineax failure otherwise.
+    - `clamp_load`: what the hard clamps hold against: the largest
+      $|g_i(z)|/u_i$ over the clamped coordinates $i$, the prior field at
+      the answer in units $u$ of
+      [`retrax.diffusion.AbstractImplicitRelation.field_unit`][] (for an
+      `ImplicitDiffusion`, $\\lambda s$ with $s$ the nodes' mean noise
+      level): about the clamped values' distance from the data in noise
+      standard deviations. Small when the clamped values lie on the data; 0
+      without clamps; NaN when the relation's unit is not known.
+    - `off_data`: whether `clamp_load` exceeds the query's `off_data_tol`
+      (3 by default): the clamps hold the answer where the model has seen
+      no data, so the answer, though a converged and stable root, is an
+      extrapolation. Not an error and not in `result`.
     """
 
     z: Float[Array, " n"]
@@ -40,3 +60,5 @@ class ImplicitSolution(eqx.Module):
     converged: Bool[Array, ""]
     stable: Bool[Array, ""]
     result: RESULTS
+    clamp_load: Float[Array, ""]
+    off_data: Bool[Array, ""]

@@ -20,6 +20,9 @@ class _GuardedState(eqx.Module):
     lmin: Float[Array, ""]
     vmin: Float[Array, " n"]
     reflect: Float[Array, "n n"] | None
+    # The result of the linear solve of the step that led here.
+    result: optx.RESULTS
+    y: Float[Array, " n"]
 
 
 def _fixed_mask(options: dict[str, Any], y: Array) -> Array:
@@ -112,6 +115,23 @@ class GuardedNewton(optx.AbstractRootFinder):
     The optional `options["fixed"]` (a boolean vector) marks rows that are
     identity rows (hard clamps): they are excluded from the stability test.
 
+    Failures are never quiet. Every step's linear solve (LU on the dense
+    matrix, `linear_solver` matrix-free) is a lineax solve whose result is
+    kept: a failed one leaves the iterate where it was and ends the solve
+    with lineax's result code (`singular`, `max_steps_reached`, `breakdown`,
+    ...), which `optx.root_find` raises with `throw=True` and returns in
+    `sol.result` with `throw=False`. When the solve ends without converging
+    (any failure, including `nonlinear_max_steps_reached` away from a root)
+    the returned value is NaN, so that no derivative through
+    `optx.root_find(..., throw=False)` is taken at a point that is not a
+    root: the implicit adjoint's linear solve then raises instead of
+    returning a number. The last iterate is in `sol.state.y`. A converged
+    but unstable end (a saddle the solver could not leave within
+    `max_steps`) keeps its value, a root whose derivatives are meaningful.
+    [`retrax.diffusion.implicit_infer`][] passes `options["keep_last"] =
+    True` to get the last iterate instead of NaN, and makes its derivatives
+    NaN itself.
+
     With `matrix_free=True` the Jacobian is never formed: Newton–Krylov steps
     solve with `linear_solver` (a lineax iterative solver, GMRES by default)
     on Jacobian-vector products, and the stability test and escape direction
@@ -150,7 +170,7 @@ class GuardedNewton(optx.AbstractRootFinder):
 
     # -- evaluation at a point ------------------------------------------------
 
-    def _evaluate(self, fn, y, args, fixed):
+    def _evaluate(self, fn, y, args, fixed, result):
         free = ~fixed
         dtype = y.dtype
         n = y.shape[0]
@@ -196,7 +216,10 @@ class GuardedNewton(optx.AbstractRootFinder):
             reflect = jnp.where(both, reflect, 0)
         scale = self.atol + self.rtol * jnp.max(jnp.abs(y))
         converged = self.norm(f) <= scale
-        stable = lmin > 0
+        # A non-finite Jacobian (or Lanczos value) proves nothing about stability.
+        stable = (lmin > 0) & jnp.isfinite(lmin)
+        if jac is not None:
+            stable = stable & jnp.all(jnp.isfinite(jac))
         return _GuardedState(
             f=f,
             jac=jac,
@@ -205,56 +228,76 @@ class GuardedNewton(optx.AbstractRootFinder):
             lmin=lmin,
             vmin=_oriented(jnp.where(free, vmin, 0)),
             reflect=reflect,
+            result=result,
+            y=y,
         )
 
-    def _solve(self, fn, y, args, state, fixed, shift):
-        """Solve $(J + \\mathrm{shift}\\, D_F) d = -f$ (matrix-free), or the
-        Newton or saddle-free system (dense)."""
+    def _direction(self, fn, y, args, state, fixed, newton):
+        r"""The Newton step (`newton`) or the regularised step, and the result of
+        its linear solve.
+
+        One linear solve either way: the two steps differ only in the operator
+        (dense: $J$ or $J + \Delta$; matrix-free: the Levenberg shift is 0 or
+        $\mu$), so the choice is data, not a second solve.
+        """
+        dtype = y.dtype
         if self.matrix_free:
-            shift_diag = jnp.where(fixed, 0, shift).astype(y.dtype)
+            tiny = jnp.finfo(dtype).eps
+            floor = jnp.sqrt(tiny) * (jnp.abs(state.lmin) + 1)
+            mu = jnp.maximum(2 * jnp.maximum(-state.lmin, 0), floor)
+            shift = jnp.where(newton | fixed, jnp.zeros((), dtype), mu).astype(dtype)
 
             def res(_y):
                 out, _ = fn(_y, args)
                 return out
 
             _, jvp = jax.linearize(res, y)
-            op = lx.FunctionLinearOperator(
-                lambda v: jvp(v) + shift_diag * v, jax.eval_shape(lambda: y)
+            operator = lx.FunctionLinearOperator(
+                lambda v: jvp(v) + shift * v, jax.eval_shape(lambda: y)
             )
-            sol = lx.linear_solve(op, -state.f, self.linear_solver, throw=False)
-            return sol.value
-        # Dense: `shift=None` asks for the saddle-free step, otherwise Newton.
-        mat = state.jac if shift is not None else state.jac + state.reflect
-        return jnp.linalg.solve(mat, -state.f)
+            solver = self.linear_solver
+        else:
+            # `reflect` is the saddle-free shift; without it, Newton's matrix.
+            mat = jnp.where(newton, state.jac, state.jac + state.reflect)
+            operator = lx.MatrixLinearOperator(mat)
+            solver = lx.LU()
+        sol = lx.linear_solve(operator, -state.f, solver, throw=False)
+        return sol.value, optx.RESULTS.promote(sol.result)
 
     # -- optimistix interface -------------------------------------------------
 
     def init(self, fn, y, args, options, f_struct, aux_struct, tags):
         del f_struct, aux_struct, tags
-        return self._evaluate(fn, y, args, _fixed_mask(options, y))
+        fixed = _fixed_mask(options, y)
+        return self._evaluate(fn, y, args, fixed, optx.RESULTS.successful)
 
     def step(self, fn, y, args, options, state, tags):
         del tags
         fixed = _fixed_mask(options, y)
         dtype = y.dtype
-        tiny = jnp.finfo(dtype).eps
         scale = 1 + jnp.max(jnp.abs(y))
         escape = state.converged & ~state.stable
         newton = state.stable & ~state.converged
 
-        d_newton = self._solve(fn, y, args, state, fixed, jnp.zeros((), dtype))
-        if self.matrix_free:
-            floor = jnp.sqrt(tiny) * (jnp.abs(state.lmin) + 1)
-            mu = jnp.maximum(2 * jnp.maximum(-state.lmin, 0), floor)
-            d_reg = self._solve(fn, y, args, state, fixed, mu)
-        else:
-            d_reg = self._solve(fn, y, args, state, fixed, None)
-        cap = self.max_step * scale
-        big = jnp.max(jnp.abs(d_reg))
-        d_reg = d_reg * jnp.minimum(1, cap / jnp.maximum(big, jnp.finfo(dtype).tiny))
-        d_escape = (self.escape_radius * scale) * state.vmin
-        d = jnp.where(escape, d_escape, jnp.where(newton, d_newton, d_reg))
-        d = jnp.where(fixed, 0, d)
+        def solve(_):
+            d, result = self._direction(fn, y, args, state, fixed, newton)
+            # The regularised step is capped; a Newton step is backtracked instead.
+            cap = self.max_step * scale
+            big = jnp.max(jnp.abs(d))
+            capped = d * jnp.minimum(1, cap / jnp.maximum(big, jnp.finfo(dtype).tiny))
+            return jnp.where(newton, d, capped), result
+
+        def leave(_):
+            d = (self.escape_radius * scale) * state.vmin
+            return d.astype(dtype), optx.RESULTS.successful
+
+        # Unbatched, only the taken branch runs (no linear solve at an escape);
+        # under vmap the cond becomes a select and both run.
+        d, result = lax.cond(escape, leave, solve, None)
+        # A failed linear solve does not move the iterate: `terminate` stops
+        # with its result at the last point the solver could stand behind.
+        ok = result == optx.RESULTS.successful
+        d = jnp.where(fixed | ~ok, jnp.zeros((), dtype), d)
 
         merit0 = 0.5 * jnp.sum(state.f**2)
         armijo = 1e-4
@@ -277,14 +320,21 @@ class GuardedNewton(optx.AbstractRootFinder):
         m1 = lax.cond(newton, merit, lambda _: merit0, one)
         _, alpha, _ = lax.while_loop(cond, body, (jnp.array(0), one, m1))
         new_y = y + alpha * d
-        new_state = self._evaluate(fn, new_y, args, fixed)
+        new_state = self._evaluate(fn, new_y, args, fixed, result)
         return new_y, new_state, None
 
     def terminate(self, fn, y, args, options, state, tags):
         del fn, y, args, options, tags
         done = state.converged & state.stable
-        return done, optx.RESULTS.successful
+        # A point that passes the convergence and stability tests is an answer
+        # however it was reached; otherwise a failed linear solve ends the solve
+        # with the linear solver's own result.
+        failed = ~done & (state.result != optx.RESULTS.successful)
+        result = optx.RESULTS.where(failed, state.result, optx.RESULTS.successful)
+        return done | failed, result
 
     def postprocess(self, fn, y, aux, args, options, state, tags, result):
-        del fn, args, options, tags, result
+        del fn, args, tags, result
+        if not options.get("keep_last", False):
+            y = jnp.where(state.converged, y, jnp.array(jnp.nan, y.dtype))
         return y, aux, {"stable": state.stable, "converged": state.converged}
