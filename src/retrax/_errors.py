@@ -4,6 +4,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jaxtyping import ArrayLike, Bool, PyTree
 
 
@@ -27,16 +28,23 @@ def error_if(x: PyTree, pred: Bool[ArrayLike, "..."], msg: str) -> PyTree:
     """`eqx.error_if(x, pred, msg)`, also inside `shard_map`.
 
     Eagerly, under `jit`, `vmap`, `grad` and with sharded inputs this is
-    `eqx.error_if`. Inside `shard_map`, when `x` varies over a mesh axis
-    (each device holds its own values), `eqx.error_if`'s `lax.cond` would
-    join a branch typed like `x` (varying) with its error branch, a host
-    callback typed as invariant, and JAX rejects the mismatch. There the
-    check is made on an invariant scalar instead and its outcome applied to
-    `x`: the same message is raised by the device whose values are bad, and
-    `EQX_ON_ERROR=nan` still gives NaN.
+    `eqx.error_if`. Inside `shard_map` two things change:
+
+    - when `pred` differs per device, it is first combined over the devices
+      (`lax.pmax`), so that every device raises, not only the one whose
+      values are bad: the others would otherwise wait forever for it in the
+      program's next collective;
+    - when `x` differs per device, `eqx.error_if`'s `lax.cond` would join a
+      branch typed like `x` (varying) with its error branch, a host callback
+      typed as invariant, and JAX rejects the mismatch. The check is then made
+      on an invariant scalar and its outcome applied to `x`
+      (`EQX_ON_ERROR=nan` still gives NaN).
 
     As with `eqx.error_if`, only the returned value carries the check.
     """
+    axes = tuple(sorted(varying_axes(pred)))
+    if axes:
+        pred = lax.pmax(jnp.any(pred).astype(jnp.int32), axes) > 0
     leaves = [v for v in jax.tree.leaves(x) if eqx.is_array(v)]
     if not any(varying_axes(v) for v in leaves):
         return eqx.error_if(x, pred, msg)

@@ -165,8 +165,10 @@ def _switched(x: Array, at: Array, rt: Array, zi: Array) -> Array:
     runs once on the whole batch, and a batch sharded over devices stays
     sharded (see `_signals_partitioned`).
     """
-    if x.dtype in (jnp.float32, jnp.float64) and _native.available():
-        return _signals_batched(x, at, rt, zi)
+    if x.dtype in (jnp.float32, jnp.float64):
+        if _native.available():
+            return _signals_batched(x, at, rt, zi)
+        _native.warn_if_missing()
     return _switched_loop(x, at, rt, zi)
 
 
