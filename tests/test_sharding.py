@@ -203,3 +203,18 @@ def test_every_op_and_module_sharded_matches_one_device():
         "ballistics at": "`at`",
         "svf cutoff": "`cutoff`",
     }
+
+
+def test_signal_checks_go_through_the_shard_map_safe_error_if():
+    # `eqx.error_if` on a value that differs per device fails inside
+    # `shard_map` (see `retrax._errors.error_if`); the signal-processing
+    # packages use the wrapper for every run-time check.
+    src = ROOT / "src" / "retrax"
+    direct = [
+        f"{path.relative_to(src)}:{number}"
+        for package in ("ops", "dynamics", "filters", "synth")
+        for path in sorted((src / package).glob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "eqx.error_if(" in line or "equinox.error_if(" in line
+    ]
+    assert direct == [], "use retrax._errors.error_if instead"
