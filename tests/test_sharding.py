@@ -191,6 +191,11 @@ def test_every_op_and_module_sharded_matches_one_device():
         # onto every device (the ballistics kernel used to).
         assert case["outputs_split"], name
         assert case["all_gathers"] == 0, name
+    # The docs' recipe (`jax.make_mesh`, `jax.set_mesh`) for a module built on
+    # the compiled kernel and for a filter.
+    for name, case in result["explicit"].items():
+        assert case["error"] <= 1e-12, name
+        assert case["split"], name
     # The ops that check their coefficients do so in the sharded program.
     checked = ["ballistics", "fir", "lfilter", "sosfilt", "filtfilt", "svf"]
     checked += ["state_space", "diag_state_space", "compexp_gain", "limiter_gain"]
