@@ -5,6 +5,12 @@ are compiled against the XLA FFI headers shipped with jaxlib, so jaxlib is a
 build requirement. Without a C++ compiler, or if compilation fails, the
 build still succeeds: retrax then runs its pure-JAX loops, which give the
 same numbers. `CXX` selects the compiler (default `c++`).
+
+pip shows a build backend's messages only with `pip install -v` (or when the
+build fails), so the warning below is seldom seen. retrax therefore also
+says it at run time: the first op that would use a missing kernel on the CPU
+warns (`retrax._native.KernelWarning`), and `retrax.kernels()` gives the
+reason.
 """
 
 import os
@@ -67,5 +73,6 @@ class KernelBuildHook(BuildHookInterface):
 
     def _skip(self, why: str) -> None:
         self.app.display_warning(
-            f"retrax: CPU kernels not built ({why}); the pure-JAX loops are used."
+            f"retrax: CPU kernels not built ({why}); the pure-JAX loops are used "
+            "(check with `retrax.kernels()`)."
         )

@@ -11,6 +11,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -109,3 +111,115 @@ def test_ballistics_inside_shard_map_on_one_device():
     assert_close(jax.jit(looped)(x)[1], ref)
     grad = jax.grad(lambda x: jnp.sum(jax.jit(fn)(x) ** 2))(x)
     assert bool(jnp.all(jnp.isfinite(grad)))
+
+
+def test_checked_ops_inside_shard_map_on_one_device():
+    # The input checks (`eqx.error_if`) joined a value that varies over the
+    # mesh with an invariant callback result, which `shard_map` rejects:
+    # per-signal coefficients, the SVF module and the gradient all failed.
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from helpers import assert_close
+    from retrax.filters import SVF
+    from retrax.ops import lfilter
+
+    mesh = jax.make_mesh((1,), ("batch",))
+    rng = np.random.default_rng(0)
+    b = rng.uniform(-1, 1, (2, 3))
+    a = np.stack([[1.0, -0.5, 0.2], [1.0, 0.3, -0.1]])
+    x = rng.standard_normal((2, 16))
+
+    def put(v):
+        return jax.device_put(jnp.asarray(v), NamedSharding(mesh, P("batch")))
+
+    def sharded(f):
+        return jax.jit(
+            jax.shard_map(f, mesh=mesh, in_specs=P("batch"), out_specs=P("batch"))
+        )
+
+    filt = jax.vmap(lambda b, a, x: lfilter(b, a, x))
+    assert_close(sharded(filt)(put(b), put(a), put(x)), filt(b, a, x))
+    module = jax.vmap(SVF(1000.0, 0.9))
+    assert_close(sharded(module)(put(x)), module(jnp.asarray(x)))
+
+    def loss(f, b, a, x):
+        return jnp.sum(f(b, a, x) ** 2)
+
+    grads = jax.grad(loss, argnums=(1, 2, 3))(sharded(filt), put(b), put(a), put(x))
+    want = jax.grad(loss, argnums=(1, 2, 3))(filt, b, a, x)
+    for got, ref in zip(grads, want, strict=True):
+        assert_close(got, ref)
+    # The checks still hold there, with their messages.
+    a[1, 1] = np.nan
+    with pytest.raises(Exception, match="`a` has non-finite"):
+        jax.block_until_ready(sharded(filt)(put(b), put(a), put(x)))
+
+
+@pytest.mark.slow
+def test_every_op_and_module_sharded_matches_one_device():
+    # `tests/sharded_ops.py`: every public op and module of ops, dynamics and
+    # filters, values and gradients, on a batch split over 8 devices, by
+    # `jit` with `NamedSharding` inputs and inside `shard_map`.
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "sharded_ops.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert len(lines) == 1, proc.stdout
+    result = json.loads(lines[0].removeprefix("RESULT "))
+    assert result["devices"] == 8
+    assert result["failures"] == {}
+    cases = result["cases"]
+    assert len(cases) == 31
+    for name, case in cases.items():
+        assert case["auto_error"] <= 1e-12, name
+        assert case["shard_map_error"] <= 1e-12, name
+        # Outputs stay split over the batch, and nothing gathers the batch
+        # onto every device (the ballistics kernel used to).
+        assert case["outputs_split"], name
+        assert case["all_gathers"] == 0, name
+    # The docs' recipe (`jax.make_mesh`, `jax.set_mesh`) for a module built on
+    # the compiled kernel and for a filter.
+    for name, case in result["explicit"].items():
+        assert case["error"] <= 1e-12, name
+        assert case["split"], name
+    # The ops that check their coefficients do so in the sharded program.
+    checked = ["ballistics", "fir", "lfilter", "sosfilt", "filtfilt", "svf"]
+    checked += ["state_space", "diag_state_space", "compexp_gain", "limiter_gain"]
+    checked += ["Compressor", "SVF", "ParametricEQ"]
+    for name in checked:
+        assert cases[name]["checks"] > 0, name
+    # A bad coefficient of one example raises the op's message.
+    assert result["bad_inputs"] == {
+        "lfilter a": "`a`",
+        "ballistics at": "`at`",
+        "svf cutoff": "`cutoff`",
+    }
+
+
+def test_signal_checks_go_through_the_shard_map_safe_error_if():
+    # `eqx.error_if` on a value that differs per device fails inside
+    # `shard_map` (see `retrax._errors.error_if`); the signal-processing
+    # packages use the wrapper for every run-time check.
+    src = ROOT / "src" / "retrax"
+    direct = [
+        f"{path.relative_to(src)}:{number}"
+        for package in ("ops", "dynamics", "filters", "synth")
+        for path in sorted((src / package).glob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "eqx.error_if(" in line or "equinox.error_if(" in line
+    ]
+    assert direct == [], "use retrax._errors.error_if instead"

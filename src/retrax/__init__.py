@@ -13,6 +13,7 @@ from . import (
     ops as ops,
     synth as synth,
 )
+from ._native import KernelStatus as KernelStatus, kernels as kernels
 
 
 __version__ = importlib.metadata.version("retrax")

@@ -214,6 +214,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RetraxBallistics, Ballistics,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
 
-// The jaxlib whose FFI headers this library was compiled against; the Python
-// side uses the kernels only with that same jaxlib.
+// The jaxlib whose FFI headers this library was compiled against, reported by
+// `retrax.kernels()`. Compatibility with the running jaxlib is XLA's to decide:
+// it checks the FFI API version each handler reports when it is registered.
 extern "C" const char* RetraxJaxlibVersion() { return RETRAX_JAXLIB_VERSION; }

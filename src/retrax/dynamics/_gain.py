@@ -1,9 +1,9 @@
 """Gain computers of compressors, expanders and limiters (torchcomp's formulas)."""
 
-import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._errors import error_if
 from .._misc import as_inexact, result_dtype
 from ..ops import ballistics, linear_recurrence
 from ..ops._validate import check_signal, check_zi
@@ -14,7 +14,7 @@ _Param = Shaped[ArrayLike, ""] | Shaped[ArrayLike, " time"] | float
 
 
 def _in_range(name, value, low, high, *, low_open=True, high_open=True):
-    """Check `low < value < high` under jit (`eqx.error_if`); returns `value`."""
+    """Check `low < value < high` under jit (`error_if`); returns `value`."""
     bad = jnp.zeros((), bool)
     if low is not None:
         bad = bad | jnp.any(value <= low if low_open else value < low)
@@ -25,7 +25,7 @@ def _in_range(name, value, low, high, *, low_open=True, high_open=True):
     hi = ")" if high_open else "]"
     interval = f"{lo}{low if low is not None else '-inf'}, "
     interval += f"{high if high is not None else 'inf'}{hi}"
-    return eqx.error_if(value, bad, f"`{name}` must lie in {interval}.")
+    return error_if(value, bad, f"`{name}` must lie in {interval}.")
 
 
 def _signal(name, x):

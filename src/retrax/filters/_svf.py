@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._errors import error_if
 from .._misc import as_inexact, result_dtype
 from ..ops import state_space
 from ..ops._validate import check_signal, check_zi
@@ -103,13 +104,13 @@ def svf(
                 f"got shape {value.shape}."
             )
     nyquist = 0.5 * float(sample_rate)
-    cutoff = eqx.error_if(
+    cutoff = error_if(
         cutoff,
         jnp.any((cutoff <= 0) | (cutoff >= nyquist) | ~jnp.isfinite(cutoff)),
         f"`cutoff` must lie strictly between 0 and Nyquist ({nyquist} Hz).",
     )
-    q = eqx.error_if(q, jnp.any((q <= 0) | ~jnp.isfinite(q)), "`q` must be positive.")
-    x = eqx.error_if(x, jnp.any(~jnp.isfinite(x)), "`x` has non-finite samples.")
+    q = error_if(q, jnp.any((q <= 0) | ~jnp.isfinite(q)), "`q` must be positive.")
+    x = error_if(x, jnp.any(~jnp.isfinite(x)), "`x` has non-finite samples.")
     dtype = result_dtype(x, cutoff, q)
     zi = check_zi(zi, (2,), "(ic1eq, ic2eq)")
     if zi is not None:

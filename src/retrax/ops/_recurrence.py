@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._errors import varying_axes as _varying_axes
+
 
 Structure = Literal["allpole", "diagonal", "dense"]
 Method = Literal["sequential", "associative"]
@@ -47,15 +49,6 @@ METHODS = ("sequential", "associative")
 # unroll 1 (unroll 2 doubles the B=8 gradient's time).
 DEFAULT_UNROLL = 2
 TANGENT_UNROLL = 1
-
-
-def _varying_axes(x) -> frozenset:
-    # `manual_axis_type.varying` in current JAX, `vma` in releases before it.
-    aval = jax.typeof(x)
-    manual = getattr(aval, "manual_axis_type", None)
-    if manual is not None:
-        return frozenset(manual.varying)
-    return frozenset(getattr(aval, "vma", ()))
 
 
 def _varying_like(init, *args):

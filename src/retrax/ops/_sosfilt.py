@@ -1,10 +1,10 @@
 """Cascaded second-order sections and frequency responses."""
 
-import equinox as eqx
 import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
+from .._errors import error_if
 from .._misc import as_inexact, result_dtype
 from ._lfilter import tdf2_apply
 from ._validate import check_finite, check_signal, check_zi
@@ -20,7 +20,7 @@ def _check_sos(sos: Array) -> None:
 
 def _checked_sos(sos: Array) -> Array:
     sos = check_finite("sos", sos)
-    return eqx.error_if(
+    return error_if(
         sos,
         jnp.any(sos[:, 3] != 1),
         "`sos` rows must have a0 = sos[:, 3] = 1 (normalise each section by a0).",

@@ -1,10 +1,10 @@
 """Private input checks shared by the filter ops."""
 
-import equinox as eqx
 import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike
 
+from .._errors import error_if
 from .._misc import as_inexact
 
 
@@ -20,9 +20,10 @@ def check_signal(name: str, x: Array) -> None:
 def check_finite(name: str, value: Array) -> Array:
     """Raise at run time (also under `jit`) if `value` has a `nan` or `inf`.
 
-    The check is only kept by JAX if the returned array is used.
+    The check is only kept by JAX if the returned array is used. It also
+    holds inside `shard_map` (see `retrax._errors.error_if`).
     """
-    return eqx.error_if(
+    return error_if(
         value,
         ~jnp.all(jnp.isfinite(value)),
         f"`{name}` has non-finite (nan or inf) entries.",

@@ -1,0 +1,119 @@
+"""`retrax.kernels()`: which compiled CPU kernels are in use, and why not."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import retrax
+from retrax import _native
+from retrax.ops import ballistics
+
+
+ROOT = pathlib.Path(__file__).parent.parent
+
+
+def _uses_kernel(dtype=jnp.float64) -> bool:
+    """Whether the compiled CPU program of `ballistics` calls the kernel."""
+    x = jnp.linspace(0.0, 1.0, 8, dtype=dtype)
+    text = jax.jit(lambda x: ballistics(x, 0.3, 0.1)).lower(x).as_text()
+    return _native.BALLISTICS in text
+
+
+@pytest.fixture
+def fresh_status():
+    """Forget the loaded status, before and after the test."""
+    _native._load.cache_clear()
+    _native.warn_if_missing.cache_clear()
+    yield
+    _native._load.cache_clear()
+    _native.warn_if_missing.cache_clear()
+    jax.clear_caches()
+
+
+def test_status_says_whether_ballistics_uses_the_kernel():
+    status = retrax.kernels()
+    assert set(status) == {"ballistics"}
+    kernel = status["ballistics"]
+    assert isinstance(kernel, retrax.KernelStatus)
+    assert kernel.library == str(_native.LIBRARY)
+    assert kernel.active == _uses_kernel()
+    if _native.LIBRARY.is_file():  # built with the package
+        assert kernel.active, kernel.reason
+        assert "compiled for jaxlib" in kernel.reason
+    else:
+        assert not kernel.active
+        assert "not built" in kernel.reason
+
+
+def test_disabled_kernels_are_reported_without_a_warning():
+    # A fresh process: the status is read once, when the kernels first load.
+    script = (
+        "import json, warnings\n"
+        "warnings.simplefilter('error')\n"
+        "import jax, jax.numpy as jnp, retrax\n"
+        "from retrax import _native\n"
+        "y = retrax.ops.ballistics(jnp.ones(4), 0.3, 0.1)\n"
+        "text = jax.jit(lambda x: retrax.ops.ballistics(x, 0.3, 0.1))"
+        ".lower(jnp.ones(4)).as_text()\n"
+        "k = retrax.kernels()['ballistics']\n"
+        "print(json.dumps({'active': k.active, 'reason': k.reason,"
+        " 'called': _native.BALLISTICS in text}))\n"
+    )
+    env = dict(os.environ, RETRAX_DISABLE_KERNELS="1", JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    status = json.loads(proc.stdout.splitlines()[-1])
+    assert status == {
+        "active": False,
+        "reason": "disabled by the environment variable RETRAX_DISABLE_KERNELS=1",
+        "called": False,
+    }
+
+
+def test_missing_library_is_reported_and_warned_once(
+    fresh_status, monkeypatch, tmp_path
+):
+    monkeypatch.setattr(_native, "LIBRARY", tmp_path / "_kernels.so")
+    monkeypatch.delenv("RETRAX_DISABLE_KERNELS", raising=False)
+    kernel = retrax.kernels()["ballistics"]
+    assert not kernel.active
+    assert "not built: _kernels.so is missing" in kernel.reason
+    assert "pip install -v" in kernel.reason
+    x = jnp.linspace(0.0, 1.0, 8)
+    with pytest.warns(_native.KernelWarning, match="not built"):
+        ballistics(x, 0.3, 0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        assert not _uses_kernel()  # the pure-JAX loop
+
+
+def test_library_that_xla_refuses_is_reported(fresh_status, monkeypatch):
+    # XLA checks each handler's FFI API version when it is registered; its
+    # refusal must reach the status, and the ops fall back to the loop.
+    def refuse(name, fn, platform="cpu", **kwargs):
+        raise RuntimeError("the handler's API version (9.0) is incompatible")
+
+    if not _native.LIBRARY.is_file():
+        pytest.skip("the package was built without the kernels")
+    monkeypatch.setattr(jax.ffi, "register_ffi_target", refuse)
+    monkeypatch.delenv("RETRAX_DISABLE_KERNELS", raising=False)
+    kernel = retrax.kernels()["ballistics"]
+    assert not kernel.active
+    assert "XLA refused the kernels" in kernel.reason
+    assert "API version (9.0) is incompatible" in kernel.reason
