@@ -1,37 +1,26 @@
 """Gain computers of compressors, expanders and limiters (torchcomp's formulas)."""
 
-import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._misc import as_inexact, result_dtype
 from ..ops import ballistics, linear_recurrence
-from ..ops._validate import check_signal, check_zi
+from ..ops._validate import check_in_range, check_signal, check_zi
 from ._convert import amp2db, db2amp
 
 
 _Param = Shaped[ArrayLike, ""] | Shaped[ArrayLike, " time"] | float
 
 
-def _in_range(name, value, low, high, *, low_open=True, high_open=True):
-    """Check `low < value < high` under jit (`eqx.error_if`); returns `value`."""
-    bad = jnp.zeros((), bool)
-    if low is not None:
-        bad = bad | jnp.any(value <= low if low_open else value < low)
-    if high is not None:
-        bad = bad | jnp.any(value >= high if high_open else value > high)
-    bad = bad | jnp.any(~jnp.isfinite(value))
-    lo = "(" if low_open else "["
-    hi = ")" if high_open else "]"
-    interval = f"{lo}{low if low is not None else '-inf'}, "
-    interval += f"{high if high is not None else 'inf'}{hi}"
-    return eqx.error_if(value, bad, f"`{name}` must lie in {interval}.")
-
-
 def _signal(name, x):
     x = as_inexact(name, x)
     check_signal(name, x)
     return x
+
+
+def _coef(name, value):
+    """A smoothing coefficient in (0, 1] (see `ms2coef`), checked at run time."""
+    return check_in_range(name, as_inexact(name, value), 0.0, 1.0, high_open=False)
 
 
 def avg(
@@ -59,7 +48,7 @@ def avg(
     The average, shape `(T,)`, or `(y, zf)`.
     """
     x = _signal("x", x)
-    coef = _in_range("coef", as_inexact("coef", coef), 0.0, 1.0, high_open=False)
+    coef = _coef("coef", coef)
     dtype = result_dtype(x, coef)
     coef = coef.astype(dtype)
     return linear_recurrence(1 - coef, coef * x.astype(dtype), zi, return_zf=return_zf)
@@ -110,10 +99,13 @@ def compexp_gain(
     signal (and a makeup gain) to compress.
     """
     x_rms = _signal("x_rms", x_rms)
-    comp_ratio = _in_range(
-        "comp_ratio", as_inexact("comp_ratio", comp_ratio), 1.0, None
+    comp_thresh = check_in_range("comp_thresh", as_inexact("comp_thresh", comp_thresh))
+    comp_ratio = check_in_range("comp_ratio", as_inexact("comp_ratio", comp_ratio), 1.0)
+    exp_thresh = check_in_range("exp_thresh", as_inexact("exp_thresh", exp_thresh))
+    exp_ratio = check_in_range(
+        "exp_ratio", as_inexact("exp_ratio", exp_ratio), 0.0, 1.0
     )
-    exp_ratio = _in_range("exp_ratio", as_inexact("exp_ratio", exp_ratio), 0.0, 1.0)
+    at, rt = _coef("at", at), _coef("rt", rt)
     dtype = result_dtype(x_rms, comp_thresh, comp_ratio, exp_thresh, exp_ratio, at, rt)
     comp_thresh, comp_ratio, exp_thresh, exp_ratio = (
         jnp.asarray(v, dtype) for v in (comp_thresh, comp_ratio, exp_thresh, exp_ratio)
@@ -162,9 +154,11 @@ def limiter_gain(
     The linear gain, shape `(T,)`, or `(gain, zf)`.
     """
     x = _signal("x", x)
-    threshold = _in_range(
+    threshold = check_in_range(
         "threshold", as_inexact("threshold", threshold), None, 0.0, high_open=False
     )
+    # Checked here, by the caller's names: the peak detector swaps them.
+    at, rt = _coef("at", at), _coef("rt", rt)
     dtype = result_dtype(x, threshold, at, rt)
     zi = check_zi(zi, (2,), "[peak, gain]")
     zi = jnp.asarray([0.0, 1.0], dtype) if zi is None else zi.astype(dtype)
