@@ -164,7 +164,8 @@ def limiter_gain(
     zi = jnp.asarray([0.0, 1.0], dtype) if zi is None else zi.astype(dtype)
     peak, peak_zf = ballistics(jnp.abs(x.astype(dtype)), rt, at, zi[0], return_zf=True)
     ceiling = db2amp(threshold.astype(dtype))
-    over = peak > ceiling
+    # not `peak > ceiling`: a nan peak (from a nan in `x`) must reach the gain
+    over = ~(peak <= ceiling)
     static = jnp.where(over, ceiling / jnp.where(over, peak, 1.0), 1.0)
     gain, gain_zf = ballistics(static, at, rt, zi[1], return_zf=True)
     if not return_zf:

@@ -75,7 +75,7 @@ def lpc2rc(a: Shaped[ArrayLike, "*batch order"]) -> Inexact[Array, "*batch order
 
 
 def biquad_denominator(
-    radius: Float[ArrayLike, "*batch"], angle: Float[ArrayLike, "*batch"]
+    radius: Shaped[ArrayLike, "*batch"], angle: Shaped[ArrayLike, "*batch"]
 ) -> Float[Array, "*batch 2"]:
     r"""The denominator of a conjugate pole pair at $r e^{\pm i\theta}$.
 
