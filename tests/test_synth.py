@@ -150,4 +150,4 @@ def test_bad_input():
         fm_operator(f, SR, level=jnp.ones(3))
     # A non-finite frequency is a bad parameter, not a signal: it raises.
     with pytest.raises(eqx.EquinoxRuntimeError, match="`freq` must be finite"):
-        jax.jit(phase, static_argnums=1)(f.at[5].set(jnp.nan), SR)
+        eqx.filter_jit(phase)(f.at[5].set(jnp.nan), SR)

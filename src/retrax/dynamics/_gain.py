@@ -85,10 +85,10 @@ def compexp_gain(
 
     - `x_rms`: the level detector's output (e.g. `jnp.sqrt(avg(x**2, c))`),
       shape `(T,)`, non-negative.
-    - `comp_thresh`, `exp_thresh`: thresholds in dB.
+    - `comp_thresh`, `exp_thresh`: thresholds in dB, finite.
     - `comp_ratio`: compression ratio, > 1.
     - `exp_ratio`: expansion ratio, in (0, 1).
-    - `at`, `rt`: attack and release coefficients in (0, 1) (see `ms2coef`),
+    - `at`, `rt`: attack and release coefficients in (0, 1] (see `ms2coef`),
       scalars or per sample.
     - `zi`: the gain before the first sample; defaults to 1.
     - `return_zf`: also return the last gain, to stream in blocks.
@@ -97,6 +97,9 @@ def compexp_gain(
 
     The linear gain, shape `(T,)`, or `(gain, zf)`. Multiply it with the
     signal (and a makeup gain) to compress.
+
+    Parameters out of range or non-finite raise an error naming the argument
+    (also under `jax.jit`); `nan` levels pass through to the gain.
     """
     x_rms = _signal("x_rms", x_rms)
     comp_thresh = check_in_range("comp_thresh", as_inexact("comp_thresh", comp_thresh))
@@ -144,7 +147,7 @@ def limiter_gain(
 
     - `x`: the signal, shape `(T,)`.
     - `threshold`: the ceiling in dB, <= 0.
-    - `at`, `rt`: attack and release coefficients in (0, 1).
+    - `at`, `rt`: attack and release coefficients in (0, 1].
     - `zi`: the state `[peak, gain]` before the first sample; defaults to
       `[0, 1]`.
     - `return_zf`: also return the final `[peak, gain]` state.
@@ -152,6 +155,9 @@ def limiter_gain(
     **Returns:**
 
     The linear gain, shape `(T,)`, or `(gain, zf)`.
+
+    Parameters out of range or non-finite raise an error naming the argument
+    (also under `jax.jit`); `nan` samples of `x` pass through to the gain.
     """
     x = _signal("x", x)
     threshold = check_in_range(

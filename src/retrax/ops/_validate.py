@@ -62,12 +62,14 @@ def check_zi(
     return zi
 
 
-def _interval(low, high, low_open: bool, high_open: bool) -> str:
+def _must(low, high, low_open: bool, high_open: bool) -> str:
+    if low is None and high is None:
+        return "must be finite"
     lo = "(" if low_open else "["
     hi = ")" if high_open else "]"
-    return (
-        f"{lo}{'-inf' if low is None else low}, {'inf' if high is None else high}{hi}"
-    )
+    low = "-inf" if low is None else low
+    high = "inf" if high is None else high
+    return f"must be finite and lie in {lo}{low}, {high}{hi}"
 
 
 def check_in_range(
@@ -94,8 +96,7 @@ def check_in_range(
     return eqx.error_if(
         value,
         jnp.any(bad),
-        f"`{name}` must be finite and lie in "
-        f"{_interval(low, high, low_open, high_open)}.",
+        f"`{name}` {_must(low, high, low_open, high_open)}.",
     )
 
 
@@ -123,8 +124,7 @@ def check_init_range(
         bad |= v >= high if high_open else v > high
     if np.any(bad):
         raise ValueError(
-            f"`{name}` must be finite and lie in "
-            f"{_interval(low, high, low_open, high_open)}, got {value!r}."
+            f"`{name}` {_must(low, high, low_open, high_open)}, got {value!r}."
         )
     return value
 
