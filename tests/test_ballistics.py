@@ -163,7 +163,7 @@ def test_bad_input():
         b(jnp.ones((8, 2)), 0.1, 0.1)
     with pytest.raises(TypeError, match="`x`"):
         b(jnp.ones(8, jnp.complex64), 0.1, 0.1)
-    with pytest.raises(Exception, match="`at` has non-finite"):
+    with pytest.raises(Exception, match="`at` must be finite"):
         jax.jit(ballistics)(x, jnp.nan, 0.1)
 
 

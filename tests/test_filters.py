@@ -91,8 +91,6 @@ def test_svf_bad_input():
         svf(x, -3.0, 1.0, 8_000.0)
     with pytest.raises(eqx.EquinoxRuntimeError, match="`q` must be positive"):
         svf(x, 1_000.0, 0.0, 8_000.0)
-    with pytest.raises(eqx.EquinoxRuntimeError, match="non-finite"):
-        svf(x.at[3].set(jnp.nan), 1_000.0, 1.0, 8_000.0)
     with pytest.raises((ValueError, TypeError), match="mode"):
         svf(x, 1_000.0, 1.0, 8_000.0, "comb")
     with pytest.raises((ValueError, TypeError), match="cutoff"):

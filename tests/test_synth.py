@@ -1,5 +1,6 @@
 """Oscillators: phase accumulation without drift, sine, FM operators."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -136,8 +137,6 @@ def test_bad_input():
     with pytest.raises(bad, match="freq"):
         phase(jnp.ones((2, 16)), SR)
     with pytest.raises(TypeError, match="freq"):
-        phase(jnp.ones(16, jnp.int32), SR)
-    with pytest.raises(TypeError, match="freq"):
         phase(f.astype(jnp.complex128), SR)
     with pytest.raises(ValueError, match="sample_rate"):
         phase(f, -44_100.0)
@@ -149,6 +148,6 @@ def test_bad_input():
         fm_operator(f, SR, modulation=jnp.zeros(15))
     with pytest.raises(bad, match="level"):
         fm_operator(f, SR, level=jnp.ones(3))
-    # A non-finite frequency poisons the phases from that sample on (documented).
-    p = phase(f.at[5].set(jnp.nan), SR)
-    assert bool(jnp.all(jnp.isfinite(p[:6]))) and bool(jnp.all(jnp.isnan(p[6:])))
+    # A non-finite frequency is a bad parameter, not a signal: it raises.
+    with pytest.raises(eqx.EquinoxRuntimeError, match="`freq` must be finite"):
+        eqx.filter_jit(phase)(f.at[5].set(jnp.nan), SR)

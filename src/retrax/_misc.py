@@ -25,14 +25,22 @@ def result_dtype(*args: ArrayLike | None) -> np.dtype:
 
 
 def as_inexact(name: str, value: ArrayLike) -> jax.Array:
-    """Convert `value` to an array, rejecting integer and boolean dtypes by name."""
+    """Convert `value` to an inexact (floating or complex) array.
+
+    Integer and boolean values are accepted as JAX accepts them in arithmetic:
+    they become JAX's default float (float32, or float64 with x64 enabled),
+    weakly typed, so that they promote like Python numbers and an integer
+    coefficient leaves a float32 signal float32 (as `f32 + i32` is `f32` in
+    JAX). `name` is kept in the signature for the callers' messages.
+    """
+    del name
     arr = jnp.asarray(value)
-    if not jnp.issubdtype(arr.dtype, jnp.inexact):
-        raise TypeError(
-            f"`{name}` must have a floating or complex dtype, got {arr.dtype}. "
-            f"Convert it first, e.g. `{name}.astype(jnp.float32)`."
-        )
-    return arr
+    if jnp.issubdtype(arr.dtype, jnp.inexact):
+        return arr
+    # Multiplying by a weak 1.0 is JAX's own integer-to-float promotion and
+    # keeps the result weakly typed (`astype` would make it strong).
+    with jax.numpy_dtype_promotion("standard"):
+        return arr * 1.0
 
 
 def check_value(value: Any, bad: Callable[[ModuleType, Any], Any], msg: str) -> Any:

@@ -1,9 +1,12 @@
 """Unit conversions of dynamics processors, with torchcomp's formulas."""
 
+import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._misc import as_inexact
+from ..ops._validate import check_in_range, check_rate
 
 
 # 1000 ln 9 ~ 2197: the time in ms for a one-pole step response to rise from
@@ -23,14 +26,18 @@ def amp2db(
 
     **Arguments:**
 
-    - `x`: amplitudes (non-negative).
-    - `floor`: the smallest amplitude considered.
+    - `x`: amplitudes (non-negative; a negative one raises an error, also
+      under `jax.jit`; `nan` passes through).
+    - `floor`: the smallest amplitude considered, a non-negative Python number.
 
     **Returns:**
 
     Decibels, the shape of `x`.
     """
+    if not (np.isfinite(floor) and floor >= 0):
+        raise ValueError(f"`floor` must be finite and non-negative, got {floor!r}.")
     x = as_inexact("x", x)
+    x = eqx.error_if(x, jnp.any(x < 0), "`x` must be non-negative amplitudes.")
     return 20.0 * jnp.log10(jnp.maximum(x, floor) if floor > 0 else x)
 
 
@@ -55,17 +62,21 @@ def ms2coef(ms: Shaped[ArrayLike, "*shape"], sr: float | int) -> Float[Array, "*
     $c = 1 - \exp(-2200 / (\mathrm{ms} \cdot \mathrm{sr}))$: the one-pole
     smoother $y_n = c x_n + (1 - c) y_{n-1}$ then rises from 10% to 90% of a
     step in about `ms` milliseconds (2200 ~ 1000 ln 9), as in torchcomp.
+    `ms = 0` gives $c = 1$, an instantaneous response (no smoothing); its
+    derivative there is not finite.
 
     **Arguments:**
 
-    - `ms`: the time constant in milliseconds, positive.
-    - `sr`: the sample rate in Hz.
+    - `ms`: the time constant in milliseconds, finite and $\ge 0$ (checked at
+      run time, also under `jax.jit`).
+    - `sr`: the sample rate in Hz, a positive Python number.
 
     **Returns:**
 
-    The coefficient in $(0, 1)$, the shape of `ms`.
+    The coefficient in $(0, 1]$, the shape of `ms`.
     """
-    ms = as_inexact("ms", ms)
+    sr = check_rate("sr", sr)
+    ms = check_in_range("ms", as_inexact("ms", ms), 0.0, None, low_open=False)
     return -jnp.expm1(-_RISE / (ms * sr))
 
 
@@ -78,12 +89,14 @@ def coef2ms(
 
     **Arguments:**
 
-    - `coef`: the coefficient in $(0, 1)$.
-    - `sr`: the sample rate in Hz.
+    - `coef`: the coefficient in $(0, 1]$ (checked at run time, also under
+      `jax.jit`); 1 gives 0 ms.
+    - `sr`: the sample rate in Hz, a positive Python number.
 
     **Returns:**
 
     The time constant in milliseconds, the shape of `coef`.
     """
-    coef = as_inexact("coef", coef)
+    sr = check_rate("sr", sr)
+    coef = check_in_range("coef", as_inexact("coef", coef), 0.0, 1.0, high_open=False)
     return -_RISE / (sr * jnp.log1p(-coef))

@@ -6,32 +6,22 @@ from jaxtyping import Array, ArrayLike, Float, Shaped
 from .._errors import error_if
 from .._misc import as_inexact, result_dtype
 from ..ops import ballistics, linear_recurrence
-from ..ops._validate import check_signal, check_zi
+from ..ops._validate import check_in_range, check_signal, check_zi
 from ._convert import amp2db, db2amp
 
 
 _Param = Shaped[ArrayLike, ""] | Shaped[ArrayLike, " time"] | float
 
 
-def _in_range(name, value, low, high, *, low_open=True, high_open=True):
-    """Check `low < value < high` under jit (`error_if`); returns `value`."""
-    bad = jnp.zeros((), bool)
-    if low is not None:
-        bad = bad | jnp.any(value <= low if low_open else value < low)
-    if high is not None:
-        bad = bad | jnp.any(value >= high if high_open else value > high)
-    bad = bad | jnp.any(~jnp.isfinite(value))
-    lo = "(" if low_open else "["
-    hi = ")" if high_open else "]"
-    interval = f"{lo}{low if low is not None else '-inf'}, "
-    interval += f"{high if high is not None else 'inf'}{hi}"
-    return error_if(value, bad, f"`{name}` must lie in {interval}.")
-
-
 def _signal(name, x):
     x = as_inexact(name, x)
     check_signal(name, x)
     return x
+
+
+def _coef(name, value):
+    """A smoothing coefficient in (0, 1] (see `ms2coef`), checked at run time."""
+    return check_in_range(name, as_inexact(name, value), 0.0, 1.0, high_open=False)
 
 
 def avg(
@@ -59,7 +49,7 @@ def avg(
     The average, shape `(T,)`, or `(y, zf)`.
     """
     x = _signal("x", x)
-    coef = _in_range("coef", as_inexact("coef", coef), 0.0, 1.0, high_open=False)
+    coef = _coef("coef", coef)
     dtype = result_dtype(x, coef)
     coef = coef.astype(dtype)
     return linear_recurrence(1 - coef, coef * x.astype(dtype), zi, return_zf=return_zf)
@@ -96,10 +86,10 @@ def compexp_gain(
 
     - `x_rms`: the level detector's output (e.g. `jnp.sqrt(avg(x**2, c))`),
       shape `(T,)`, non-negative.
-    - `comp_thresh`, `exp_thresh`: thresholds in dB.
+    - `comp_thresh`, `exp_thresh`: thresholds in dB, finite.
     - `comp_ratio`: compression ratio, > 1.
     - `exp_ratio`: expansion ratio, in (0, 1).
-    - `at`, `rt`: attack and release coefficients in (0, 1) (see `ms2coef`),
+    - `at`, `rt`: attack and release coefficients in (0, 1] (see `ms2coef`),
       scalars or per sample.
     - `zi`: the gain before the first sample; defaults to 1.
     - `return_zf`: also return the last gain, to stream in blocks.
@@ -108,12 +98,18 @@ def compexp_gain(
 
     The linear gain, shape `(T,)`, or `(gain, zf)`. Multiply it with the
     signal (and a makeup gain) to compress.
+
+    Parameters out of range or non-finite raise an error naming the argument
+    (also under `jax.jit`); `nan` levels pass through to the gain.
     """
     x_rms = _signal("x_rms", x_rms)
-    comp_ratio = _in_range(
-        "comp_ratio", as_inexact("comp_ratio", comp_ratio), 1.0, None
+    comp_thresh = check_in_range("comp_thresh", as_inexact("comp_thresh", comp_thresh))
+    comp_ratio = check_in_range("comp_ratio", as_inexact("comp_ratio", comp_ratio), 1.0)
+    exp_thresh = check_in_range("exp_thresh", as_inexact("exp_thresh", exp_thresh))
+    exp_ratio = check_in_range(
+        "exp_ratio", as_inexact("exp_ratio", exp_ratio), 0.0, 1.0
     )
-    exp_ratio = _in_range("exp_ratio", as_inexact("exp_ratio", exp_ratio), 0.0, 1.0)
+    at, rt = _coef("at", at), _coef("rt", rt)
     dtype = result_dtype(x_rms, comp_thresh, comp_ratio, exp_thresh, exp_ratio, at, rt)
     comp_thresh, comp_ratio, exp_thresh, exp_ratio = (
         jnp.asarray(v, dtype) for v in (comp_thresh, comp_ratio, exp_thresh, exp_ratio)
@@ -152,7 +148,7 @@ def limiter_gain(
 
     - `x`: the signal, shape `(T,)`.
     - `threshold`: the ceiling in dB, <= 0.
-    - `at`, `rt`: attack and release coefficients in (0, 1).
+    - `at`, `rt`: attack and release coefficients in (0, 1].
     - `zi`: the state `[peak, gain]` before the first sample; defaults to
       `[0, 1]`.
     - `return_zf`: also return the final `[peak, gain]` state.
@@ -160,17 +156,23 @@ def limiter_gain(
     **Returns:**
 
     The linear gain, shape `(T,)`, or `(gain, zf)`.
+
+    Parameters out of range or non-finite raise an error naming the argument
+    (also under `jax.jit`); `nan` samples of `x` pass through to the gain.
     """
     x = _signal("x", x)
-    threshold = _in_range(
+    threshold = check_in_range(
         "threshold", as_inexact("threshold", threshold), None, 0.0, high_open=False
     )
+    # Checked here, by the caller's names: the peak detector swaps them.
+    at, rt = _coef("at", at), _coef("rt", rt)
     dtype = result_dtype(x, threshold, at, rt)
     zi = check_zi(zi, (2,), "[peak, gain]")
     zi = jnp.asarray([0.0, 1.0], dtype) if zi is None else zi.astype(dtype)
     peak, peak_zf = ballistics(jnp.abs(x.astype(dtype)), rt, at, zi[0], return_zf=True)
     ceiling = db2amp(threshold.astype(dtype))
-    over = peak > ceiling
+    # not `peak > ceiling`: a nan peak (from a nan in `x`) must reach the gain
+    over = ~(peak <= ceiling)
     static = jnp.where(over, ceiling / jnp.where(over, peak, 1.0), 1.0)
     gain, gain_zf = ballistics(static, at, rt, zi[1], return_zf=True)
     if not return_zf:

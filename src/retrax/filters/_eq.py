@@ -1,5 +1,6 @@
 """Biquads and a parametric equaliser (RBJ cookbook sections) on `sosfilt`."""
 
+from collections.abc import Sequence
 from typing import Literal
 
 import equinox as eqx
@@ -9,6 +10,7 @@ from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._misc import as_inexact
 from ..ops import sosfilt
+from ..ops._validate import check_in_range, check_init_range, check_rate
 from ._parametrise import biquad_denominator
 
 
@@ -17,9 +19,9 @@ Shape = Literal["peak", "lowshelf", "highshelf"]
 
 def rbj_section(
     shape: Shape,
-    freq: Float[ArrayLike, ""],
-    gain_db: Float[ArrayLike, ""],
-    q: Float[ArrayLike, ""],
+    freq: Shaped[ArrayLike, ""],
+    gain_db: Shaped[ArrayLike, ""],
+    q: Shaped[ArrayLike, ""],
     sample_rate: float | int,
 ) -> Float[Array, " 6"]:
     r"""One RBJ Audio-EQ-Cookbook section as a normalised sos row.
@@ -33,21 +35,33 @@ def rbj_section(
 
     - `shape`: `"peak"`, `"lowshelf"` or `"highshelf"`.
     - `freq`: centre or corner frequency in Hz, in $(0, f_s/2)$.
-    - `gain_db`: gain in dB.
+    - `gain_db`: gain in dB, finite.
     - `q`: quality factor, > 0.
-    - `sample_rate`: $f_s$ in Hz.
+    - `sample_rate`: $f_s$ in Hz, a positive Python number.
 
     **Returns:**
 
     The row `[b0, b1, b2, 1, a1, a2]` for `sosfilt`.
+
+    Values out of range or non-finite raise an error naming the argument (also
+    under `jax.jit`).
     """
+    if shape not in ("peak", "lowshelf", "highshelf"):
+        raise ValueError(
+            f"`shape` must be 'peak', 'lowshelf' or 'highshelf', got {shape!r}."
+        )
+    sample_rate = check_rate("sample_rate", sample_rate)
+    nyquist = sample_rate / 2
+    freq = check_in_range("freq", as_inexact("freq", freq), 0.0, nyquist)
+    gain_db = check_in_range("gain_db", as_inexact("gain_db", gain_db))
+    q = check_in_range("q", as_inexact("q", q), 0.0)
     A = 10.0 ** (gain_db / 40.0)
     w0 = 2.0 * jnp.pi * freq / sample_rate
     cos, alpha = jnp.cos(w0), jnp.sin(w0) / (2.0 * q)
     if shape == "peak":
         b = jnp.stack([1 + alpha * A, -2 * cos, 1 - alpha * A])
         a = jnp.stack([1 + alpha / A, -2 * cos, 1 - alpha / A])
-    elif shape in ("lowshelf", "highshelf"):
+    else:
         s = 1.0 if shape == "lowshelf" else -1.0
         root = 2.0 * jnp.sqrt(A) * alpha
         b = A * jnp.stack(
@@ -63,10 +77,6 @@ def rbj_section(
                 -s * 2 * ((A - 1) + s * (A + 1) * cos),
                 (A + 1) + s * (A - 1) * cos - root,
             ]
-        )
-    else:
-        raise ValueError(
-            f"`shape` must be 'peak', 'lowshelf' or 'highshelf', got {shape!r}."
         )
     return jnp.concatenate([b / a[0], jnp.ones((1,), a.dtype), a[1:] / a[0]])
 
@@ -88,10 +98,14 @@ class Biquad(eqx.Module):
 
     **Arguments:**
 
-    - `b`: the initial numerator `(3,)`.
+    - `b`: the initial numerator `(3,)`, finite.
     - `radius`: the initial pole radius in $(0, r_{\\max})$.
-    - `angle`: the initial pole angle in radians.
-    - `max_radius`: the largest reachable pole radius (default 0.999).
+    - `angle`: the initial pole angle in radians, finite.
+    - `max_radius`: the largest reachable pole radius, a Python number in
+      $(0, 1)$ (default 0.999).
+
+    Invalid values raise `ValueError` (an error under `jax.jit` if the module
+    is built from traced values).
     """
 
     b: Float[Array, " 3"]
@@ -100,15 +114,21 @@ class Biquad(eqx.Module):
     max_radius: float = eqx.field(static=True)
 
     def __init__(
-        self, b, radius: float = 0.5, angle: float = 1.0, max_radius: float = 0.999
+        self,
+        b: Shaped[ArrayLike, " 3"],
+        radius: float | Shaped[ArrayLike, ""] = 0.5,
+        angle: float | Shaped[ArrayLike, ""] = 1.0,
+        max_radius: float = 0.999,
     ):
-        if not 0 < radius < max_radius < 1:
-            raise ValueError("need 0 < radius < max_radius < 1.")
-        self.b = jnp.asarray(b, float)
-        if self.b.shape != (3,):
-            raise ValueError(f"`b` must have 3 coefficients, got shape {self.b.shape}.")
-        self.raw_radius = _logit(jnp.asarray(radius / max_radius, float))
-        self.angle = jnp.asarray(angle, float)
+        if not 0 < max_radius < 1:
+            raise ValueError(f"`max_radius` must lie in (0, 1), got {max_radius!r}.")
+        b = jnp.asarray(b, float)
+        if b.shape != (3,):
+            raise ValueError(f"`b` must have 3 coefficients, got shape {b.shape}.")
+        self.b = check_init_range("b", b)
+        radius = check_init_range("radius", jnp.asarray(radius, float), 0.0, max_radius)
+        self.raw_radius = _logit(radius / max_radius)
+        self.angle = check_init_range("angle", jnp.asarray(angle, float))
         self.max_radius = float(max_radius)
 
     @property
@@ -142,7 +162,10 @@ class ParametricEQ(eqx.Module):
       last, peaking bands in between (at least 2 entries).
     - `gains_db`: the initial gains in dB, same length (default 0 dB).
     - `qs`: the initial Q of every section (default 0.7071).
-    - `sample_rate`: $f_s$ in Hz.
+    - `sample_rate`: $f_s$ in Hz, a positive Python number.
+
+    Invalid values raise `ValueError` naming the argument (an error under
+    `jax.jit` if the module is built from traced values).
     """
 
     raw_freqs: Float[Array, " sections"]
@@ -151,25 +174,29 @@ class ParametricEQ(eqx.Module):
     sample_rate: float = eqx.field(static=True)
 
     def __init__(
-        self, freqs, gains_db=None, qs=None, sample_rate: float | int = 44_100.0
+        self,
+        freqs: Shaped[ArrayLike, " sections"] | Sequence[float | int],
+        gains_db: Shaped[ArrayLike, " sections"] | Sequence[float | int] | None = None,
+        qs: Shaped[ArrayLike, " sections"] | Sequence[float | int] | None = None,
+        sample_rate: float | int = 44_100.0,
     ):
+        sample_rate = check_rate("sample_rate", sample_rate)
         freqs = jnp.asarray(freqs, float)
         n = freqs.shape[0] if freqs.ndim == 1 else 0
         if n < 2:
             raise ValueError("`freqs` needs at least a low shelf and a high shelf.")
         nyquist = sample_rate / 2
-        if not bool(jnp.all((freqs > 0) & (freqs < nyquist))):
-            raise ValueError(f"every frequency must lie in (0, {nyquist}) Hz.")
         gains_db = jnp.zeros(n) if gains_db is None else jnp.asarray(gains_db, float)
         qs = jnp.full(n, 0.7071, float) if qs is None else jnp.asarray(qs, float)
         if gains_db.shape != (n,) or qs.shape != (n,):
             raise ValueError("`gains_db` and `qs` need one entry per frequency.")
-        if not bool(jnp.all(qs > 0)):
-            raise ValueError("every `q` must be positive.")
+        freqs = check_init_range("freqs", freqs, 0.0, nyquist)
+        gains_db = check_init_range("gains_db", gains_db)
+        qs = check_init_range("qs", qs, 0.0)
         self.raw_freqs = _logit(freqs / nyquist)
         self.gains_db = gains_db
         self.raw_qs = _inverse_softplus(qs)
-        self.sample_rate = float(sample_rate)
+        self.sample_rate = sample_rate
 
     @property
     def freqs(self) -> Float[Array, " sections"]:

@@ -5,9 +5,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 
-from .._misc import as_inexact
+from .._misc import as_inexact, check_positive_int
 from ..dynamics import avg, compexp_gain, db2amp, ms2coef
 from ..ops import diag_state_space
+from ..ops._validate import check_in_range, check_init_range, check_rate
 from ._eq import _inverse_softplus, _logit
 
 
@@ -29,7 +30,11 @@ class Compressor(eqx.Module):
     - `exp_threshold_db`, `exp_ratio`: the expander's threshold and ratio in
       (0, 1); the default threshold (-120 dB) leaves the expander idle.
     - `rms_ms`: the averaging time of the level detector.
-    - `sample_rate`: $f_s$ in Hz.
+    - `sample_rate`: $f_s$ in Hz, a positive Python number.
+
+    Every value must be finite and the times positive; invalid values raise
+    `ValueError` naming the argument (an error under `jax.jit` if the module
+    is built from traced values).
     """
 
     threshold_db: Float[Array, ""]
@@ -44,32 +49,30 @@ class Compressor(eqx.Module):
 
     def __init__(
         self,
-        threshold_db: float = -18.0,
-        ratio: float = 4.0,
-        attack_ms: float = 5.0,
-        release_ms: float = 100.0,
-        makeup_db: float = 0.0,
-        exp_threshold_db: float = -120.0,
-        exp_ratio: float = 0.5,
-        rms_ms: float = 10.0,
+        threshold_db: Shaped[ArrayLike, ""] = -18.0,
+        ratio: Shaped[ArrayLike, ""] = 4.0,
+        attack_ms: Shaped[ArrayLike, ""] = 5.0,
+        release_ms: Shaped[ArrayLike, ""] = 100.0,
+        makeup_db: Shaped[ArrayLike, ""] = 0.0,
+        exp_threshold_db: Shaped[ArrayLike, ""] = -120.0,
+        exp_ratio: Shaped[ArrayLike, ""] = 0.5,
+        rms_ms: Shaped[ArrayLike, ""] = 10.0,
         sample_rate: float | int = 44_100.0,
     ):
-        if not ratio > 1:
-            raise ValueError("`ratio` must exceed 1.")
-        if not 0 < exp_ratio < 1:
-            raise ValueError("`exp_ratio` must lie in (0, 1).")
-        if min(attack_ms, release_ms, rms_ms) <= 0:
-            raise ValueError("`attack_ms`, `release_ms` and `rms_ms` must be positive.")
-        f = lambda v: jnp.asarray(v, float)  # noqa: E731
-        self.threshold_db = f(threshold_db)
-        self.raw_ratio = _inverse_softplus(f(ratio - 1.0))
-        self.log_attack_ms = jnp.log(f(attack_ms))
-        self.log_release_ms = jnp.log(f(release_ms))
-        self.makeup_db = f(makeup_db)
-        self.exp_threshold_db = f(exp_threshold_db)
-        self.raw_exp_ratio = _logit(f(exp_ratio))
-        self.log_rms_ms = jnp.log(f(rms_ms))
-        self.sample_rate = float(sample_rate)
+        sample_rate = check_rate("sample_rate", sample_rate)
+
+        def f(name, value, low=None, high=None):
+            return check_init_range(name, jnp.asarray(value, float), low, high)
+
+        self.threshold_db = f("threshold_db", threshold_db)
+        self.raw_ratio = _inverse_softplus(f("ratio", ratio, 1.0) - 1.0)
+        self.log_attack_ms = jnp.log(f("attack_ms", attack_ms, 0.0))
+        self.log_release_ms = jnp.log(f("release_ms", release_ms, 0.0))
+        self.makeup_db = f("makeup_db", makeup_db)
+        self.exp_threshold_db = f("exp_threshold_db", exp_threshold_db)
+        self.raw_exp_ratio = _logit(f("exp_ratio", exp_ratio, 0.0, 1.0))
+        self.log_rms_ms = jnp.log(f("rms_ms", rms_ms, 0.0))
+        self.sample_rate = sample_rate
 
     @property
     def ratio(self) -> Float[Array, ""]:
@@ -111,7 +114,8 @@ class Compressor(eqx.Module):
     def __call__(self, x: Shaped[ArrayLike, " time"]) -> Float[Array, " time"]:
         """Compress one signal `(T,)`; batch with `jax.vmap`."""
         x = as_inexact("x", x)
-        return x * self.gain(x) * db2amp(self.makeup_db).astype(x.dtype)
+        makeup = check_in_range("makeup_db", self.makeup_db)
+        return x * self.gain(x) * db2amp(makeup).astype(x.dtype)
 
 
 class StateSpaceFilter(eqx.Module):
@@ -141,10 +145,9 @@ class StateSpaceFilter(eqx.Module):
     max_radius: float = eqx.field(static=True)
 
     def __init__(self, n_modes: int, key: PRNGKeyArray, max_radius: float = 0.9995):
-        if n_modes < 1:
-            raise ValueError("`n_modes` must be at least 1.")
+        check_positive_int("n_modes", n_modes)
         if not 0 < max_radius < 1:
-            raise ValueError("`max_radius` must lie in (0, 1).")
+            raise ValueError(f"`max_radius` must lie in (0, 1), got {max_radius!r}.")
         k1, k2, k3 = jax.random.split(key, 3)
         self.raw_radius = jnp.zeros(n_modes, float) + 2.0
         self.angle = jnp.linspace(0.05, 3.0, n_modes, dtype=float)
@@ -170,4 +173,5 @@ class StateSpaceFilter(eqx.Module):
         c = jax.lax.complex(self.c[:, 0], self.c[:, 1]).astype(ctype)[None, :]
         # A conjugate pair contributes 2 Re(c h): the real system's output.
         y = diag_state_space(poles, b, 2 * c, None, x.astype(ctype)[:, None])
-        return jnp.real(y[:, 0]) + self.d.astype(x.dtype) * x
+        d = check_in_range("d", self.d)
+        return jnp.real(y[:, 0]) + d.astype(x.dtype) * x

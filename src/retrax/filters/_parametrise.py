@@ -4,6 +4,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Inexact, Shaped
 
 from .._misc import as_inexact
+from ..ops._validate import check_finite
 
 
 def rc2lpc(k: Shaped[ArrayLike, "*batch order"]) -> Inexact[Array, "*batch order"]:
@@ -23,12 +24,15 @@ def rc2lpc(k: Shaped[ArrayLike, "*batch order"]) -> Inexact[Array, "*batch order
     **Returns:**
 
     The coefficients `a` for `allpole` (leading 1 dropped), shape `(..., K)`.
+
+    Non-finite `k` raise an error (also under `jax.jit`).
     """
     k = as_inexact("k", k)
     if k.ndim < 1 or k.shape[-1] == 0:
         raise ValueError(
             f"`k` must have shape (..., order) with order >= 1, got {k.shape}."
         )
+    k = check_finite("k", k)
     a = k[..., :1]
     for m in range(1, k.shape[-1]):
         km = k[..., m : m + 1]
@@ -51,12 +55,15 @@ def lpc2rc(a: Shaped[ArrayLike, "*batch order"]) -> Inexact[Array, "*batch order
     **Returns:**
 
     The reflection coefficients, shape `(..., K)`.
+
+    Non-finite `a` raise an error (also under `jax.jit`).
     """
     a = as_inexact("a", a)
     if a.ndim < 1 or a.shape[-1] == 0:
         raise ValueError(
             f"`a` must have shape (..., order) with order >= 1, got {a.shape}."
         )
+    a = check_finite("a", a)
     out = []
     for m in range(a.shape[-1] - 1, -1, -1):
         km = a[..., m : m + 1]
@@ -68,7 +75,7 @@ def lpc2rc(a: Shaped[ArrayLike, "*batch order"]) -> Inexact[Array, "*batch order
 
 
 def biquad_denominator(
-    radius: Float[ArrayLike, "*batch"], angle: Float[ArrayLike, "*batch"]
+    radius: Shaped[ArrayLike, "*batch"], angle: Shaped[ArrayLike, "*batch"]
 ) -> Float[Array, "*batch 2"]:
     r"""The denominator of a conjugate pole pair at $r e^{\pm i\theta}$.
 
@@ -84,7 +91,9 @@ def biquad_denominator(
     **Returns:**
 
     The two coefficients, shape `(..., 2)`.
+
+    Non-finite `radius` or `angle` raise an error (also under `jax.jit`).
     """
-    radius = as_inexact("radius", radius)
-    angle = as_inexact("angle", angle)
+    radius = check_finite("radius", as_inexact("radius", radius))
+    angle = check_finite("angle", as_inexact("angle", angle))
     return jnp.stack(jnp.broadcast_arrays(-2 * radius * jnp.cos(angle), radius**2), -1)

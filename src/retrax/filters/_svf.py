@@ -10,7 +10,13 @@ from jaxtyping import Array, ArrayLike, Float, Shaped
 from .._errors import error_if
 from .._misc import as_inexact, result_dtype
 from ..ops import state_space
-from ..ops._validate import check_signal, check_zi
+from ..ops._validate import (
+    check_in_range,
+    check_init_range,
+    check_rate,
+    check_signal,
+    check_zi,
+)
 
 
 Mode = Literal["lowpass", "bandpass", "highpass", "notch", "allpass", "peak"]
@@ -76,9 +82,9 @@ def svf(
 
     - `x`: the signal, shape `(T,)`.
     - `cutoff`: the cutoff in Hz, scalar or per sample `(T,)`; must lie in
-      $(0, f_s/2)$ (checked at run time).
+      $(0, f_s/2)$ (checked at run time, also under `jax.jit`).
     - `q`: the resonance, scalar or per sample, > 0 (0.7071 is Butterworth).
-    - `sample_rate`: $f_s$ in Hz (a Python number).
+    - `sample_rate`: $f_s$ in Hz, a positive Python number.
     - `mode`: `"lowpass"`, `"bandpass"`, `"highpass"`, `"notch"`,
       `"allpass"` or `"peak"`.
     - `zi`: Cytomic's integrator states `(ic1eq, ic2eq)` before the first
@@ -89,10 +95,12 @@ def svf(
 
     The filtered signal `(T,)`, or `(y, zf)`.
 
-    Non-finite samples in `x` raise an error (also under `jax.jit`).
+    Non-finite or out-of-range `cutoff` and `q` raise an error (also under
+    `jax.jit`); non-finite samples of `x` pass through, as in scipy.
     """
     if mode not in _MIX:
         raise ValueError(f"`mode` must be one of {sorted(_MIX)}, got {mode!r}.")
+    sample_rate = check_rate("sample_rate", sample_rate)
     x = as_inexact("x", x)
     check_signal("x", x)
     cutoff = as_inexact("cutoff", cutoff)
@@ -103,14 +111,8 @@ def svf(
                 f"`{name}` must be a scalar or have the shape of `x` {x.shape}, "
                 f"got shape {value.shape}."
             )
-    nyquist = 0.5 * float(sample_rate)
-    cutoff = error_if(
-        cutoff,
-        jnp.any((cutoff <= 0) | (cutoff >= nyquist) | ~jnp.isfinite(cutoff)),
-        f"`cutoff` must lie strictly between 0 and Nyquist ({nyquist} Hz).",
-    )
-    q = error_if(q, jnp.any((q <= 0) | ~jnp.isfinite(q)), "`q` must be positive.")
-    x = error_if(x, jnp.any(~jnp.isfinite(x)), "`x` has non-finite samples.")
+    cutoff = check_in_range("cutoff", cutoff, 0.0, 0.5 * sample_rate)
+    q = check_in_range("q", q, 0.0)
     dtype = result_dtype(x, cutoff, q)
     zi = check_zi(zi, (2,), "(ic1eq, ic2eq)")
     if zi is not None:
@@ -136,10 +138,13 @@ class SVF(eqx.Module):
 
     **Arguments:**
 
-    - `cutoff`: the initial cutoff in Hz.
+    - `cutoff`: the initial cutoff in Hz, in $(0, f_s/2)$.
     - `q`: the initial resonance, > 0.
-    - `sample_rate`: $f_s$ in Hz.
+    - `sample_rate`: $f_s$ in Hz, a positive Python number.
     - `mode`: the response, as in `svf`.
+
+    Invalid values raise `ValueError` naming the argument (an error under
+    `jax.jit` if the module is built from traced values).
     """
 
     raw_cutoff: Float[Array, ""]
@@ -149,24 +154,21 @@ class SVF(eqx.Module):
 
     def __init__(
         self,
-        cutoff: float | Float[ArrayLike, ""],
-        q: float | Float[ArrayLike, ""] = 0.7071,
+        cutoff: Shaped[ArrayLike, ""],
+        q: Shaped[ArrayLike, ""] = 0.7071,
         sample_rate: float | int = 44_100.0,
         mode: Mode = "lowpass",
     ):
         if mode not in _MIX:
             raise ValueError(f"`mode` must be one of {sorted(_MIX)}, got {mode!r}.")
-        if not 0 < float(cutoff) < sample_rate / 2:
-            raise ValueError(
-                "`cutoff` must lie strictly between 0 and sample_rate / 2."
-            )
-        if not float(q) > 0:
-            raise ValueError("`q` must be positive.")
-        ratio = jnp.asarray(cutoff, float) / (sample_rate / 2)
+        sample_rate = check_rate("sample_rate", sample_rate)
+        nyquist = sample_rate / 2
+        cutoff = check_init_range("cutoff", jnp.asarray(cutoff, float), 0.0, nyquist)
+        ratio = cutoff / nyquist
         self.raw_cutoff = jnp.log(ratio) - jnp.log1p(-ratio)
-        q = jnp.asarray(q, float)
+        q = check_init_range("q", jnp.asarray(q, float), 0.0)
         self.raw_q = q + jnp.log(-jnp.expm1(-q))  # inverse softplus
-        self.sample_rate = float(sample_rate)
+        self.sample_rate = sample_rate
         self.mode = mode
 
     @property

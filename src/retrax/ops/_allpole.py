@@ -5,7 +5,7 @@ from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._misc import as_inexact, result_dtype
 from ._recurrence import DEFAULT_UNROLL, Method, check_method, recurrence
-from ._validate import check_coeff_rank, check_signal, check_zi
+from ._validate import check_coeff_rank, check_finite, check_signal, check_zi
 
 
 def allpole(
@@ -60,6 +60,9 @@ def allpole(
     `y` of shape `(T,)`, or `(y, zf)` with `zf[k] = y[T-1-k]` if `return_zf`.
     The dtype is the promoted dtype of the inputs (float32, float64,
     complex64 or complex128).
+
+    Non-finite coefficients raise an error (also under `jax.jit`); non-finite
+    samples of `x` (or `zi`) pass through, as in `scipy.signal.lfilter`.
     """
     check_method(method)
     x = as_inexact("x", x)
@@ -72,7 +75,7 @@ def allpole(
     zi = check_zi(zi, (order,), f"the last {order} outputs")
     dtype = result_dtype(x, a, zi)
     x = x.astype(dtype)
-    a = a.astype(dtype)
+    a = check_finite("a", a.astype(dtype))
     zi = jnp.zeros(order, dtype) if zi is None else zi.astype(dtype)
     y = recurrence("allpole", DEFAULT_UNROLL, a, x, zi, method)
     if not return_zf:
@@ -108,8 +111,10 @@ def linear_recurrence(
     **Returns:**
 
     `y` of shape `(T,)`, or `(y, zf)` with the scalar `zf = y[T-1]`.
+
+    A non-finite `decay` raises an error (also under `jax.jit`).
     """
-    decay = as_inexact("decay", decay)
+    decay = check_finite("decay", as_inexact("decay", decay))
     x = as_inexact("x", x)
     check_signal("x", x)
     if decay.ndim > 1 or (decay.ndim == 1 and decay.shape != x.shape):

@@ -11,7 +11,7 @@ from jaxtyping import Array, ArrayLike, Float, Shaped
 from .. import _native
 from .._misc import as_inexact, result_dtype
 from ._recurrence import DEFAULT_UNROLL, _varying_like, recurrence
-from ._validate import check_finite, check_signal
+from ._validate import check_in_range, check_signal
 
 
 def _coefficient(name: str, c, length: int) -> Array:
@@ -242,16 +242,18 @@ def ballistics(
     **Arguments:**
 
     - `x`: the input (e.g. a gain or level), real, shape `(T,)`.
-    - `at`: attack coefficient, a scalar or `(T,)`.
-    - `rt`: release coefficient, a scalar or `(T,)`.
+    - `at`: attack coefficient in $(0, 1]$, a scalar or `(T,)`.
+    - `rt`: release coefficient in $(0, 1]$, a scalar or `(T,)`.
     - `zi`: the previous output $y_{-1}$, a scalar. Defaults to 0.
     - `return_zf`: also return the last output, the `zi` of the next block.
 
     **Returns:**
 
-    `y` of shape `(T,)`, or `(y, zf)` with the scalar `zf = y[T-1]`.
+    `y` of shape `(T,)`, or `(y, zf)` with the scalar `zf = y[T-1]` (`zi`
+    for an empty `x`).
 
-    Non-finite `at` or `rt` raise an error (also under `jax.jit`).
+    `at` or `rt` outside $(0, 1]$ or non-finite raise an error (also under
+    `jax.jit`); non-finite samples of `x` pass through.
     """
     x = as_inexact("x", x)
     check_signal("x", x)
@@ -266,12 +268,12 @@ def ballistics(
             raise ValueError(f"`zi` must be a scalar, got shape {zi.shape}.")
     dtype = result_dtype(x, at, rt, zi)
     x = x.astype(dtype)
-    at = check_finite("at", at.astype(dtype))
-    rt = check_finite("rt", rt.astype(dtype))
+    at = check_in_range("at", at.astype(dtype), 0.0, 1.0, high_open=False)
+    rt = check_in_range("rt", rt.astype(dtype), 0.0, 1.0, high_open=False)
     if at.ndim or rt.ndim:  # per-sample coefficients: both per sample
         at, rt = (jnp.broadcast_to(c, (length,)) for c in (at, rt))
     zi = jnp.zeros((), dtype) if zi is None else zi.astype(dtype)
     y = _ballistics(x, at, rt, zi)
     if not return_zf:
         return y
-    return y, y[-1]
+    return y, (y[-1] if length else zi)

@@ -42,8 +42,9 @@ def chunk_length(n_state: int) -> int:
 def _block(structure, A, B, C, x, h0):
     """One block through the core: the outputs `C h` and the last state."""
     nxt = recurrence(structure, DEFAULT_UNROLL, A, _apply(B, x), h0)
-    h = jnp.concatenate([h0[None], nxt[:-1]])
-    return _apply(C, h), nxt[-1]
+    # h[0..T]: read out at h[0..T-1], pass h[T] on (`h0` for an empty block)
+    h = jnp.concatenate([h0[None], nxt])
+    return _apply(C, h[:-1]), h[-1]
 
 
 def _blocked(structure, A, B, C, x, zi, per_sample):
@@ -97,8 +98,6 @@ def _run(structure, A, B, C, D, x, zi, n_state, return_zf, names):
             "`x[:, None]` for a single input, and `jax.vmap` to batch."
         )
     length, n_in = x.shape
-    if length == 0:
-        raise ValueError("`x` must have at least one sample.")
     B = as_inexact("B", B)
     C = as_inexact("C", C)
     _check_map("B", B, (n_state, n_in), length, "(state, inputs)")
@@ -179,10 +178,12 @@ def state_space(
     **Returns:**
 
     `y` of shape `(T, P)`, or `(y, zf)` if `return_zf`. The dtype is the
-    promoted dtype of the inputs (real or complex).
+    promoted dtype of the inputs (real or complex). An empty `x` (`T = 0`)
+    gives an empty `y` and `zf = zi`.
 
-    Non-finite maps raise an error (also under `jax.jit`); an unstable `A`
-    is not an error (the state grows as the recursion defines it).
+    Non-finite maps raise an error (also under `jax.jit`); non-finite samples
+    of `x` pass through; an unstable `A` is not an error (the state grows as
+    the recursion defines it).
     """
     A = as_inexact("A", A)
     if A.ndim not in (2, 3) or A.shape[-1] != A.shape[-2]:

@@ -1,6 +1,9 @@
 """Private input checks shared by the filter ops."""
 
+import equinox as eqx
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 from jaxtyping import ArrayLike
 
@@ -59,3 +62,87 @@ def check_zi(
             f"`zi` must be {meaning}, shape {shape}, got shape {zi.shape}."
         )
     return zi
+
+
+def _must(low, high, low_open: bool, high_open: bool) -> str:
+    if low is None and high is None:
+        return "must be finite"
+    lo = "(" if low_open else "["
+    hi = ")" if high_open else "]"
+    low = "-inf" if low is None else low
+    high = "inf" if high is None else high
+    return f"must be finite and lie in {lo}{low}, {high}{hi}"
+
+
+def check_in_range(
+    name: str,
+    value: Array,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = True,
+    high_open: bool = True,
+) -> Array:
+    """Raise at run time (also under `jit`) unless every entry of `value` is
+    finite and lies between `low` and `high` (`None`: unbounded).
+
+    Parameters and coefficients go through this check; signals do not (their
+    non-finite samples pass through, as in scipy). The check is only kept by
+    JAX if the returned array is used.
+    """
+    bad = ~jnp.isfinite(value)
+    if low is not None:
+        bad = bad | (value <= low if low_open else value < low)
+    if high is not None:
+        bad = bad | (value >= high if high_open else value > high)
+    return eqx.error_if(
+        value,
+        jnp.any(bad),
+        f"`{name}` {_must(low, high, low_open, high_open)}.",
+    )
+
+
+def check_init_range(
+    name: str,
+    value: Array,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = True,
+    high_open: bool = True,
+) -> Array:
+    """`check_in_range` for a module's constructor: a concrete `value` raises
+    `ValueError` at once; a traced one (a module built under `jit`) is checked
+    with `eqx.error_if`, with the same message. Returns `value`."""
+    if isinstance(value, jax.core.Tracer):
+        return check_in_range(
+            name, value, low, high, low_open=low_open, high_open=high_open
+        )
+    v = np.asarray(value)
+    bad = ~np.isfinite(v)
+    if low is not None:
+        bad |= v <= low if low_open else v < low
+    if high is not None:
+        bad |= v >= high if high_open else v > high
+    if np.any(bad):
+        raise ValueError(
+            f"`{name}` {_must(low, high, low_open, high_open)}, got {value!r}."
+        )
+    return value
+
+
+def check_rate(name: str, value: float | int) -> float:
+    """A sample rate, a static Python number: positive and finite.
+
+    It fixes the frequency scale of a filter (and is a static field of the
+    modules), so it is checked at once with `ValueError`, never traced.
+    """
+    try:
+        rate = float(value)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        raise TypeError(
+            f"`{name}` must be a Python number (it is static), got {value!r}."
+        ) from None
+    if not (np.isfinite(rate) and rate > 0):
+        raise ValueError(f"`{name}` must be a positive, finite number, got {value!r}.")
+    return rate

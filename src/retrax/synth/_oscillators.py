@@ -7,6 +7,7 @@ from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._misc import as_inexact, result_dtype
+from ..ops._validate import check_in_range, check_rate
 
 
 def _real(name: str, value) -> Array:
@@ -123,7 +124,9 @@ def phase(
     $\partial \phi_t / \partial f_s = 1 / f_{\mathrm s}$ for $s < t$; the
     tangent is a running sum (`jnp.cumsum`) and reverse mode its transpose.
     Gradients with respect to `freq`, `sample_rate` and `phase0` are all
-    defined. Non-finite frequencies make every later phase `nan`.
+    defined. Non-finite `freq` or `phase0`, and a `sample_rate` that is not
+    positive and finite, raise an error naming the argument (also under
+    `jax.jit`).
 
     **Arguments:**
 
@@ -148,14 +151,15 @@ def phase(
             "several oscillators with `jax.vmap`."
         )
     if isinstance(sample_rate, int | float):
-        if not sample_rate > 0:
-            raise ValueError(f"`sample_rate` must be positive, got {sample_rate}.")
-        sample_rate = float(sample_rate)
+        sample_rate = check_rate("sample_rate", sample_rate)
     sample_rate = _real("sample_rate", sample_rate)
     phase0 = _real("phase0", phase0)
     for name, value in (("sample_rate", sample_rate), ("phase0", phase0)):
         if value.ndim != 0:
             raise ValueError(f"`{name}` must be a scalar, got shape {value.shape}.")
+    freq = check_in_range("freq", freq)
+    sample_rate = check_in_range("sample_rate", sample_rate, 0.0)
+    phase0 = check_in_range("phase0", phase0)
     dtype = result_dtype(freq, sample_rate, phase0)
     freq, sample_rate, phase0 = (v.astype(dtype) for v in (freq, sample_rate, phase0))
     if freq.shape[0] == 0:
@@ -212,8 +216,9 @@ def fm_operator(
       frequency, for DX7-style patches), shape `(T,)`.
     - `sample_rate`: samples per second, a positive scalar.
     - `modulation`: the phase offset in radians, shape `(T,)`; `None` for an
-      unmodulated operator.
-    - `level`: the output level: a scalar or an envelope of shape `(T,)`.
+      unmodulated operator. A signal: its non-finite samples pass through.
+    - `level`: the output level: a scalar or an envelope of shape `(T,)`,
+      finite (checked, also under `jax.jit`).
     - `phase0`: the phase of the first sample, in cycles.
 
     **Returns:**
@@ -236,4 +241,5 @@ def fm_operator(
             f"`level` must be a scalar or have the shape of `freq` {p.shape}, got "
             f"{level.shape}."
         )
+    level = check_in_range("level", level)
     return level.astype(p.dtype) * jnp.sin(arg)
