@@ -4,11 +4,12 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike
+
+from ._errors import error_if
 
 
 def result_dtype(*args: ArrayLike | None) -> np.dtype:
@@ -54,10 +55,10 @@ def check_value(value: Any, bad: Callable[[ModuleType, Any], Any], msg: str) -> 
     only kept if the returned value is used, so always store the result.
     """
     if isinstance(value, jax.Array):
-        return eqx.error_if(value, jnp.any(bad(jnp, value)), msg)
+        return error_if(value, jnp.any(bad(jnp, value)), msg)
     flag = bad(np, np.asarray(value))
     if isinstance(flag, jax.Array):  # `bad` involves a JAX value (e.g. a bound)
-        return eqx.error_if(jnp.asarray(value), jnp.any(flag), msg)
+        return error_if(jnp.asarray(value), jnp.any(flag), msg)
     if np.any(flag):
         raise ValueError(msg)
     return value

@@ -8,6 +8,7 @@ import lineax as lx
 import optimistix as optx
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
+from .._errors import error_if
 from .._misc import check_positive_int
 from ._field import AbstractImplicitRelation, clamp_mask, soft_stiffness
 from ._never_silent import never_silent
@@ -50,22 +51,22 @@ def _check_query(model, z0, rho, z_init):
     rho = model.check_point("rho", rho).astype(dtype)
     z_init = z0 if z_init is None else model.check_point("z_init", z_init)
     z_init = z_init.astype(dtype)
-    rho = eqx.error_if(
+    rho = error_if(
         rho,
         jnp.any(jnp.isnan(rho) | (rho < 0)),
         "`rho` must be nonnegative stiffnesses (0 free, inf clamped); it holds "
         "a NaN or a negative value.",
     )
-    rho = eqx.error_if(
+    rho = error_if(
         rho,
         jnp.all(clamp_mask(rho)),
         "every coordinate is clamped (`rho = inf` everywhere): nothing to infer. "
         "Leave at least one coordinate free (`rho = 0`) or soft (finite `rho`).",
     )
-    z0 = eqx.error_if(
+    z0 = error_if(
         z0, jnp.any(~jnp.isfinite(z0)), "`z0` must be finite (it holds inf or NaN)."
     )
-    z_init = eqx.error_if(
+    z_init = error_if(
         z_init,
         jnp.any(~jnp.isfinite(z_init) & ~clamp_mask(rho)),
         "`z_init` must be finite on the coordinates that are not clamped.",

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
+from .._errors import error_if
 from .._misc import check_positive_int, check_value
 from ._predictor import AbstractExactPredictor, as_state, as_state_like, time_like
 from ._schedule import AbstractNoiseSchedule
@@ -408,7 +409,7 @@ class OnlineKDE(eqx.Module):
             raise ValueError(
                 f"`x` must have shape {self.means.shape[1:]}, got {x.shape}."
             )
-        x = eqx.error_if(
+        x = error_if(
             x, ~jnp.all(jnp.isfinite(x)), "the observation `x` must be finite."
         )
         x = x.astype(self.means.dtype)
@@ -442,7 +443,7 @@ class OnlineKDE(eqx.Module):
         have weight 0). Raises if nothing has been observed yet (also under
         `jit`).
         """
-        weights = eqx.error_if(
+        weights = error_if(
             self.weights,
             ~jnp.any(self.weights > 0),
             "`OnlineKDE.predictor` needs at least one observation: every weight "

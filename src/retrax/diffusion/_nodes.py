@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
+from .._errors import error_if
 from .._misc import check_positive_int, check_value
 from ._schedule import AbstractNoiseSchedule
 
@@ -254,13 +255,13 @@ def data_levels(
     if not 0 < low <= high:
         raise ValueError(f"need 0 < `low` <= `high`, got low={low}, high={high}.")
     dtype = data.dtype
-    data = eqx.error_if(
+    data = error_if(
         data, ~jnp.all(jnp.isfinite(data)), "`data` must be finite (no inf or NaN)."
     )
     sq = jnp.sum((data[:, None, :] - data[None, :, :]) ** 2, axis=-1)
     sq = jnp.where(jnp.eye(data.shape[0], dtype=bool), jnp.inf, sq)
     spacing = jnp.median(jnp.sqrt(jnp.min(sq, axis=1)))
-    spacing = eqx.error_if(
+    spacing = error_if(
         spacing,
         ~(spacing > 0),
         "`data` has a median nearest-neighbour distance of 0 (repeated points): "

@@ -13,6 +13,7 @@ import optimistix as optx
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
+from .._errors import error_if
 from .._misc import check_positive_int, check_value
 from ._mixture import GaussianMixtureEps
 from ._never_silent import never_silent
@@ -406,7 +407,7 @@ def proxdm_sample(
     big_b = sched.integrated_beta(ts)
     gammas = big_b[1:] - big_b[:-1]
     if not hybrid:
-        gammas = eqx.error_if(
+        gammas = error_if(
             gammas,
             jnp.any(gammas >= 2),
             "PDA needs every step's integrated rate gamma_k < 2: use more `steps` "
@@ -602,7 +603,7 @@ def prox_infer(
     rho = as_state_like("rho", rho, "z0", z0)
     dtype = z0.dtype
     rho = rho.astype(dtype)
-    rho = eqx.error_if(
+    rho = error_if(
         rho, jnp.isnan(rho) | (rho < 0), "`rho` must lie in [0, inf] (no NaN)."
     )
     lam = _as_lam(lam, dtype, positive=True)
@@ -613,9 +614,7 @@ def prox_infer(
     tol = check_value(tol, lambda xp, v: ~(v > 0), "`tol` must be positive.")
     hard = jnp.isinf(rho)
     used = rho > 0
-    z0 = eqx.error_if(
-        z0, used & ~jnp.isfinite(z0), "`z0` must be finite where `rho` > 0."
-    )
+    z0 = error_if(z0, used & ~jnp.isfinite(z0), "`z0` must be finite where `rho` > 0.")
     z0 = jnp.where(used, z0, 0.0) if z_init is not None else z0
     rho_soft = jnp.where(hard, 0.0, rho)
     if z_init is None:
@@ -623,7 +622,7 @@ def prox_infer(
     else:
         start = as_state_like("z_init", z_init, "z0", z0).astype(dtype)
     start = jnp.where(hard, z0, start)
-    start = eqx.error_if(
+    start = error_if(
         start,
         ~jnp.all(jnp.isfinite(start)),
         "the start (`z_init`, or `z0` at free coordinates) must be finite.",

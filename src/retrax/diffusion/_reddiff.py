@@ -9,6 +9,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
+from .._errors import error_if
 from .._misc import check_positive_int, check_value
 from ._never_silent import never_silent
 from ._predictor import AbstractPredictor, as_state, is_key
@@ -251,7 +252,7 @@ def _check_hard(hard, x):
             f"the hard clamp `(mask, values)` must have the shape of `x_init` "
             f"{x.shape}, got {mask.shape} and {values.shape}."
         )
-    values = eqx.error_if(
+    values = error_if(
         values, mask & ~jnp.isfinite(values), "the clamped `values` must be finite."
     )
     return mask, jnp.where(mask, values.astype(x.dtype), jnp.zeros((), x.dtype))
@@ -309,7 +310,7 @@ def reddiff_solve(
     x = _as_vector("x_init", x_init)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"`x_init` must be real floating, got {x.dtype}.")
-    x = eqx.error_if(x, ~jnp.all(jnp.isfinite(x)), "`x_init` must be finite.")
+    x = error_if(x, ~jnp.all(jnp.isfinite(x)), "`x_init` must be finite.")
     if not is_key(key):
         raise TypeError("`key` must be one PRNG key, e.g. `jax.random.key(0)`.")
     clamp = _check_hard(hard, x)

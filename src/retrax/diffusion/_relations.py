@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
+from .._errors import error_if
 from .._misc import check_value
 from ._field import AbstractImplicitRelation
 
@@ -293,7 +294,7 @@ class ProductRelation(AbstractImplicitRelation):
         r"""The members' common $\lambda_{\mathrm{eff}}$ (an error, under `jit`
         too, when they differ: the product is then not a scaled density)."""
         lams = jnp.stack([r.effective_lambda(dtype) for r in self.relations])
-        return eqx.error_if(
+        return error_if(
             lams[0],
             jnp.any(jnp.abs(lams - lams[0]) > 1e-6 * jnp.abs(lams[0])),
             "the members of a ProductRelation have different effective field "

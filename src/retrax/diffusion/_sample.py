@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
+from .._errors import error_if
 from .._misc import check_positive_int
 from ._predictor import AbstractPredictor, as_state, as_state_like, epsilon_jacobian
 
@@ -274,7 +275,7 @@ def sample_conditional(
     if mask.dtype != jnp.bool_:
         raise TypeError(f"`mask` must be a boolean array, got dtype {mask.dtype}.")
     values = as_state_like("values", values, "mask", mask)
-    values = eqx.error_if(
+    values = error_if(
         values,
         mask & ~jnp.isfinite(values),
         "the clamped `values` must be finite.",
@@ -423,7 +424,7 @@ def log_likelihood(
     x = as_state("x", x)
     if x.ndim != 1:
         raise ValueError(f"`x` must be one point of shape (n,), got shape {x.shape}.")
-    x = eqx.error_if(x, ~jnp.all(jnp.isfinite(x)), "`x` must be finite.")
+    x = error_if(x, ~jnp.all(jnp.isfinite(x)), "`x` must be finite.")
     t0 = _t_end(pred, t0, "t0")
     if not t0 < t1 <= 1.0:
         raise ValueError(f"`t1` must lie in (t0, 1] = ({t0}, 1], got {t1}.")

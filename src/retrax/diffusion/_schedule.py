@@ -9,6 +9,7 @@ import numpy as np
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 
+from .._errors import error_if
 from .._misc import check_value
 
 
@@ -25,7 +26,7 @@ def as_time(t: Shaped[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
         t = t.astype(jnp.result_type(float))
     msg = "the time `t` must lie in [0, 1] (diffusion time), got a value outside it."
     if isinstance(t, jax.core.Tracer):
-        return eqx.error_if(t, ~((t >= 0) & (t <= 1)), msg)
+        return error_if(t, ~((t >= 0) & (t <= 1)), msg)
     # numpy, not jnp: a concrete `t` closed over by a traced function (a loop
     # body, `custom_root`) is checked eagerly, not staged out
     value = np.asarray(t)

@@ -1,10 +1,10 @@
 """Unit conversions of dynamics processors, with torchcomp's formulas."""
 
-import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._errors import error_if
 from .._misc import as_inexact
 from ..ops._validate import check_in_range, check_rate
 
@@ -37,7 +37,7 @@ def amp2db(
     if not (np.isfinite(floor) and floor >= 0):
         raise ValueError(f"`floor` must be finite and non-negative, got {floor!r}.")
     x = as_inexact("x", x)
-    x = eqx.error_if(x, jnp.any(x < 0), "`x` must be non-negative amplitudes.")
+    x = error_if(x, jnp.any(x < 0), "`x` must be non-negative amplitudes.")
     return 20.0 * jnp.log10(jnp.maximum(x, floor) if floor > 0 else x)
 
 

@@ -3,7 +3,6 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from .._errors import error_if
 from .._misc import as_inexact, result_dtype
 from ..ops import ballistics, linear_recurrence
 from ..ops._validate import check_in_range, check_signal, check_zi

@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from .._errors import error_if
 from .._misc import as_inexact, result_dtype
 from ..ops import state_space
 from ..ops._validate import (

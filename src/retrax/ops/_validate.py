@@ -1,6 +1,5 @@
 """Private input checks shared by the filter ops."""
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -95,7 +94,7 @@ def check_in_range(
         bad = bad | (value <= low if low_open else value < low)
     if high is not None:
         bad = bad | (value >= high if high_open else value > high)
-    return eqx.error_if(
+    return error_if(
         value,
         jnp.any(bad),
         f"`{name}` {_must(low, high, low_open, high_open)}.",
