@@ -89,7 +89,9 @@ def test_svf_bad_input():
         svf(x, 4_000.0, 1.0, 8_000.0)
     with pytest.raises(eqx.EquinoxRuntimeError, match="cutoff"):
         svf(x, -3.0, 1.0, 8_000.0)
-    with pytest.raises(eqx.EquinoxRuntimeError, match=r"`q` must be finite and lie in \(0.0, inf\)"):
+    with pytest.raises(
+        eqx.EquinoxRuntimeError, match=r"`q` must be finite and lie in \(0.0, inf\)"
+    ):
         svf(x, 1_000.0, 0.0, 8_000.0)
     with pytest.raises((ValueError, TypeError), match="mode"):
         svf(x, 1_000.0, 1.0, 8_000.0, "comb")
