@@ -253,8 +253,12 @@ def test_parametric_eq_module():
 def test_compressor_module():
     rng = np.random.default_rng(11)
     x = rng.standard_normal(256) * np.linspace(0.01, 1.0, 256)
+    # The expander acts too (on the quiet start), so every parameter matters.
     check_module_float32(
-        lambda: Compressor(threshold_db=-20.0, ratio=4.0, sample_rate=8_000.0), x
+        lambda: Compressor(
+            threshold_db=-20.0, ratio=4.0, exp_threshold_db=-30.0, sample_rate=8_000.0
+        ),
+        x,
     )
 
 
