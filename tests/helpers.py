@@ -1,6 +1,7 @@
 """Shared test utilities: comparisons, references and finite differences."""
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import jax.test_util  # noqa: F401  (explicit import: not loaded by `import jax`)
 import numpy as np
@@ -73,3 +74,14 @@ def stable_poly(rng, order, radius=0.95, complex_=False):
         )
     coeffs = np.poly(poles)[1:]
     return coeffs if complex_ else coeffs.real
+
+
+def scans_in(jaxpr):
+    """Every `scan` equation in `jaxpr`, nested jaxprs included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            found.append(eqn)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found.extend(scans_in(sub))
+    return found
