@@ -22,6 +22,7 @@ from ._scipy_args import (
 
 
 def allpole_apply(a: Array, x: Array, zi: Array) -> Array:
+    """`allpole` on the recurrence core without its checks; `a` may be empty."""
     if a.shape[-1] == 0:
         return x
     return recurrence("allpole", DEFAULT_UNROLL, a, x, zi)
