@@ -1,4 +1,4 @@
-"""Time retrax's biquad `lfilter` and `ballistics` against their peers.
+"""Time retrax's biquad `lfilter`/`lfilter_tv` and `ballistics` against their peers.
 
 float32, T = 44,100 (1 s at 44.1 kHz), B = 1 and B = 8 (retrax batches with
 `jax.vmap`), forward and gradient with respect to every input. If the peers
@@ -114,7 +114,14 @@ def biquad_cases(peers, batch, time_varying, rounds):
     jb, ja, jx = jnp.asarray(b), jnp.asarray(a), jnp.asarray(x)
 
     fwd_fns, grad_fns = {}, {}
-    for name, op in [("retrax", rops.lfilter), ("faustax", peers.get("faustax"))]:
+    if time_varying:
+        ours = rops.lfilter_tv
+    else:
+        # scipy's convention: the denominator with its leading 1
+        def ours(b, a, x):
+            return rops.lfilter(b, jnp.concatenate([jnp.ones(1, a.dtype), a]), x)
+
+    for name, op in [("retrax", ours), ("faustax", peers.get("faustax"))]:
         if op is None:
             continue
         if name == "faustax":

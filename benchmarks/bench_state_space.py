@@ -6,7 +6,7 @@
    adjoint filter run backwards) against plain back-propagation through a
    `lax.scan` of the same recursion (BPTT): median time, and peak memory as
    XLA's compiled `memory_analysis()` reports it (temporaries + arguments +
-   outputs). Cases: a biquad `lfilter`, `diag_state_space` N = 16 and dense
+   outputs). Cases: a biquad `lfilter_tv`, `diag_state_space` N = 16 and dense
    `state_space` N = 16.
 
 Run from the repository root: `python benchmarks/bench_state_space.py`.
@@ -137,8 +137,8 @@ def gradient_table(rounds, dtype):
     bq_a = jnp.asarray([-0.6, 0.3], dtype)
     cases = [
         (
-            "biquad lfilter",
-            lambda b, a, x: rops.lfilter(b, a, x),
+            "biquad lfilter_tv",
+            lambda b, a, x: rops.lfilter_tv(b, a, x),
             bptt_biquad,
             (bq_b, bq_a, xs),
         ),

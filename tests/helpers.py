@@ -1,6 +1,7 @@
 """Shared test utilities: comparisons, references and finite differences."""
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import jax.test_util  # noqa: F401  (explicit import: not loaded by `import jax`)
 import numpy as np
@@ -222,3 +223,14 @@ def np_df2(b, a, x, zi):
         y[t] = sum(b[t, k] * line[k] for k in range(b.shape[1]))
         line = line[: len(zi)]
     return y, np.array(line)
+
+
+def scans_in(jaxpr):
+    """Every `scan` equation in `jaxpr`, nested jaxprs included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            found.append(eqn)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found.extend(scans_in(sub))
+    return found

@@ -17,6 +17,7 @@ from retrax.ops import (
     filtfilt,
     fir,
     lfilter,
+    lfilter_tv,
     sosfilt,
     state_space,
 )
@@ -38,15 +39,15 @@ def _cases(rng):
     return [
         ("fir", fir, (rng.normal(size=3), x), REAL + COMPLEX),
         ("fir_tv", fir, (rng.normal(size=(T, 3)), x), REAL + COMPLEX),
-        ("lfilter", lfilter, (b, a[1:], x), REAL + COMPLEX),
+        ("lfilter", lfilter, (b, a, x), REAL + COMPLEX),
+        ("lfilter_tv_lti", lfilter_tv, (b, a[1:], x), REAL + COMPLEX),
         (
             "lfilter_tv",
-            lfilter,
+            lfilter_tv,
             (np.tile(b, (T, 1)), np.tile(a[1:], (T, 1)), x),
             REAL + COMPLEX,
         ),
-        ("lfilter_tdf2", lambda *v: lfilter(*v, form="tdf2"), (b, a[1:], x), REAL),
-        ("filtfilt", lambda *v: filtfilt(*v, padlen=3), (b, a[1:], x), REAL),
+        ("filtfilt", lambda *v: filtfilt(*v, padlen=3), (b, a, x), REAL),
         ("sosfilt", sosfilt, (sos, x), REAL),
         ("state_space", state_space, (A, B, C, D, xm), REAL + COMPLEX),
         (

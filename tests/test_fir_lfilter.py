@@ -7,7 +7,7 @@ import pytest
 import scipy.signal as ss
 
 from helpers import assert_close, check_grads, stable_poly
-from retrax.ops import fir, lfilter, lfilter_zi, lfiltic
+from retrax.ops import fir, lfilter, lfilter_tv, lfilter_tv_zi, lfilter_zi, lfiltic
 
 
 def np_fir(b, x, zi):
@@ -92,28 +92,33 @@ def test_lfilter_matches_scipy(order, n_zeros, seed, with_zi):
     b = rng.normal(size=n_zeros + 1)
     x = rng.normal(size=64)
     n_state = max(order, n_zeros)
-    a_full = np.r_[1.0, a]
+    a0 = rng.uniform(0.5, 2.0)
+    a_full = a0 * np.r_[1.0, a]
     if with_zi and n_state:
         zi = rng.normal(size=n_state)
         ref, ref_zf = ss.lfilter(b, a_full, x, zi=zi)
-        y, zf = lfilter(b, a, x, zi, form="tdf2", return_zf=True)
+        y, zf = lfilter(b, a_full, x, zi=zi)
         assert_close(y, ref)
         assert_close(zf, ref_zf)
-        ref, ref_zf = np_df2(b, a, x, zi)
-        y, zf = lfilter(b, a, x, zi, return_zf=True)
+        # the time-varying form's delay line, with the same filter
+        ref, ref_zf = np_df2(b / a0, a, x, zi)
+        y, zf = lfilter_tv(b / a0, a, x, zi, return_zf=True)
         assert_close(y, ref)
         assert_close(zf, ref_zf)
-        # the DF2 layout from lfiltic continues exactly as scipy's state does
         past_y, past_x = rng.normal(size=n_state), rng.normal(size=n_state)
-        ref = ss.lfilter(b, a_full, x, zi=ss.lfiltic(b, a_full, past_y, past_x))[0]
-        assert_close(lfilter(b, a, x, lfiltic(b, a, past_y, past_x)), ref, rtol=1e-10)
+        ref = ss.lfiltic(b, a_full, past_y, past_x)
+        assert_close(lfiltic(b, a_full, past_y, past_x), ref)
+        assert_close(
+            lfilter(b, a_full, x, zi=lfiltic(b, a_full, past_y, past_x))[0],
+            ss.lfilter(b, a_full, x, zi=ref)[0],
+        )
     else:
         ref = ss.lfilter(b, a_full, x)
-        assert_close(lfilter(b, a, x), ref)
-        assert_close(lfilter(b, a, x, form="tdf2"), ref)
+        assert_close(lfilter(b, a_full, x), ref)
+        assert_close(lfilter_tv(b / a0, a, x), ref)
 
 
-def test_lfilter_time_varying_matches_loop():
+def test_lfilter_tv_time_varying_matches_loop():
     rng = np.random.default_rng(2)
     length = 40
     a = np.stack([stable_poly(rng, 3) for _ in range(length)])
@@ -121,19 +126,16 @@ def test_lfilter_time_varying_matches_loop():
     x = rng.normal(size=length)
     zi = rng.normal(size=3)
     ref, ref_zf = np_df2(b, a, x, zi)
-    y, zf = lfilter(b, a, x, zi, return_zf=True)
+    y, zf = lfilter_tv(b, a, x, zi, return_zf=True)
     assert_close(y, ref)
     assert_close(zf, ref_zf)
     # mixed: constant numerator, time-varying denominator and the reverse
-    assert_close(lfilter(b[0], a, x, zi), np_df2(b[0], a, x, zi)[0])
-    assert_close(lfilter(b, a[0], x, zi), np_df2(b, a[0], x, zi)[0])
+    assert_close(lfilter_tv(b[0], a, x, zi), np_df2(b[0], a, x, zi)[0])
+    assert_close(lfilter_tv(b, a[0], x, zi), np_df2(b, a[0], x, zi)[0])
 
 
-@pytest.mark.parametrize("form", ["df2", "tdf2"])
 @pytest.mark.parametrize("time_varying", [False, True])
-def test_lfilter_streaming(form, time_varying):
-    if form == "tdf2" and time_varying:
-        pytest.skip("form='tdf2' takes constant coefficients only")
+def test_lfilter_tv_streaming(time_varying):
     rng = np.random.default_rng(3)
     length = 30
     if time_varying:
@@ -143,14 +145,28 @@ def test_lfilter_streaming(form, time_varying):
         a, b = stable_poly(rng, 2), rng.normal(size=4)
     x = rng.normal(size=length)
     zi = rng.normal(size=3)
-    ref, ref_zf = lfilter(b, a, x, zi, return_zf=True, form=form)
+    ref, ref_zf = lfilter_tv(b, a, x, zi, return_zf=True)
     cuts = [(0, 1), (1, 3), (3, 17), (17, 30)]
     z, ys = zi, []
     for lo, hi in cuts:
         ak, bk = (a[lo:hi], b[lo:hi]) if time_varying else (a, b)
-        yk, z = lfilter(bk, ak, x[lo:hi], z, return_zf=True, form=form)
+        yk, z = lfilter_tv(bk, ak, x[lo:hi], z, return_zf=True)
         ys.append(yk)
     assert_close(jnp.concatenate(ys), ref)
+    assert_close(z, ref_zf)
+
+
+def test_lfilter_streaming():
+    rng = np.random.default_rng(3)
+    a, b = np.r_[1.5, 1.5 * stable_poly(rng, 2)], rng.normal(size=4)
+    x = rng.normal(size=(2, 30))
+    zi = rng.normal(size=(2, 3))
+    ref, ref_zf = lfilter(b, a, x, zi=zi)
+    z, ys = zi, []
+    for lo, hi in [(0, 1), (1, 3), (3, 17), (17, 30)]:
+        yk, z = lfilter(b, a, x[:, lo:hi], zi=z)
+        ys.append(yk)
+    assert_close(jnp.concatenate(ys, axis=1), ref)
     assert_close(z, ref_zf)
 
 
@@ -159,25 +175,22 @@ def test_lfilter_zi_and_lfiltic_match_scipy():
     for order, n_zeros in [(2, 2), (4, 1), (1, 4), (3, 0)]:
         a = stable_poly(rng, order)
         b = rng.normal(size=n_zeros + 1)
-        a_full = np.r_[1.0, a]
+        a_full = 0.7 * np.r_[1.0, a]
         n_state = max(order, n_zeros)
-        assert_close(lfilter_zi(b, a, form="tdf2"), ss.lfilter_zi(b, a_full))
-        df2 = lfilter_zi(b, a)
+        assert_close(lfilter_zi(b, a_full), ss.lfilter_zi(b, a_full))
+        df2 = lfilter_tv_zi(b, a)
         assert_close(df2, np.full(n_state, 1 / (1 + a.sum())))
         # a unit step from the steady state stays at the DC gain
         step = np.ones(16)
-        assert_close(lfilter(b, a, step, df2), np.full(16, b.sum() / a_full.sum()))
-        assert_close(
-            lfilter(b, a, step, lfilter_zi(b, a, "tdf2"), form="tdf2"),
-            np.full(16, b.sum() / a_full.sum()),
-        )
+        dc = np.full(16, b.sum() / a_full.sum())
+        assert_close(lfilter_tv(b, a, step, df2), 0.7 * dc)
+        assert_close(lfilter(b, a_full, step, zi=lfilter_zi(b, a_full))[0], dc)
         past_y = rng.normal(size=n_state - 1)  # shorter: zero padded
         past_x = rng.normal(size=n_state + 2)  # longer: truncated
         assert_close(
-            lfiltic(b, a, past_y, past_x, form="tdf2"),
-            ss.lfiltic(b, a_full, past_y, past_x),
+            lfiltic(b, a_full, past_y, past_x), ss.lfiltic(b, a_full, past_y, past_x)
         )
-        assert_close(lfiltic(b, a, past_y, form="tdf2"), ss.lfiltic(b, a_full, past_y))
+        assert_close(lfiltic(b, a_full, past_y), ss.lfiltic(b, a_full, past_y))
 
 
 def test_lfilter_complex():
@@ -187,14 +200,15 @@ def test_lfilter_complex():
     x = rng.normal(size=32) + 1j * rng.normal(size=32)
     zi = rng.normal(size=3) + 1j * rng.normal(size=3)
     ref, ref_zf = ss.lfilter(b, np.r_[1.0, a], x, zi=zi)
-    y, zf = lfilter(b, a, x, zi, form="tdf2", return_zf=True)
+    y, zf = lfilter(b, np.r_[1.0, a], x, zi=zi)
     assert y.dtype == jnp.complex128
     assert_close(y, ref)
     assert_close(zf, ref_zf)
-    assert_close(lfilter(b, a, x, zi), np_df2(b, a, x, zi)[0])
+    assert_close(lfilter_tv(b, a, x, zi), np_df2(b, a, x, zi)[0])
     assert_close(fir(b, x), ss.lfilter(b, [1.0], x))
     # real coefficients with a complex signal promote to complex
-    assert lfilter(b.real, a.real, x).dtype == jnp.complex128
+    assert lfilter_tv(b.real, a.real, x).dtype == jnp.complex128
+    assert lfilter(b.real, np.r_[1.0, a.real], x).dtype == jnp.complex128
 
 
 def test_float32_jit_vmap():
@@ -202,12 +216,13 @@ def test_float32_jit_vmap():
     b, a = ss.butter(2, 0.2)
     x = rng.normal(size=(3, 128))
     ref = ss.lfilter(b, a, x)
-    b32, a32, x32 = (jnp.asarray(v, jnp.float32) for v in (b, a[1:], x))
-    for form in ("df2", "tdf2"):
-        f = jax.jit(jax.vmap(lambda xx, form=form: lfilter(b32, a32, xx, form=form)))
-        y = f(x32)
-        assert y.dtype == jnp.float32
-        assert_close(y, ref, rtol=1e-5)
+    b32, a32, x32 = (jnp.asarray(v, jnp.float32) for v in (b, a, x))
+    y = jax.jit(jax.vmap(lambda xx: lfilter_tv(b32, a32[1:], xx)))(x32)
+    assert y.dtype == jnp.float32
+    assert_close(y, ref, rtol=1e-5)
+    y = jax.jit(lfilter)(b32, a32, x32)
+    assert y.dtype == jnp.float32
+    assert_close(y, ref, rtol=1e-5)
     y = jax.jit(jax.vmap(fir, in_axes=(None, 0)))(b32, x32)
     assert y.dtype == jnp.float32
     assert_close(y, ss.lfilter(b, [1.0], x), rtol=1e-5)
@@ -223,10 +238,8 @@ def test_fir_grads():
     check_grads(jax.jit(f), (jnp.asarray(rng.normal(size=3)), x, zi))
 
 
-@pytest.mark.parametrize(
-    "form, time_varying", [("df2", False), ("df2", True), ("tdf2", False)]
-)
-def test_lfilter_grads(form, time_varying):
+@pytest.mark.parametrize("time_varying", [False, True])
+def test_lfilter_tv_grads(time_varying):
     rng = np.random.default_rng(8)
     length = 10
     if time_varying:
@@ -238,7 +251,7 @@ def test_lfilter_grads(form, time_varying):
     zi = rng.normal(size=2)
 
     def f(b, a, x, zi):
-        y, zf = lfilter(b, a, x, zi, return_zf=True, form=form)
+        y, zf = lfilter_tv(b, a, x, zi, return_zf=True)
         return jnp.concatenate([y, zf])
 
     # second differences of a recursion have large third derivatives: a smaller
@@ -246,13 +259,13 @@ def test_lfilter_grads(form, time_varying):
     check_grads(jax.jit(f), tuple(jnp.asarray(v) for v in (b, a, x, zi)), eps=1e-5)
 
 
-def test_lfilter_hessian_matches_naive_autodiff():
+def test_lfilter_tv_hessian_matches_naive_autodiff():
     rng = np.random.default_rng(10)
     a, b = jnp.asarray(stable_poly(rng, 2)), jnp.asarray(rng.normal(size=3))
     x, zi = jnp.asarray(rng.normal(size=10)), jnp.asarray(rng.normal(size=2))
     v = jnp.asarray(rng.normal(size=10))
 
-    loss = lambda b, a, x, zi: lfilter(b, a, x, zi) @ v
+    loss = lambda b, a, x, zi: lfilter_tv(b, a, x, zi) @ v
     ref = lambda b, a, x, zi: jnp_df2(b, a, x, zi) @ v
     for argnum in range(4):
         assert_close(
@@ -261,15 +274,26 @@ def test_lfilter_hessian_matches_naive_autodiff():
         )
 
 
-def test_lfilter_zi_grads():
+def test_lfilter_hessian_matches_naive_autodiff():
+    """scipy's layout, with a[0]: the same filter as the unrolled loop."""
+    rng = np.random.default_rng(11)
+    a = jnp.asarray(1.3 * np.r_[1.0, stable_poly(rng, 2)])
+    b = jnp.asarray(rng.normal(size=3))
+    x = jnp.asarray(rng.normal(size=10))
+    v = jnp.asarray(rng.normal(size=10))
+
+    loss = lambda b, a, x: lfilter(b, a, x) @ v
+    ref = lambda b, a, x: jnp_df2(b / a[0], a[1:] / a[0], x, jnp.zeros(2)) @ v
+    for argnum in range(3):
+        assert_close(
+            jax.hessian(loss, argnum)(b, a, x), jax.hessian(ref, argnum)(b, a, x)
+        )
+
+
+def test_lfilter_tv_zi_grads():
     rng = np.random.default_rng(9)
     a, b = jnp.asarray(stable_poly(rng, 2)), jnp.asarray(rng.normal(size=3))
-    y = jnp.asarray(rng.normal(size=2))
-    for form in ("df2", "tdf2"):
-        check_grads(lambda b, a, form=form: lfilter_zi(b, a, form), (b, a), eps=1e-5)
-        check_grads(
-            lambda b, a, y, form=form: lfiltic(b, a, y, y, form), (b, a, y), eps=1e-5
-        )
+    check_grads(lfilter_tv_zi, (b, a), eps=1e-5)
 
 
 def unchecked(f):
@@ -285,31 +309,31 @@ def unchecked(f):
 
 def test_bad_input():
     x = jnp.zeros(8)
-    lfilter_, fir_ = unchecked(lfilter), unchecked(fir)
+    tv, fir_ = unchecked(lfilter_tv), unchecked(fir)
     with pytest.raises(ValueError, match="`x`"):
-        lfilter_(jnp.ones(2), jnp.ones(1), jnp.zeros((2, 8)))
+        tv(jnp.ones(2), jnp.ones(1), jnp.zeros((2, 8)))
     with pytest.raises(ValueError, match="`a`"):
-        lfilter_(jnp.ones(2), jnp.ones((7, 1)), x)
+        tv(jnp.ones(2), jnp.ones((7, 1)), x)
     with pytest.raises(ValueError, match="`b`"):
-        lfilter_(jnp.ones((8, 2, 1)), jnp.ones(1), x)
+        tv(jnp.ones((8, 2, 1)), jnp.ones(1), x)
     with pytest.raises(ValueError, match="`zi`"):
-        lfilter_(jnp.ones(3), jnp.ones(1), x, jnp.zeros(1))
+        tv(jnp.ones(3), jnp.ones(1), x, jnp.zeros(1))
     with pytest.raises(ValueError, match="`zi`"):
-        lfilter_(jnp.ones(3), jnp.ones(1), x, jnp.zeros((2, 1)))
-    with pytest.raises(ValueError, match="form"):
-        lfilter_(jnp.ones(3), jnp.ones((8, 1)), x, form="tdf2")
-    with pytest.raises(ValueError, match="form"):
-        lfilter_(jnp.ones(3), jnp.ones(1), x, form="df1")
+        tv(jnp.ones(3), jnp.ones(1), x, jnp.zeros((2, 1)))
+    with pytest.raises(TypeError, match="form"):
+        tv(jnp.ones(3), jnp.ones(1), x, form="tdf2")
     with pytest.raises(ValueError, match="`zi`"):
         fir_(jnp.ones(3), x, jnp.zeros(3))
     with pytest.raises(ValueError, match="`b`"):
         fir_(jnp.ones((5, 3)), x)
     with pytest.raises(ValueError, match="`y`"):
         unchecked(lfiltic)(jnp.ones(3), jnp.ones(1), jnp.ones((2, 2)))
+    with pytest.raises(ValueError, match="`b`"):
+        unchecked(lfilter_tv_zi)(jnp.ones((2, 2)), jnp.ones(1))
     bad = jnp.array([1.0, jnp.nan])
     with pytest.raises(Exception, match="`a` has non-finite"):
-        lfilter(jnp.ones(2), bad, x)
+        lfilter_tv(jnp.ones(2), bad, x)
     with pytest.raises(Exception, match="`b` has non-finite"):
         jax.jit(fir)(jnp.array([1.0, jnp.inf]), x)
     with pytest.raises(Exception, match="`a` has non-finite"):
-        jax.jit(lfilter, static_argnames="form")(jnp.ones(2), bad, x, form="tdf2")
+        jax.jit(lfilter_tv)(jnp.ones(2), bad, x)

@@ -29,6 +29,7 @@ from retrax.ops import (
     ballistics,
     diag_state_space,
     lfilter,
+    lfilter_tv,
     linear_recurrence,
     sosfilt,
     state_space,
@@ -323,9 +324,9 @@ def _residual_shapes(f, *args):
     return shapes
 
 
-def _lfilter(b, a, x):
+def _lfilter_tv(b, a, x):
     # `b` and `a` without the leading 1 (the time-first, direct form II call).
-    return lfilter(b, a, x)
+    return lfilter_tv(b, a, x)
 
 
 def _adjoint_cases(length=100):
@@ -340,8 +341,10 @@ def _adjoint_cases(length=100):
     # (name, op, args, recursions each way, state size, residual shapes allowed)
     n = length
     return [
-        ("lfilter", _lfilter, (jnp.asarray(b), jnp.asarray(a[1:]), x), 1, 2,
+        ("lfilter_tv", _lfilter_tv, (jnp.asarray(b), jnp.asarray(a[1:]), x), 1, 2,
          {(n,), (n, 2), (2,), ()}),
+        ("lfilter", lfilter, (jnp.asarray(b), jnp.asarray(a), x), 1, 2,
+         {(n,), (n, 2), (2,), (3,), ()}),
         ("sosfilt", sosfilt, (sos, x), 2, 2, {(n,), (n, 2), (2,), ()}),
         ("diag_state_space", diag_state_space, (decay, B, C, D, xm), 1, 3,
          {(n, 2), (n, 3), (1, 3), (3,), (2, 3), (3, 2), (2, 2)}),

@@ -10,7 +10,7 @@ from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._misc import as_inexact
 from ..ops import sosfilt
-from ..ops._validate import check_in_range, check_init_range, check_rate
+from ..ops._validate import check_in_range, check_init_range, check_rate, check_signal
 from ._parametrise import biquad_denominator
 
 
@@ -145,7 +145,8 @@ class Biquad(eqx.Module):
     def __call__(self, x: Shaped[ArrayLike, " time"]) -> Float[Array, " time"]:
         """Filter one signal `(T,)`; batch with `jax.vmap`."""
         x = as_inexact("x", x)
-        return sosfilt(self.sos.astype(x.dtype), x)
+        check_signal("x", x)
+        return sosfilt(self.sos.astype(x.dtype), x, axis=0)
 
 
 class ParametricEQ(eqx.Module):
@@ -223,4 +224,5 @@ class ParametricEQ(eqx.Module):
     def __call__(self, x: Shaped[ArrayLike, " time"]) -> Float[Array, " time"]:
         """Equalise one signal `(T,)`; batch with `jax.vmap`."""
         x = as_inexact("x", x)
-        return sosfilt(self.sos.astype(x.dtype), x)
+        check_signal("x", x)
+        return sosfilt(self.sos.astype(x.dtype), x, axis=0)

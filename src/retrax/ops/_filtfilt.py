@@ -1,98 +1,284 @@
-"""Zero-phase forward-backward filtering."""
+"""Zero-phase forward-backward filtering: scipy's `filtfilt` and `sosfiltfilt`."""
 
+from collections.abc import Callable
 from typing import Literal
 
+import equinox as eqx
+import jax
 import jax.numpy as jnp
+import lineax as lx
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
-from .._misc import as_inexact, result_dtype
-from ._lfilter import lfilter, lfilter_zi
-from ._validate import check_signal
+from ._lfilter import steady_state, tdf2_apply
+from ._scipy_args import (
+    along_axis,
+    as_array,
+    coefficients,
+    normalise,
+    normalise_axis,
+    scipy_dtype,
+)
+from ._sosfilt import checked_sos, sos_array, sos_cascade, sos_steady_state
 
 
-def _extend(x: Array, padtype: str | None, edge: int) -> Array:
-    if edge == 0:
-        return x
-    left = x[edge:0:-1]
-    right = x[-2 : -edge - 2 : -1]
-    if padtype == "odd":
-        return jnp.concatenate([2 * x[0] - left, x, 2 * x[-1] - right])
-    if padtype == "even":
-        return jnp.concatenate([left, x, right])
-    return jnp.concatenate(
-        [jnp.full(edge, x[0], x.dtype), x, jnp.full(edge, x[-1], x.dtype)]
-    )
+PadType = Literal["odd", "even", "constant"] | None
 
 
-def filtfilt(
-    b: Shaped[ArrayLike, " taps"],
-    a: Shaped[ArrayLike, " order"],
-    x: Shaped[ArrayLike, " time"],
-    *,
-    padtype: Literal["odd", "even", "constant"] | None = "odd",
-    padlen: int | None = None,
-) -> Inexact[Array, " time"]:
-    r"""Zero-phase filtering: `lfilter` forwards, then backwards in time.
-
-    The method of `scipy.signal.filtfilt` (Gustafsson's steady-state
-    initialisation, `method="pad"`), with the same defaults, and it equals
-    `scipy.signal.filtfilt(b, [1, *a], x, padtype=padtype, padlen=padlen)`:
-    **`a` excludes the leading 1**, as in `lfilter`. The signal is extended
-    by `padlen` samples at both ends (odd: `2 x[0] - x[padlen:0:-1]`, even:
-    a mirror, constant: the edge value, `None`: no extension), filtered
-    forwards from the steady state of the first sample (`lfilter_zi` scaled
-    by it), reversed, filtered again from the steady state of its first
-    sample, reversed, and trimmed. The effective response is $|H|^2$ with no
-    phase shift. It cannot stream (it needs the whole signal).
-
-    **Arguments:**
-
-    - `b`: numerator taps, shape `(M+1,)`, constant.
-    - `a`: denominator coefficients without the leading 1, shape `(K,)`.
-    - `x`: the input signal, shape `(T,)`. Batch with `jax.vmap`.
-    - `padtype`: `"odd"` (default), `"even"`, `"constant"` or `None`.
-    - `padlen`: samples of extension at each end; defaults to
-      `3 * max(K + 1, M + 1)` as in scipy. Ignored (0) if `padtype` is None.
-
-    **Returns:**
-
-    `y` of shape `(T,)`.
-
-    Raises `ValueError` if `x` is not longer than `padlen`. For high-order
-    filters, see the note in `lfilter`.
-    """
+def _check_padtype(padtype) -> None:
     if padtype not in ("odd", "even", "constant", None):
         raise ValueError(
             f"`padtype` must be 'odd', 'even', 'constant' or None, got {padtype!r}."
         )
-    b = as_inexact("b", b)
-    a = as_inexact("a", a)
-    x = as_inexact("x", x)
-    check_signal("x", x)
-    for name, c in (("b", b), ("a", a)):
-        if c.ndim != 1:
-            raise ValueError(
-                f"`{name}` must be constant, shape (n,), got shape {c.shape}."
-            )
+
+
+def _static_edge(padtype: PadType, padlen: int | None, ntaps: int) -> int:
+    """scipy's extension length: `padlen`, by default `3 * ntaps`, 0 if no padding."""
     if padtype is None:
-        edge = 0
-    elif padlen is None:
-        edge = 3 * max(a.shape[0] + 1, b.shape[0])
-    else:
-        edge = int(padlen)
-        if edge < 0:
-            raise ValueError(f"`padlen` must be non-negative, got {padlen}.")
-    if x.shape[0] <= edge:
+        return 0
+    if padlen is None:
+        return 3 * ntaps
+    if isinstance(padlen, bool) or not isinstance(padlen, int) or padlen < 0:
+        raise ValueError(f"`padlen` must be a non-negative integer, got {padlen!r}.")
+    return padlen
+
+
+def _check_length(length: int, edge: int) -> None:
+    if length <= edge:
         raise ValueError(
-            f"`x` must be longer than `padlen` = {edge} samples, got "
-            f"{x.shape[0]}; pass a smaller `padlen` or `padtype=None`."
+            f"`x` must be longer than `padlen` = {edge} samples along `axis`, got "
+            f"{length}; pass a smaller `padlen` (or `padtype=None`)."
         )
-    dtype = result_dtype(b, a, x)
-    b, a, x = b.astype(dtype), a.astype(dtype), x.astype(dtype)
-    ext = _extend(x, padtype, edge)
-    zi = lfilter_zi(b, a)
-    y = lfilter(b, a, ext, zi * ext[0])[::-1]
-    y = lfilter(b, a, y, zi * y[0])[::-1]
-    if edge > 0:
-        y = y[edge:-edge]
-    return y
+
+
+def _extend(x: Array, padtype: PadType, total: int, edge) -> Array:
+    """`x` with `total` samples at each end; the `edge` nearest are scipy's extension.
+
+    `edge <= total` may be traced. The `total - edge` outermost samples repeat
+    the outermost sample of the extension: a filter started from its steady
+    state for that value stays there, so they change nothing.
+    """
+    if total == 0:
+        return x
+    length = x.shape[0]
+    dist = jnp.minimum(jnp.arange(1, total + 1), edge)
+    if padtype == "constant":
+        left = jnp.broadcast_to(x[0], (total,))
+        right = jnp.broadcast_to(x[-1], (total,))
+    else:
+        left = x[dist][::-1]
+        right = x[length - 1 - dist]
+        if padtype == "odd":
+            left = 2 * x[0] - left
+            right = 2 * x[-1] - right
+    return jnp.concatenate([left, x, right])
+
+
+def _forward_backward(
+    run: Callable, zi: Array, x: Array, padtype: PadType, total: int, edge
+) -> Array:
+    """scipy's pad method on one signal; `run(signal, state)` filters forwards."""
+    length = x.shape[0]
+    ext = _extend(x, padtype, total, edge)
+    y = run(ext, zi * ext[0])
+    if isinstance(edge, int) and edge == total:
+        last = y[-1]
+    else:
+        stop = total + length + edge - 1
+        last = y[stop]
+        y = jnp.where(jnp.arange(y.shape[0]) > stop, last, y)
+    y = run(y[::-1], zi * last)[::-1]
+    return y[total : total + length]
+
+
+def _lstsq(matrix: Array, rhs: Array) -> Array:
+    operator = lx.MatrixLinearOperator(matrix)
+    return lx.linear_solve(operator, rhs, lx.QR()).value
+
+
+def _gust(b: Array, a: Array, x: Array, irlen: int | None) -> Array:
+    """Gustafsson's forward-backward filter of one signal, as scipy's `_filtfilt_gust`.
+
+    `b`, `a` normalised (`a` without its leading 1). The initial states of
+    the forward and backward passes are chosen so that filtering forwards
+    then backwards equals filtering backwards then forwards, in the least
+    squares sense (F. Gustafsson, "Determining the initial states in
+    forward-backward filtering", IEEE Trans. Signal Processing, 1996).
+    """
+    order = max(a.shape[0], b.shape[0] - 1)
+    if order == 0:
+        return b[0] ** 2 * x
+    n = x.shape[0]
+    m = n if irlen is None or n <= 2 * irlen else irlen
+
+    def run(signal, state=None):
+        return tdf2_apply(b, a, signal, state)[0]
+
+    first = run(jnp.zeros(m, x.dtype), jnp.zeros(order, x.dtype).at[0].set(1))
+    obs = jnp.stack(
+        [
+            jnp.concatenate([jnp.zeros(k, x.dtype), first[: m - k]])
+            for k in range(order)
+        ],
+        axis=1,
+    )
+    s = jax.vmap(run, in_axes=1, out_axes=1)(obs[::-1])
+    if m == n:
+        matrix = jnp.concatenate([s[::-1] - obs, obs[::-1] - s], axis=1)
+        weights = jnp.concatenate([s[::-1], obs[::-1]], axis=1)
+    else:
+        zeros = jnp.zeros((m, order), x.dtype)
+        matrix = jnp.block([[s[::-1] - obs, zeros], [zeros, obs[::-1] - s]])
+        weights = jnp.block([[s[::-1], zeros], [zeros, obs[::-1]]])
+    y_fb = run(run(x)[::-1])[::-1]
+    y_bf = run(run(x[::-1])[::-1])
+    delta = y_bf - y_fb
+    if m != n:
+        delta = jnp.concatenate([delta[:m], delta[-m:]])
+    correction = weights @ _lstsq(matrix, delta)
+    if m == n:
+        return y_fb + correction
+    return y_fb.at[:m].add(correction[:m]).at[-m:].add(correction[m:])
+
+
+def filtfilt(
+    b: Shaped[ArrayLike, " taps"] | list | tuple | float | int,
+    a: Shaped[ArrayLike, " order"] | list | tuple | float | int,
+    x: Shaped[ArrayLike, " *signal"] | list | tuple,
+    axis: int = -1,
+    padtype: PadType = "odd",
+    padlen: int | None = None,
+    method: Literal["pad", "gust"] = "pad",
+    irlen: int | None = None,
+) -> Inexact[Array, " *signal"]:
+    r"""Zero-phase filtering forwards then backwards, as `scipy.signal.filtfilt`.
+
+    **Convention: scipy's.** `a` includes `a[0]` (both are normalised by it;
+    `a[0] == 0` is an error, also under `jax.jit`). The effective response is
+    $|H|^2$ with no phase shift. It cannot stream (it needs the whole signal).
+
+    `method="pad"` (default): the signal is extended by `padlen` samples at
+    both ends (odd: `2 x[0] - x[padlen:0:-1]`, even: a mirror, constant: the
+    edge value, `None`: no extension), filtered forwards from the steady
+    state of its first sample ([`lfilter_zi`][retrax.ops.lfilter_zi] scaled by
+    it), reversed, filtered again from the steady state of its first sample,
+    reversed and trimmed. `method="gust"`: Gustafsson's method, which picks
+    the initial states of both passes so that forward-backward equals
+    backward-forward (least squares); `padtype` and `padlen` are then ignored
+    and `irlen` (if given) truncates the impulse response used to
+    `irlen` samples, as in scipy.
+
+    **Arguments:**
+
+    - `b`: the numerator coefficients, shape `(M+1,)`.
+    - `a`: the denominator coefficients including `a[0]`, shape `(N+1,)`.
+    - `x`: the signal, any number of dimensions.
+    - `axis`: the axis of `x` to filter along (default: the last).
+    - `padtype`: `"odd"` (default), `"even"`, `"constant"` or `None`.
+    - `padlen`: samples of extension at each end; defaults to
+      `3 * max(len(a), len(b))` as in scipy.
+    - `method`: `"pad"` or `"gust"`.
+    - `irlen`: with `method="gust"`, the length of the impulse response used.
+
+    **Returns:**
+
+    `y`, the shape of `x`.
+
+    Raises `ValueError` if `x` is not longer than `padlen` along `axis`.
+    """
+    if method not in ("pad", "gust"):
+        raise ValueError(f"`method` must be 'pad' or 'gust', got {method!r}.")
+    dtype = scipy_dtype(b, a, x)
+    b = coefficients("b", b, dtype)
+    a = coefficients("a", a, dtype)
+    x = as_array("x", x, dtype)
+    axis = normalise_axis(axis, x.ndim)
+    if method == "gust":
+        if irlen is not None and (
+            isinstance(irlen, bool) or not isinstance(irlen, int) or irlen < 1
+        ):
+            raise ValueError(f"`irlen` must be a positive integer, got {irlen!r}.")
+        b, a = normalise(b, a)
+        return along_axis(lambda s: (_gust(b, a, s, irlen),), x, axis)[0]
+    _check_padtype(padtype)
+    edge = _static_edge(padtype, padlen, max(a.shape[0], b.shape[0]))
+    _check_length(x.shape[axis], edge)
+    b, a = normalise(b, a)
+    zi = steady_state(b, a)
+
+    def run(signal, state):
+        return tdf2_apply(b, a, signal, state)[0]
+
+    def one(signal):
+        return (_forward_backward(run, zi, signal, padtype, edge, edge),)
+
+    return along_axis(one, x, axis)[0]
+
+
+def sosfiltfilt(
+    sos: Shaped[ArrayLike, "sections 6"] | list | tuple,
+    x: Shaped[ArrayLike, " *signal"] | list | tuple,
+    axis: int = -1,
+    padtype: PadType = "odd",
+    padlen: int | None = None,
+) -> Inexact[Array, " *signal"]:
+    r"""Zero-phase filtering with second-order sections, as `scipy.signal.sosfiltfilt`.
+
+    **Convention: scipy's.** The rows are `[b0, b1, b2, a0, a1, a2]` with
+    `a0 == 1` (an error otherwise, also under `jax.jit`). The method of
+    [`filtfilt`][retrax.ops.filtfilt] (`method="pad"`) on the cascade, started
+    from [`sosfilt_zi`][retrax.ops.sosfilt_zi] scaled by the edge samples.
+
+    As in scipy, the default `padlen` is `3 * ntaps` with
+    `ntaps = 2 * n_sections + 1`, less the number of sections whose `b2` and
+    `a2` are both zero (first-order sections, e.g. in odd-order designs).
+    That count depends on the values of `sos`, so under `jax.jit` the
+    extension is built to the largest possible length and the filters are
+    held in their steady state over the unused part, which gives scipy's
+    result; a signal too short for the default `padlen` then raises at run
+    time.
+
+    **Arguments:**
+
+    - `sos`: the sections, shape `(n_sections, 6)`.
+    - `x`: the signal, any number of dimensions.
+    - `axis`: the axis of `x` to filter along (default: the last).
+    - `padtype`: `"odd"` (default), `"even"`, `"constant"` or `None`.
+    - `padlen`: samples of extension at each end (default: see above).
+
+    **Returns:**
+
+    `y`, the shape of `x`.
+    """
+    _check_padtype(padtype)
+    dtype = scipy_dtype(sos, x)
+    sos = sos_array(sos, dtype)
+    x = as_array("x", x, dtype)
+    axis = normalise_axis(axis, x.ndim)
+    length = x.shape[axis]
+    n_sections = sos.shape[0]
+    sos = checked_sos(sos)
+    if padtype is None or padlen is not None:
+        total = edge = _static_edge(padtype, padlen, 2 * n_sections + 1)
+        _check_length(length, edge)
+    else:
+        total = 3 * (2 * n_sections + 1)
+        _check_length(length, 3 * (n_sections + 1))
+        dropped = jnp.minimum(jnp.sum(sos[:, 2] == 0), jnp.sum(sos[:, 5] == 0))
+        edge = total - 3 * dropped
+        if length <= total:
+            sos = eqx.error_if(
+                sos,
+                length <= edge,
+                "`x` must be longer than the default `padlen` (3 * (2 * "
+                "n_sections + 1), less 3 per first-order section) along `axis`; "
+                "pass a smaller `padlen` (or `padtype=None`).",
+            )
+    zi = sos_steady_state(sos)
+
+    def run(signal, state):
+        return sos_cascade(sos, signal, state)[0]
+
+    def one(signal):
+        return (_forward_backward(run, zi, signal, padtype, total, edge),)
+
+    return along_axis(one, x, axis)[0]

@@ -1,25 +1,28 @@
-"""Rational (IIR) filters: direct form II as an all-pole recursion and an FIR."""
+"""Rational (IIR) filters in scipy's conventions: `lfilter`, `lfilter_zi`, `lfiltic`.
 
-from typing import Literal
+scipy's `lfilter` keeps the transposed-direct-form-II state. Its output is one
+all-pole pass over `fir(b, x)` plus the state, and the state is a linear map
+of the last inputs and outputs (`lfiltic`), so the recursion runs on retrax's
+recurrence core and its derivatives are the adjoint filter's.
+"""
 
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
-from .._misc import as_inexact, result_dtype
-from ._fir import fir_apply, fir_state
+from ._fir import fir_apply
 from ._recurrence import DEFAULT_UNROLL, recurrence
-from ._validate import check_coeff_rank, check_finite, check_signal, check_zi
+from ._scipy_args import (
+    along_axis,
+    as_array,
+    coefficients,
+    normalise,
+    normalise_axis,
+    scipy_dtype,
+)
 
 
-Form = Literal["df2", "tdf2"]
-
-
-def _check_form(form: str) -> None:
-    if form not in ("df2", "tdf2"):
-        raise ValueError(f"`form` must be 'df2' or 'tdf2', got {form!r}.")
-
-
-def _allpole_apply(a: Array, x: Array, zi: Array) -> Array:
+def allpole_apply(a: Array, x: Array, zi: Array) -> Array:
+    """`allpole` on the recurrence core without its checks; `a` may be empty."""
     if a.shape[-1] == 0:
         return x
     return recurrence("allpole", DEFAULT_UNROLL, a, x, zi)
@@ -68,7 +71,7 @@ def tdf2_apply(
     if zi is not None and n_state > 0:
         head = min(n_state, length)
         drive = drive.at[:head].add(zi[:head])
-    y = _allpole_apply(a, drive, jnp.zeros(a.shape[0], x.dtype))
+    y = allpole_apply(a, drive, jnp.zeros(a.shape[0], x.dtype))
     if n_state == 0:
         return y, jnp.zeros(0, x.dtype)
     hb, ha = _hankels(b, a, n_state)
@@ -78,215 +81,164 @@ def tdf2_apply(
     return y, zf
 
 
-def _df2_to_tdf2(b: Array, a: Array, n_state: int) -> Array:
-    """The matrix mapping the DF2 delay line (newest first) to scipy's state.
+def scipy_zi(zi: Array, x_shape: tuple, axis: int, length: int, what: str) -> Array:
+    """`zi` checked (and broadcast, as scipy does) to `x_shape` with `length` at `axis`.
 
-    `z[i] = sum_{k<=i} (b[p+i+1-k] a_full[k] - a_full[p+i+1-k] b[k]) w[-p-1]`,
-    from writing the past inputs and outputs of `lfiltic` in terms of `w`.
+    As in `scipy.signal.lfilter`: `zi` has as many dimensions as `x`, the
+    length `length` along `axis`, and the size of `x` or 1 along the others.
     """
-    size = 2 * n_state + 1
-    b_ext = _padded(b, size)
-    a_ext = _padded(a, size, lead=jnp.ones((), a.dtype))
-    i = jnp.arange(n_state)[:, None, None]
-    p = jnp.arange(n_state)[None, :, None]
-    k = jnp.arange(n_state)[None, None, :]
-    idx = p + i + 1 - k
-    keep = (k <= i) & (idx >= 0)
-    idx = jnp.clip(idx, 0, size - 1)
-    terms = b_ext[idx] * a_ext[k] - a_ext[idx] * b_ext[k]
-    return jnp.sum(jnp.where(keep, terms, jnp.zeros((), terms.dtype)), axis=-1)
-
-
-def _prepare_ba(b, a, length: int | None):
-    b = as_inexact("b", b)
-    a = as_inexact("a", a)
-    if length is None:
-        for name, c in (("b", b), ("a", a)):
-            if c.ndim != 1:
-                raise ValueError(
-                    f"`{name}` must be constant, shape (n,), got shape {c.shape}."
-                )
-    else:
-        check_coeff_rank("b", b, length, "taps")
-        check_coeff_rank("a", a, length, "order")
-    if b.shape[-1] == 0:
-        raise ValueError("`b` must have at least one coefficient.")
-    return b, a
+    expected = x_shape[:axis] + (length,) + x_shape[axis + 1 :]
+    ok = zi.ndim == len(x_shape) and all(
+        z == e or (k != axis and z == 1)
+        for k, (z, e) in enumerate(zip(zi.shape, expected, strict=True))
+    )
+    if not ok:
+        raise ValueError(
+            f"`zi` must have shape {expected} ({what}, along axis={axis} of `x` "
+            f"with shape {x_shape}), got shape {zi.shape}."
+        )
+    return jnp.broadcast_to(zi, expected)
 
 
 def lfilter(
-    b: Shaped[ArrayLike, "time taps"] | Shaped[ArrayLike, " taps"],
-    a: Shaped[ArrayLike, "time order"] | Shaped[ArrayLike, " order"],
-    x: Shaped[ArrayLike, " time"],
-    zi: Shaped[ArrayLike, " state"] | None = None,
-    *,
-    return_zf: bool = False,
-    form: Form = "df2",
-) -> Inexact[Array, " time"] | tuple[Inexact[Array, " time"], Inexact[Array, " state"]]:
-    r"""IIR filter $B(z)/A(z)$ in direct form II, constant or time-varying.
+    b: Shaped[ArrayLike, " taps"] | list | tuple | float | int,
+    a: Shaped[ArrayLike, " order"] | list | tuple | float | int,
+    x: Shaped[ArrayLike, " *signal"] | list | tuple,
+    axis: int = -1,
+    zi: Shaped[ArrayLike, " *state"] | list | tuple | None = None,
+) -> (
+    Inexact[Array, " *signal"]
+    | tuple[Inexact[Array, " *signal"], Inexact[Array, " *zf"]]
+):
+    r"""IIR filter $B(z)/A(z)$ along one axis, exactly as `scipy.signal.lfilter`.
 
-    $$w_t = x_t - \sum_{k=1}^{K} a_{t,k}\, w_{t-k}, \qquad
-      y_t = \sum_{k=0}^{M} b_{t,k}\, w_{t-k},$$
+    $$a_0 y_t = \sum_{k=0}^{M} b_k x_{t-k} - \sum_{k=1}^{N} a_k y_{t-k}.$$
 
-    i.e. `fir(b, allpole(x, a))` over one shared delay line $w$, the exact
-    direct-form-II decomposition of philtorch (Yu et al., "Differentiable
-    all-pole filters for time-varying audio systems", DAFx 2024). With
-    constant coefficients it equals `scipy.signal.lfilter(b, [1, *a], x)`:
-    note that **`a` excludes the leading 1** of the denominator (unlike
-    `sosfilt`, whose rows include it). The recursion runs on retrax's
-    recurrence core, so gradients run the adjoint filter backwards in time.
+    **Convention: scipy's.** `a` includes `a[0]`, and `b` and `a` are
+    normalised by it; `zi` and `zf` are scipy's transposed-direct-form-II
+    state, as `scipy.signal.lfilter_zi` and `scipy.signal.lfiltic` (and
+    retrax's [`lfilter_zi`][retrax.ops.lfilter_zi] and
+    [`lfiltic`][retrax.ops.lfiltic]) produce it. Replacing `scipy.signal` by
+    `retrax.ops` gives the same numbers, plus `jax.jit`, `jax.vmap` and
+    derivatives in both modes with respect to every array argument: the
+    recursion runs on retrax's recurrence core, whose gradient is the adjoint
+    filter run backwards in time. For coefficients that change every sample
+    see [`lfilter_tv`][retrax.ops.lfilter_tv].
 
-    High-order transfer functions are numerically fragile in any direct form
-    (their coefficients lose the pole positions to rounding): for orders above
-    about 4, or poles close to the unit circle, factor the filter into
-    second-order sections and use `retrax.ops.sosfilt`.
+    High-order transfer functions are numerically fragile in any direct form:
+    for orders above about 4, or poles close to the unit circle, use
+    second-order sections with [`sosfilt`][retrax.ops.sosfilt].
 
     **Arguments:**
 
-    - `b`: numerator taps, `(M+1,)` constant or `(T, M+1)` per sample.
-    - `a`: denominator coefficients without the leading 1, `(K,)` constant or
-      `(T, K)` per sample. `K = 0` gives an FIR filter.
-    - `x`: the input signal, shape `(T,)`. Batch with `jax.vmap`.
-    - `zi`: the initial state, shape `(max(K, M),)`, in the layout of `form`.
-      Defaults to zeros.
-    - `return_zf`: also return the final state in the same layout, so that a
-      long signal can be filtered block by block.
-    - `form`: the state layout. `"df2"`: the delay line, newest first,
-      `zi[k] = w[-k-1]` (see `lfilter_zi`). `"tdf2"`: scipy's
-      transposed-direct-form-II state, exactly as `scipy.signal.lfilter`,
-      `lfilter_zi` and `lfiltic` use it, so scipy code passing `zi` ports by
-      only dropping the leading 1 from `a`. `"tdf2"` requires constant
-      coefficients (the layout is defined for time-invariant filters).
+    - `b`: the numerator coefficients, shape `(M+1,)`.
+    - `a`: the denominator coefficients including `a[0]`, shape `(N+1,)`.
+      `a[0] == 0` is an error (also under `jax.jit`).
+    - `x`: the signal, any number of dimensions.
+    - `axis`: the axis of `x` to filter along (default: the last).
+    - `zi`: the initial state, scipy's layout: the shape of `x` with
+      `max(M, N)` along `axis` (size-1 dimensions elsewhere broadcast).
+      When given, the final state is returned too.
 
     **Returns:**
 
-    `y` of shape `(T,)`, or `(y, zf)` if `return_zf`. The dtype is the
-    promoted dtype of the inputs (float32, float64, complex64, complex128).
-
-    Non-finite coefficients raise an error (also under `jax.jit`). Unstable
-    filters are not an error: the output grows as the recursion defines it.
+    `y`, the shape of `x`; or `(y, zf)` when `zi` is given, `zf` the final
+    state in `zi`'s layout. Python lists and numbers are weakly typed, so the
+    dtype is the promoted dtype of the array arguments (a float32 signal stays
+    float32); integers compute in the default float dtype, as in scipy.
     """
-    _check_form(form)
-    x = as_inexact("x", x)
-    check_signal("x", x)
-    b, a = _prepare_ba(b, a, x.shape[0])
-    order = a.shape[-1]
-    fir_order = b.shape[-1] - 1
-    n_state = max(order, fir_order)
-    if form == "tdf2" and (a.ndim == 2 or b.ndim == 2):
-        raise ValueError(
-            "form='tdf2' needs constant `b` and `a` (shape (n,)); use form='df2' "
-            "for time-varying coefficients."
-        )
-    zi = check_zi(zi, (n_state,), "the delay line, max(len(a), len(b) - 1) long")
-    dtype = result_dtype(x, b, a, zi)
-    x = x.astype(dtype)
-    b = check_finite("b", b.astype(dtype))
-    a = check_finite("a", a.astype(dtype))
-    zi = None if zi is None else zi.astype(dtype)
-    if form == "tdf2":
-        y, zf = tdf2_apply(b, a, x, zi)
-    else:
-        z0 = jnp.zeros(n_state, dtype) if zi is None else zi
-        w = _allpole_apply(a, x, z0[:order])
-        y = fir_apply(b, w, z0[:fir_order])
-        zf = fir_state(w, z0, n_state)
-    if not return_zf:
-        return y
+    dtype = scipy_dtype(b, a, x, zi)
+    b = coefficients("b", b, dtype)
+    a = coefficients("a", a, dtype)
+    x = as_array("x", x, dtype)
+    axis = normalise_axis(axis, x.ndim)
+    n_state = max(a.shape[0], b.shape[0]) - 1
+    if zi is not None:
+        zi = as_array("zi", zi, dtype)
+        zi = scipy_zi(zi, x.shape, axis, n_state, "max(len(a), len(b)) - 1")
+    b, a = normalise(b, a)
+
+    def run(signal, state=None):
+        return tdf2_apply(b, a, signal, state)
+
+    if zi is None:
+        return along_axis(lambda s: run(s)[:1], x, axis)[0]
+    y, zf = along_axis(run, x, axis, zi)
     return y, zf
 
 
-def lfilter_zi(
-    b: Shaped[ArrayLike, " taps"],
-    a: Shaped[ArrayLike, " order"],
-    form: Form = "df2",
-) -> Inexact[Array, " state"]:
-    r"""Steady-state initial condition of `lfilter` for a unit step input.
-
-    Scale it by the first input sample to start a filter without a transient
-    (as `filtfilt` does). The step response settles at $w = 1/(1 + \sum_k
-    a_k)$ on the direct-form-II delay line, so for `form="df2"` every entry
-    is that value; for `form="tdf2"` it is `scipy.signal.lfilter_zi(b, [1,
-    *a])`. Undefined (division by zero) when $1 + \sum_k a_k = 0$, i.e. a pole
-    at $z = 1$.
-
-    **Arguments:**
-
-    - `b`: numerator taps, shape `(M+1,)`.
-    - `a`: denominator coefficients without the leading 1, shape `(K,)`.
-    - `form`: the state layout, `"df2"` or `"tdf2"` (see `lfilter`).
-
-    **Returns:**
-
-    The state of shape `(max(K, M),)`.
-    """
-    _check_form(form)
-    b, a = _prepare_ba(b, a, None)
-    dtype = result_dtype(b, a)
-    b = b.astype(dtype)
-    a = a.astype(dtype)
+def steady_state(b: Array, a: Array) -> Array:
+    """The state of a unit step's steady state; `b`, `a` normalised."""
     n_state = max(a.shape[0], b.shape[0] - 1)
-    level = 1 / (1 + jnp.sum(a))
-    if form == "df2":
-        return jnp.full(n_state, level, dtype)
     hb, ha = _hankels(b, a, n_state)
-    gain = jnp.sum(b) * level
+    gain = jnp.sum(b) / (1 + jnp.sum(a))
     return jnp.sum(hb, axis=1) - jnp.sum(ha, axis=1) * gain
 
 
-def lfiltic(
-    b: Shaped[ArrayLike, " taps"],
-    a: Shaped[ArrayLike, " order"],
-    y: Shaped[ArrayLike, " past_y"],
-    x: Shaped[ArrayLike, " past_x"] | None = None,
-    form: Form = "df2",
+def lfilter_zi(
+    b: Shaped[ArrayLike, " taps"] | list | tuple | float | int,
+    a: Shaped[ArrayLike, " order"] | list | tuple | float | int,
 ) -> Inexact[Array, " state"]:
-    r"""Initial state of `lfilter` from past outputs and inputs.
+    r"""Steady state of `lfilter` for a unit step, as `scipy.signal.lfilter_zi`.
 
-    As `scipy.signal.lfiltic`: `y[k] = y[-k-1]` and `x[k] = x[-k-1]` are the
-    outputs and inputs before the first sample, newest first; shorter vectors
-    are zero padded and longer ones truncated to `max(K, M)`. For
-    `form="tdf2"` the result is `scipy.signal.lfiltic(b, [1, *a], y, x)`.
-    For `form="df2"` it is the delay line $w$ that continues the same way,
-    found by solving a linear system; it exists when $B$ and $A$ have no
-    common root (a filter with a cancelled pole-zero pair has no unique
-    delay line: use `form="tdf2"` then, or the result is `inf`/`nan`).
+    **Convention: scipy's.** `a` includes `a[0]` (both are normalised by it)
+    and the state is scipy's transposed-direct-form-II layout. Scale it by
+    the first sample to start [`lfilter`][retrax.ops.lfilter] without a
+    transient, as [`filtfilt`][retrax.ops.filtfilt] does. Undefined (division
+    by zero) for a pole at $z = 1$. Unlike scipy, leading zeros of `a` are not
+    stripped: `a[0] == 0` is an error (also under `jax.jit`).
 
     **Arguments:**
 
-    - `b`: numerator taps, shape `(M+1,)`.
-    - `a`: denominator coefficients without the leading 1, shape `(K,)`.
-    - `y`: past outputs, newest first.
-    - `x`: past inputs, newest first. Defaults to zeros.
-    - `form`: the state layout, `"df2"` or `"tdf2"` (see `lfilter`).
+    - `b`: the numerator coefficients, shape `(M+1,)`.
+    - `a`: the denominator coefficients including `a[0]`, shape `(N+1,)`.
 
     **Returns:**
 
-    The state of shape `(max(K, M),)`.
+    The state, shape `(max(M, N),)`.
     """
-    _check_form(form)
-    b, a = _prepare_ba(b, a, None)
-    y = as_inexact("y", y)
-    if y.ndim != 1:
-        raise ValueError(f"`y` must be a vector of past outputs, got shape {y.shape}.")
-    if x is not None:
-        x = as_inexact("x", x)
-        if x.ndim != 1:
-            raise ValueError(
-                f"`x` must be a vector of past inputs, got shape {x.shape}."
-            )
-    dtype = result_dtype(b, a, y, x)
-    b = b.astype(dtype)
-    a = a.astype(dtype)
+    dtype = scipy_dtype(b, a)
+    b, a = normalise(coefficients("b", b, dtype), coefficients("a", a, dtype))
+    return steady_state(b, a)
+
+
+def lfiltic(
+    b: Shaped[ArrayLike, " taps"] | list | tuple | float | int,
+    a: Shaped[ArrayLike, " order"] | list | tuple | float | int,
+    y: Shaped[ArrayLike, " past_y"] | list | tuple,
+    x: Shaped[ArrayLike, " past_x"] | list | tuple | None = None,
+) -> Inexact[Array, " state"]:
+    r"""Initial state of `lfilter` from past outputs and inputs, as scipy's `lfiltic`.
+
+    **Convention: scipy's.** `a` includes `a[0]` (both are normalised by it);
+    `y[k] = y[-k-1]` and `x[k] = x[-k-1]` are the outputs and inputs before
+    the first sample, newest first, zero padded when shorter than needed and
+    truncated when longer; the result is scipy's transposed-direct-form-II
+    state for [`lfilter`][retrax.ops.lfilter].
+
+    **Arguments:**
+
+    - `b`: the numerator coefficients, shape `(M+1,)`.
+    - `a`: the denominator coefficients including `a[0]`, shape `(N+1,)`.
+    - `y`: past outputs, newest first, a vector.
+    - `x`: past inputs, newest first, a vector. Defaults to zeros.
+
+    **Returns:**
+
+    The state, shape `(max(M, N),)`.
+    """
+    dtype = scipy_dtype(b, a, y, x)
+    b, a = normalise(coefficients("b", b, dtype), coefficients("a", a, dtype))
     n_state = max(a.shape[0], b.shape[0] - 1)
 
-    def fit(v):
-        v = v.astype(dtype)[:n_state]
+    def fit(name, v):
+        v = jnp.atleast_1d(as_array(name, v, dtype))
+        if v.ndim != 1:
+            raise ValueError(f"`{name}` must be a vector, newest first, got {v.shape}.")
+        v = v[:n_state]
         return jnp.concatenate([v, jnp.zeros(n_state - v.shape[0], dtype)])
 
+    past_y = fit("y", y)
+    past_x = jnp.zeros(n_state, dtype) if x is None else fit("x", x)
     hb, ha = _hankels(b, a, n_state)
-    past_x = jnp.zeros(n_state, dtype) if x is None else fit(x)
-    z = hb @ past_x - ha @ fit(y)
-    if form == "tdf2":
-        return z
-    return jnp.linalg.solve(_df2_to_tdf2(b, a, n_state), z)
+    return hb @ past_x - ha @ past_y

@@ -1,186 +1,132 @@
-"""Cascaded second-order sections and frequency responses."""
+"""Cascaded second-order sections, as `scipy.signal.sosfilt` and `sosfilt_zi`."""
 
 import jax.numpy as jnp
-from jax import lax
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._errors import error_if
-from .._misc import as_inexact, result_dtype
-from ._lfilter import tdf2_apply
-from ._validate import check_finite, check_signal, check_zi
+from ._lfilter import steady_state, tdf2_apply
+from ._scipy_args import along_axis, as_array, normalise, normalise_axis, scipy_dtype
+from ._validate import check_finite
 
 
-def _check_sos(sos: Array) -> None:
+def sos_array(sos: ArrayLike | list | tuple, dtype) -> Array:
+    """`sos` as an `(n_sections, 6)` array, or a `ValueError` naming it."""
+    sos = jnp.atleast_2d(as_array("sos", sos, dtype))
     if sos.ndim != 2 or sos.shape[1] != 6 or sos.shape[0] == 0:
         raise ValueError(
             "`sos` must have shape (n_sections, 6), rows [b0, b1, b2, 1, a1, a2] "
             f"as scipy.signal uses, got shape {sos.shape}."
         )
+    return sos
 
 
-def _checked_sos(sos: Array) -> Array:
+def checked_sos(sos: Array) -> Array:
+    """`sos` with a run-time error (also under `jit`) unless every `a0` is 1."""
     sos = check_finite("sos", sos)
     return error_if(
         sos,
         jnp.any(sos[:, 3] != 1),
-        "`sos` rows must have a0 = sos[:, 3] = 1 (normalise each section by a0).",
+        "`sos` rows must have a0 = sos[:, 3] = 1, as scipy.signal requires "
+        "(normalise each section by its a0).",
     )
 
 
+def sos_cascade(sos: Array, x: Array, zi: Array | None) -> tuple[Array, Array]:
+    """Run the checked sections over one signal `(T,)`; `zi` `(n_sections, 2)`."""
+    y = x
+    zf = []
+    for s in range(sos.shape[0]):
+        y, z = tdf2_apply(sos[s, :3], sos[s, 4:], y, None if zi is None else zi[s])
+        zf.append(z)
+    return y, jnp.stack(zf)
+
+
 def sosfilt(
-    sos: Shaped[ArrayLike, "sections 6"],
-    x: Shaped[ArrayLike, " time"],
-    zi: Shaped[ArrayLike, "sections 2"] | None = None,
-    *,
-    return_zf: bool = False,
+    sos: Shaped[ArrayLike, "sections 6"] | list | tuple,
+    x: Shaped[ArrayLike, " *signal"] | list | tuple,
+    axis: int = -1,
+    zi: Shaped[ArrayLike, " sections *state"] | list | tuple | None = None,
 ) -> (
-    Inexact[Array, " time"]
-    | tuple[Inexact[Array, " time"], Inexact[Array, "sections 2"]]
+    Inexact[Array, " *signal"]
+    | tuple[Inexact[Array, " *signal"], Inexact[Array, " sections *state"]]
 ):
-    r"""Filter with a cascade of second-order sections, as `scipy.signal.sosfilt`.
+    r"""Filter with cascaded second-order sections, exactly as `scipy.signal.sosfilt`.
 
     Each row `[b0, b1, b2, a0, a1, a2]` is the biquad
     $(b_0 + b_1 z^{-1} + b_2 z^{-2}) / (a_0 + a_1 z^{-1} + a_2 z^{-2})$, and
     the sections are applied in order. This is the numerically safe way to run
     high-order IIR filters (e.g. `scipy.signal.butter(..., output="sos")`).
-    Note that, as in scipy, **the rows include `a0`, which must be 1**, while
-    `lfilter` and `allpole` take `a` without the leading 1. Every section runs
-    on retrax's recurrence core, so gradients run the adjoint filters
-    backwards in time.
+
+    **Convention: scipy's.** The rows include `a0`, which must be 1 (an error
+    otherwise, also under `jax.jit`); `zi` and `zf` are scipy's layout, each
+    section's transposed-direct-form-II state. Every section runs on retrax's
+    recurrence core, so gradients run the adjoint filters backwards in time.
 
     **Arguments:**
 
-    - `sos`: the sections, shape `(n_sections, 6)`, constant.
-    - `x`: the input signal, shape `(T,)`. Batch with `jax.vmap`.
-    - `zi`: the initial state of every section in scipy's layout (its
-      transposed-direct-form-II state), shape `(n_sections, 2)`, e.g. from
-      `scipy.signal.sosfilt_zi`. Defaults to zeros.
-    - `return_zf`: also return the final state in the same layout, so that a
-      long signal can be filtered block by block.
+    - `sos`: the sections, shape `(n_sections, 6)`.
+    - `x`: the signal, any number of dimensions.
+    - `axis`: the axis of `x` to filter along (default: the last).
+    - `zi`: the initial state, shape `(n_sections, *x.shape)` with 2 in place
+      of the length of `axis` (e.g. from
+      [`sosfilt_zi`][retrax.ops.sosfilt_zi]). When given, the final state is
+      returned too.
 
     **Returns:**
 
-    `y` of shape `(T,)`, or `(y, zf)` if `return_zf`.
-
-    A row whose `a0` is not 1, or non-finite `sos`, raises an error (also
-    under `jax.jit`).
+    `y`, the shape of `x`; or `(y, zf)` when `zi` is given, `zf` in `zi`'s
+    layout. The dtype is the promoted dtype of the array arguments (Python
+    lists are weakly typed, so a float32 signal stays float32).
     """
-    sos = as_inexact("sos", sos)
-    x = as_inexact("x", x)
-    _check_sos(sos)
-    check_signal("x", x)
+    dtype = scipy_dtype(sos, x, zi)
+    sos = sos_array(sos, dtype)
+    x = as_array("x", x, dtype)
+    axis = normalise_axis(axis, x.ndim)
     n_sections = sos.shape[0]
-    zi = check_zi(zi, (n_sections, 2), "two states per section (n_sections, 2)")
-    dtype = result_dtype(sos, x, zi)
-    sos = _checked_sos(sos.astype(dtype))
-    y = x.astype(dtype)
-    zf = []
-    for s in range(n_sections):
-        z = None if zi is None else zi[s].astype(dtype)
-        y, z = tdf2_apply(sos[s, :3], sos[s, 4:], y, z)
-        zf.append(z)
-    if not return_zf:
-        return y
-    return y, jnp.stack(zf)
+    if zi is not None:
+        zi = as_array("zi", zi, dtype)
+        expected = (n_sections,) + x.shape[:axis] + (2,) + x.shape[axis + 1 :]
+        if zi.shape != expected:
+            raise ValueError(
+                f"`zi` must have shape {expected} (two states per section along "
+                f"axis={axis} of `x` with shape {x.shape}), got shape {zi.shape}."
+            )
+    sos = checked_sos(sos)
+    if zi is None:
+        return along_axis(lambda s: sos_cascade(sos, s, None)[:1], x, axis)[0]
+    y, zf = along_axis(lambda s, z: sos_cascade(sos, s, z), x, axis, zi)
+    return y, zf
 
 
-def _frequencies(worN, whole: bool, fs: float | int, include_nyquist: bool):
-    if isinstance(worN, int):
-        if worN < 1:
-            raise ValueError(f"`worN` must be a positive integer, got {worN}.")
-        last = 2 * jnp.pi if whole else jnp.pi
-        endpoint = include_nyquist and not whole
-        w = jnp.linspace(0.0, last, worN, endpoint=endpoint)
-        return w, w * (fs / (2 * jnp.pi))
-    freqs = as_inexact("worN", worN)
-    if freqs.ndim != 1:
-        raise ValueError(f"`worN` must be an int or a 1-d array, got {freqs.shape}.")
-    return freqs * (2 * jnp.pi / fs), freqs
+def sos_steady_state(sos: Array) -> Array:
+    """Each section's steady state for a unit step into the cascade."""
+    zi = []
+    scale = jnp.ones((), sos.dtype)
+    for s in range(sos.shape[0]):
+        b, a = normalise(sos[s, :3], sos[s, 3:])
+        zi.append(scale * steady_state(b, a))
+        scale = scale * jnp.sum(b) / (1 + jnp.sum(a))
+    return jnp.stack(zi)
 
 
-def _poly_at(c: Array, omega: Array) -> Array:
-    """$\\sum_k c_k e^{-j \\omega k}$ at every `omega` (complex dtype)."""
-    k = jnp.arange(c.shape[0]).astype(omega.dtype)
-    phase = omega[:, None] * k
-    powers = lax.complex(jnp.cos(phase), -jnp.sin(phase))
-    return powers @ c.astype(powers.dtype)
+def sosfilt_zi(
+    sos: Shaped[ArrayLike, "sections 6"] | list | tuple,
+) -> Inexact[Array, "sections 2"]:
+    r"""Steady state of `sosfilt` for a unit step, as `scipy.signal.sosfilt_zi`.
 
-
-def freqz(
-    b: Shaped[ArrayLike, " taps"],
-    a: Shaped[ArrayLike, " order"] | None = None,
-    worN: int | Shaped[ArrayLike, " freqs"] = 512,
-    *,
-    whole: bool = False,
-    fs: float | int = 2 * jnp.pi,
-    include_nyquist: bool = False,
-) -> tuple[Inexact[Array, " freqs"], Inexact[Array, " freqs"]]:
-    r"""Frequency response $H(e^{j\omega}) = B(e^{j\omega}) / A(e^{j\omega})$.
-
-    As `scipy.signal.freqz(b, [1, *a], worN, whole, fs=fs)`, but **`a`
-    excludes the leading 1**, as in `lfilter`. Differentiable in `b` and `a`,
-    e.g. to fit a filter to a target magnitude response.
+    **Convention: scipy's.** Each section's state is
+    `lfilter_zi(b, a)` scaled by the DC gain of the sections before it; scale
+    the result by the first sample to start
+    [`sosfilt`][retrax.ops.sosfilt] without a transient. As in scipy, each
+    row is normalised by its `a0` here (`a0 == 0` is an error).
 
     **Arguments:**
 
-    - `b`: numerator taps, shape `(M+1,)`.
-    - `a`: denominator coefficients without the leading 1, shape `(K,)`;
-      `None` for an FIR filter.
-    - `worN`: the number of frequencies (evenly spaced from 0 up to, not
-      including, Nyquist, or the full circle if `whole`), or an array of
-      frequencies in the units of `fs`.
-    - `whole`: evaluate around the whole unit circle, $[0, 2\pi)$.
-    - `fs`: the sample rate the frequencies are expressed in; defaults to
-      $2\pi$ (radians per sample).
-    - `include_nyquist`: with an integer `worN` and `whole=False`, include
-      the Nyquist frequency as the last point.
+    - `sos`: the sections, shape `(n_sections, 6)`.
 
     **Returns:**
 
-    `(w, h)`: the frequencies (in the units of `fs`) and the complex response.
+    The state, shape `(n_sections, 2)`.
     """
-    b = as_inexact("b", b)
-    if b.ndim != 1:
-        raise ValueError(f"`b` must have shape (taps,), got shape {b.shape}.")
-    if a is not None:
-        a = as_inexact("a", a)
-        if a.ndim != 1:
-            raise ValueError(f"`a` must have shape (order,), got shape {a.shape}.")
-    omega, w = _frequencies(worN, whole, fs, include_nyquist)
-    real = jnp.finfo(result_dtype(b, a)).dtype
-    omega = omega.astype(real)
-    h = _poly_at(b, omega)
-    if a is not None:
-        a_full = jnp.concatenate([jnp.ones(1, a.dtype), a])
-        h = h / _poly_at(a_full, omega)
-    return w.astype(real), h
-
-
-def sosfreqz(
-    sos: Shaped[ArrayLike, "sections 6"],
-    worN: int | Shaped[ArrayLike, " freqs"] = 512,
-    *,
-    whole: bool = False,
-    fs: float | int = 2 * jnp.pi,
-    include_nyquist: bool = False,
-) -> tuple[Inexact[Array, " freqs"], Inexact[Array, " freqs"]]:
-    r"""Frequency response of second-order sections, as `scipy.signal.sosfreqz`.
-
-    The product of every section's $B_s(e^{j\omega}) / A_s(e^{j\omega})$; the
-    rows include `a0` as in `sosfilt` (here any non-zero `a0` is divided
-    out). Arguments as in `freqz`.
-
-    **Returns:**
-
-    `(w, h)`: the frequencies (in the units of `fs`) and the complex response.
-    """
-    sos = as_inexact("sos", sos)
-    _check_sos(sos)
-    omega, w = _frequencies(worN, whole, fs, include_nyquist)
-    real = jnp.finfo(sos.dtype).dtype
-    omega = omega.astype(real)
-    h = None
-    for s in range(sos.shape[0]):
-        section = _poly_at(sos[s, :3], omega) / _poly_at(sos[s, 3:], omega)
-        h = section if h is None else h * section
-    return w.astype(real), h
+    dtype = scipy_dtype(sos)
+    return sos_steady_state(sos_array(sos, dtype))

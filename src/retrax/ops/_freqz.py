@@ -1,0 +1,141 @@
+"""Frequency responses, as `scipy.signal.freqz` and `freqz_sos`."""
+
+import math
+import operator
+from collections.abc import Callable
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jaxtyping import Array, ArrayLike, Inexact, Shaped
+
+from ._scipy_args import as_array, scipy_dtype
+from ._sosfilt import checked_sos, sos_array
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _frequencies(worN, whole: bool, fs, include_nyquist: bool, real):
+    """`(omega, w)`: radians per sample and the frequencies in units of `fs`."""
+    if worN is None:
+        worN = 512
+    if _is_int(worN):
+        n = operator.index(worN)
+        if n < 0:
+            raise ValueError(f"`worN` must be non-negative, got {n}.")
+        last = 2 * math.pi if whole else math.pi
+        endpoint = include_nyquist and not whole
+        omega = jnp.linspace(0.0, last, n, endpoint=endpoint, dtype=real)
+        return omega, omega * (jnp.asarray(fs, real) / (2 * math.pi))
+    if isinstance(worN, complex):
+        worN = worN.real
+    freqs = jnp.atleast_1d(as_array("worN", worN, real))
+    return freqs * (2 * math.pi / jnp.asarray(fs, real)), freqs
+
+
+def _check_fs(fs):
+    if isinstance(fs, bool) or not (
+        isinstance(fs, int | float | np.integer | np.floating)
+        or (hasattr(fs, "shape") and jnp.shape(fs) == ())
+    ):
+        raise ValueError(f"`fs` must be a single number (a sample rate), got {fs!r}.")
+    if isinstance(fs, int | float | np.integer | np.floating) and not fs > 0:
+        raise ValueError(f"`fs` must be positive, got {fs!r}.")
+
+
+def _poly_at(c: Array, omega: Array) -> Array:
+    r"""$\sum_k c_k e^{-j \omega k}$, `c`'s first axis the coefficients.
+
+    `c.shape[1:]` broadcasts with `omega`'s shape, as in scipy.
+    """
+    k = jnp.arange(c.shape[0]).astype(omega.dtype)
+    phase = omega[None] * k.reshape((-1,) + (1,) * omega.ndim)
+    powers = lax.complex(jnp.cos(phase), -jnp.sin(phase))
+    c = c.astype(powers.dtype)
+    if c.ndim == 1:
+        return c @ powers
+    return sum(c[i] * powers[i] for i in range(c.shape[0]))
+
+
+def freqz(
+    b: Shaped[ArrayLike, " taps *b_filters"] | list | tuple,
+    a: Shaped[ArrayLike, " order *a_filters"] | list | tuple | float | int = 1,
+    worN: int | Shaped[ArrayLike, " freqs"] | list | tuple | None = 512,
+    whole: bool = False,
+    plot: Callable | None = None,
+    fs: float | int | Shaped[ArrayLike, ""] = 2 * math.pi,
+    include_nyquist: bool = False,
+) -> tuple[Inexact[Array, " freqs"], Inexact[Array, "..."]]:
+    r"""Frequency response $H = B / A$ on the unit circle, as `scipy.signal.freqz`.
+
+    $H(e^{j\omega}) = B(e^{j\omega}) / A(e^{j\omega})$.
+
+    **Convention: scipy's.** `a` includes `a[0]` (default `1`, an FIR
+    filter), and the arguments and results are scipy's. Differentiable in
+    `b` and `a`, e.g. to fit a filter to a target magnitude response.
+
+    **Arguments:**
+
+    - `b`: the numerator coefficients, shape `(M+1,)`; with more dimensions,
+      the coefficients run along the first and the others broadcast with `a`'s
+      and the frequencies' shapes, as in scipy.
+    - `a`: the denominator coefficients including `a[0]`, shape `(N+1,)`.
+    - `worN`: the number of frequencies (evenly spaced from 0 up to, not
+      including, Nyquist, or around the whole circle if `whole`), or an array
+      of frequencies in the units of `fs`. `None` means 512.
+    - `whole`: evaluate around the whole unit circle, $[0, 2\pi)$.
+    - `plot`: a callable called with `(w, h)`, as in scipy.
+    - `fs`: the sample rate the frequencies are expressed in; defaults to
+      $2\pi$ (radians per sample).
+    - `include_nyquist`: with an integer `worN` and `whole=False`, make the
+      last frequency Nyquist.
+
+    **Returns:**
+
+    `(w, h)`: the frequencies (in the units of `fs`, real) and the complex
+    response, in the precision of the promoted dtype of `b` and `a`.
+    """
+    _check_fs(fs)
+    dtype = scipy_dtype(b, a)
+    b = jnp.atleast_1d(as_array("b", b, dtype))
+    a = jnp.atleast_1d(as_array("a", a, dtype))
+    real = jnp.finfo(dtype).dtype
+    omega, w = _frequencies(worN, whole, fs, include_nyquist, real)
+    h = _poly_at(b, omega) / _poly_at(a, omega)
+    if plot is not None:
+        plot(w, h)
+    return w, h
+
+
+def freqz_sos(
+    sos: Shaped[ArrayLike, "sections 6"] | list | tuple,
+    worN: int | Shaped[ArrayLike, " freqs"] | list | tuple | None = 512,
+    whole: bool = False,
+    fs: float | int | Shaped[ArrayLike, ""] = 2 * math.pi,
+) -> tuple[Inexact[Array, " freqs"], Inexact[Array, " freqs"]]:
+    r"""Frequency response of second-order sections, as `scipy.signal.freqz_sos`.
+
+    **Convention: scipy's.** The rows are `[b0, b1, b2, a0, a1, a2]` with
+    `a0 == 1`, as in [`sosfilt`][retrax.ops.sosfilt] (an error otherwise, also
+    under `jax.jit`); the response is the product of every section's.
+    Arguments as in [`freqz`][retrax.ops.freqz]. `sosfreqz` is the same
+    function under scipy's older name.
+
+    **Returns:**
+
+    `(w, h)`: the frequencies (in the units of `fs`) and the complex response.
+    """
+    _check_fs(fs)
+    sos = checked_sos(sos_array(sos, scipy_dtype(sos)))
+    real = jnp.finfo(sos.dtype).dtype
+    omega, w = _frequencies(worN, whole, fs, False, real)
+    h = None
+    for s in range(sos.shape[0]):
+        section = _poly_at(sos[s, :3], omega) / _poly_at(sos[s, 3:], omega)
+        h = section if h is None else h * section
+    return w, h
+
+
+sosfreqz = freqz_sos

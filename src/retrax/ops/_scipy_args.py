@@ -1,0 +1,148 @@
+"""Arguments of the ops named after scipy.signal: dtypes, axes and `a[0]`.
+
+scipy's functions take Python lists and integers, filter along any `axis` of
+an N-D signal, and normalise `b` and `a` by `a[0]`. These helpers do that the
+same way for every scipy-named op, so that each op's own code only handles
+one signal of shape `(T,)`.
+"""
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import ArrayLike
+
+from .._misc import result_dtype
+from ._validate import check_finite
+
+
+def _python_kind(value) -> type | None:
+    """`bool`/`int`/`float`/`complex` if `value` is Python numbers (nested lists).
+
+    Python numbers and lists of them are weakly typed, as a Python scalar is
+    in JAX: they do not widen a `float32` signal. `None` for anything else.
+    """
+    if isinstance(value, bool | int | float | complex):
+        return type(value)
+    if isinstance(value, list | tuple) and len(value) > 0:
+        kinds = [_python_kind(v) for v in value]
+        if any(k is None for k in kinds):
+            return None
+        for kind in (complex, float, int, bool):
+            if kind in kinds:
+                return kind
+    return None
+
+
+def scipy_dtype(*args: ArrayLike | list | tuple | None) -> np.dtype:
+    """The dtype scipy-style arguments compute in.
+
+    Arrays count with their dtype, Python numbers and lists of them weakly
+    (`jnp.result_type` rules), and an integer or boolean result becomes the
+    default float, as scipy computes integer input in floating point.
+    """
+    kinds = []
+    for arg in args:
+        if arg is None:
+            continue
+        kind = _python_kind(arg)
+        if kind is bool or kind is int:
+            continue  # weak integers never decide a floating dtype
+        kinds.append(kind(0) if kind is not None else jnp.asarray(arg))
+    dtype = result_dtype(*kinds) if kinds else None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):
+        dtype = result_dtype(*(kinds or [1.0]), 1.0)
+    return np.dtype(dtype)
+
+
+def as_array(name: str, value: ArrayLike | list | tuple, dtype: np.dtype) -> jax.Array:
+    """`value` as an array of `dtype`; a clear error for non-numeric input."""
+    arr = jnp.asarray(value)
+    if not (
+        jnp.issubdtype(arr.dtype, jnp.number) or jnp.issubdtype(arr.dtype, jnp.bool_)
+    ):
+        raise TypeError(f"`{name}` must be numeric, got dtype {arr.dtype}.")
+    if jnp.issubdtype(arr.dtype, jnp.complexfloating) and not jnp.issubdtype(
+        dtype, jnp.complexfloating
+    ):
+        raise TypeError(f"`{name}` is complex but the result dtype is {dtype}.")
+    return arr.astype(dtype)
+
+
+def coefficients(
+    name: str, value: ArrayLike | list | tuple, dtype: np.dtype
+) -> jax.Array:
+    """A non-empty 1-D coefficient vector (a scalar counts as one coefficient)."""
+    arr = jnp.atleast_1d(as_array(name, value, dtype))
+    if arr.ndim != 1 or arr.shape[0] == 0:
+        raise ValueError(
+            f"`{name}` must be a non-empty 1-D array of coefficients, got shape "
+            f"{arr.shape}."
+        )
+    return arr
+
+
+def normalise(b: jax.Array, a: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`b / a[0]` and `a[1:] / a[0]`, with a run-time error if `a[0] == 0`.
+
+    The second result is the denominator without its leading 1, the layout
+    of retrax's recurrence core.
+    """
+    a = check_finite("a", a)
+    b = check_finite("b", b)
+    a0 = eqx.error_if(
+        a[0],
+        a[0] == 0,
+        "`a[0]` must be non-zero: `b` and `a` are normalised by it.",
+    )
+    return b / a0, a[1:] / a0
+
+
+def normalise_axis(axis: int, ndim: int) -> int:
+    """A non-negative axis of an `ndim`-dimensional signal `x`."""
+    if ndim == 0:
+        raise ValueError("`x` must have at least one dimension (time).")
+    if not isinstance(axis, int | np.integer) or not -ndim <= axis < ndim:
+        raise ValueError(
+            f"`axis` must be an integer in [{-ndim}, {ndim}) for `x` with {ndim} "
+            f"dimensions, got {axis!r}."
+        )
+    return int(axis) % ndim
+
+
+def along_axis(
+    fn: Callable, x: jax.Array, axis: int, *states: jax.Array | None
+) -> tuple:
+    """Apply `fn(signal, *states)` to every 1-D signal of `x` along `axis`.
+
+    A state has scipy's layout: `extra + x.shape` with the length of `axis`
+    replaced by the state's own length (`extra` is `()` for `lfilter`,
+    `(n_sections,)` for `sosfilt`); `fn` sees `extra + (length,)`. `fn`
+    returns `(y, *finals)` in the same per-signal layouts, and they come
+    back in the full layouts. One signal goes straight to `fn`; several are
+    flattened and mapped with `jax.vmap`, as a caller's own `vmap` would.
+    """
+    if x.ndim == 1:
+        return fn(x, *states)
+    batch = jnp.moveaxis(x, axis, -1).shape[:-1]
+    size = int(np.prod(batch))
+
+    def split(s):
+        extra = s.ndim - x.ndim
+        s = jnp.moveaxis(s, extra + axis, -1)
+        s = jnp.moveaxis(s, tuple(range(extra)), tuple(range(-extra - 1, -1)))
+        return s.reshape((size,) + s.shape[-extra - 1 :])
+
+    def join(out):
+        extra = out.ndim - 2
+        out = out.reshape(batch + out.shape[1:])
+        nb = len(batch)
+        out = jnp.moveaxis(out, tuple(range(nb, nb + extra)), tuple(range(extra)))
+        return jnp.moveaxis(out, -1, extra + axis)
+
+    flat_states = [None if s is None else split(s) for s in states]
+    in_axes = tuple(None if s is None else 0 for s in flat_states)
+    outs = jax.vmap(fn, in_axes=(0,) + in_axes)(split(x), *flat_states)
+    return tuple(None if out is None else join(out) for out in outs)
