@@ -3,12 +3,12 @@
 from collections.abc import Callable
 from typing import Literal
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import lineax as lx
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
+from .._errors import error_if
 from ._lfilter import steady_state, tdf2_apply
 from ._scipy_args import (
     along_axis,
@@ -266,7 +266,7 @@ def sosfiltfilt(
         dropped = jnp.minimum(jnp.sum(sos[:, 2] == 0), jnp.sum(sos[:, 5] == 0))
         edge = total - 3 * dropped
         if length <= total:
-            sos = eqx.error_if(
+            sos = error_if(
                 sos,
                 length <= edge,
                 "`x` must be longer than the default `padlen` (3 * (2 * "

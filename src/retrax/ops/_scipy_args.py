@@ -8,12 +8,12 @@ one signal of shape `(T,)`.
 
 from collections.abc import Callable
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike
 
+from .._errors import error_if
 from .._misc import result_dtype
 from ._validate import check_finite
 
@@ -92,7 +92,7 @@ def normalise(b: jax.Array, a: jax.Array) -> tuple[jax.Array, jax.Array]:
     """
     a = check_finite("a", a)
     b = check_finite("b", b)
-    a0 = eqx.error_if(
+    a0 = error_if(
         a[0],
         a[0] == 0,
         "`a[0]` must be non-zero: `b` and `a` are normalised by it.",
