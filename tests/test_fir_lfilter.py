@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.signal as ss
 
-from helpers import assert_close, check_grads, stable_poly
+from helpers import assert_close, check_grads, np_df2, stable_poly, unchecked
 from retrax.ops import fir, lfilter, lfilter_tv, lfilter_tv_zi, lfilter_zi, lfiltic
 
 
@@ -21,21 +21,6 @@ def np_fir(b, x, zi):
         y[t] = sum(b[t, k] * line[k] for k in range(b.shape[1]))
         past = line[: len(zi)]
     return y
-
-
-def np_df2(b, a, x, zi):
-    """Direct form II over one delay line, a plain loop (a without the 1)."""
-    length = len(x)
-    b = np.broadcast_to(b, (length, b.shape[-1]))
-    a = np.broadcast_to(a, (length, a.shape[-1]))
-    line = list(zi)
-    y = np.zeros(length, np.result_type(b, a, x, zi))
-    for t in range(length):
-        w = x[t] - sum(a[t, k] * line[k] for k in range(a.shape[1]))
-        line = [w] + line
-        y[t] = sum(b[t, k] * line[k] for k in range(b.shape[1]))
-        line = line[: len(zi)]
-    return y, np.array(line)
 
 
 def jnp_df2(b, a, x, zi):
@@ -294,17 +279,6 @@ def test_lfilter_tv_zi_grads():
     rng = np.random.default_rng(9)
     a, b = jnp.asarray(stable_poly(rng, 2)), jnp.asarray(rng.normal(size=3))
     check_grads(lfilter_tv_zi, (b, a), eps=1e-5)
-
-
-def unchecked(f):
-    """`f` without the test suite's runtime type checker, as users call it.
-
-    Shape errors then reach the library's own `ValueError`s (the checker
-    rejects them first in the test run).
-    """
-    while hasattr(f, "__wrapped__"):
-        f = f.__wrapped__
-    return f
 
 
 def test_bad_input():

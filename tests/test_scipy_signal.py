@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.signal as ss
 
-from helpers import assert_close, check_grads, scans_in, stable_poly
+from helpers import assert_close, check_grads, scans_in, stable_poly, unchecked
 from retrax import ops
 
 
@@ -323,13 +323,6 @@ def test_gradients_run_the_adjoint_filter():
     grad = jax.grad(lambda sos, x: jnp.sum(ops.sosfilt(sos, x) ** 2), argnums=(0, 1))
     scans = scans_in(jax.make_jaxpr(grad)(sos, x).jaxpr)
     assert sorted(eqn.params["reverse"] for eqn in scans) == [False] * 3 + [True] * 3
-
-
-def unchecked(f):
-    """`f` without the test suite's runtime type checker, as users call it."""
-    while hasattr(f, "__wrapped__"):
-        f = f.__wrapped__
-    return f
 
 
 def test_bad_input_names_the_argument():
