@@ -79,10 +79,10 @@ def _ss_reference(A, B, C, D, x):
 REFERENCES = {
     "fir": _fir_reference,
     "fir_tv": _fir_reference,
-    "lfilter": lambda b, a, x: ss.lfilter(b, [1.0, *a], x),
+    "lfilter": ss.lfilter,
+    "lfilter_tv_lti": lambda b, a, x: np_df2(b, a, x, np.zeros(2, x.dtype))[0],
     "lfilter_tv": lambda b, a, x: np_df2(b, a, x, np.zeros(2, x.dtype))[0],
-    "lfilter_tdf2": lambda b, a, x: ss.lfilter(b, [1.0, *a], x),
-    "filtfilt": lambda b, a, x: ss.filtfilt(b, [1.0, *a], x, padlen=3),
+    "filtfilt": lambda b, a, x: ss.filtfilt(b, a, x, padlen=3),
     "sosfilt": ss.sosfilt,
     "state_space": _ss_reference,
     "diag_state_space": lambda a, B, C, D, x: _ss_reference(np.diag(a), B, C, D, x),
