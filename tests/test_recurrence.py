@@ -20,6 +20,7 @@ from helpers import (
     check_grads,
     naive_allpole,
     np_ballistics,
+    scans_in,
     stable_poly,
     time_varying_allpole,
     unchecked,
@@ -223,16 +224,6 @@ def test_hessian_and_float32_grad():
     assert_close(g32, jax.grad(energy(naive_allpole))(a), rtol=1e-5)
 
 
-def _scans(jaxpr):
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "scan":
-            found.append(eqn)
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            found.extend(_scans(sub))
-    return found
-
-
 def test_reverse_pass_is_the_adjoint_filter():
     # The gradient holds one forward scan and one reversed scan: JAX transposes
     # the tangent recursion into the adjoint filter instead of unrolling.
@@ -245,7 +236,7 @@ def test_reverse_pass_is_the_adjoint_filter():
         return jnp.sum(allpole(x, a, zi) ** 2)
 
     jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(x, a, zi).jaxpr
-    scans = _scans(jaxpr)
+    scans = scans_in(jaxpr)
     assert len(scans) == 2
     assert sorted(eqn.params["reverse"] for eqn in scans) == [False, True]
     # Neither scan carries more than the K lagged values: no carry history.
@@ -256,7 +247,7 @@ def test_reverse_pass_is_the_adjoint_filter():
     batched = jax.make_jaxpr(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))))(
         x[None].repeat(3, 0), a[None].repeat(3, 0), zi[None].repeat(3, 0)
     )
-    assert len(_scans(batched.jaxpr)) == 2
+    assert len(scans_in(batched.jaxpr)) == 2
 
 
 def test_saved_residuals_are_inputs_output_and_lags(capsys):
@@ -377,7 +368,7 @@ def test_reverse_pass_is_the_adjoint_filter_for_every_op(case):
     argnums = tuple(range(len(args)))
     jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=argnums))(*args).jaxpr
     assert sorted(_recurrences(jaxpr)) == [False] * per_way + [True] * per_way
-    for eqn in _scans(jaxpr):
+    for eqn in scans_in(jaxpr):
         carry = eqn.params["jaxpr"].in_avals[: eqn.params["num_carry"]]
         assert sum(int(np.prod(v.shape)) for v in carry) <= n_state
     shapes = _residual_shapes(loss, *args)

@@ -73,6 +73,16 @@ def _must(low, high, low_open: bool, high_open: bool) -> str:
     return f"must be finite and lie in {lo}{low}, {high}{hi}"
 
 
+def _out_of_range(xp, value, low, high, low_open: bool, high_open: bool):
+    """Entrywise: non-finite or outside the interval; `xp` is numpy or jnp."""
+    bad = ~xp.isfinite(value)
+    if low is not None:
+        bad = bad | (value <= low if low_open else value < low)
+    if high is not None:
+        bad = bad | (value >= high if high_open else value > high)
+    return bad
+
+
 def check_in_range(
     name: str,
     value: Array,
@@ -89,11 +99,7 @@ def check_in_range(
     non-finite samples pass through, as in scipy). The check is only kept by
     JAX if the returned array is used.
     """
-    bad = ~jnp.isfinite(value)
-    if low is not None:
-        bad = bad | (value <= low if low_open else value < low)
-    if high is not None:
-        bad = bad | (value >= high if high_open else value > high)
+    bad = _out_of_range(jnp, value, low, high, low_open, high_open)
     return error_if(
         value,
         jnp.any(bad),
@@ -117,12 +123,7 @@ def check_init_range(
         return check_in_range(
             name, value, low, high, low_open=low_open, high_open=high_open
         )
-    v = np.asarray(value)
-    bad = ~np.isfinite(v)
-    if low is not None:
-        bad |= v <= low if low_open else v < low
-    if high is not None:
-        bad |= v >= high if high_open else v > high
+    bad = _out_of_range(np, np.asarray(value), low, high, low_open, high_open)
     if np.any(bad):
         raise ValueError(
             f"`{name}` {_must(low, high, low_open, high_open)}, got {value!r}."
