@@ -17,7 +17,8 @@ import pytest
 ROOT = pathlib.Path(__file__).parent.parent
 
 
-def test_sharded_filtering_queries_and_training_match_one_device():
+def run_on_8_devices(script: pathlib.Path, timeout: int) -> dict:
+    """Run `script` on 8 simulated CPU devices; the JSON of its `RESULT` line."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     env["JAX_PLATFORMS"] = "cpu"
@@ -25,16 +26,20 @@ def test_sharded_filtering_queries_and_training_match_one_device():
         [str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])]
     )
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "sharding.py")],
+        [sys.executable, str(script)],
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert len(lines) == 1, proc.stdout
-    result = json.loads(lines[0].removeprefix("RESULT "))
+    return json.loads(lines[0].removeprefix("RESULT "))
+
+
+def test_sharded_filtering_queries_and_training_match_one_device():
+    result = run_on_8_devices(ROOT / "examples" / "sharding.py", timeout=300)
     assert result["devices"] == 8
     assert result["x64"]
     # The filtered batch really is spread over all eight devices.
@@ -163,23 +168,7 @@ def test_every_op_and_module_sharded_matches_one_device():
     # `tests/sharded_ops.py`: every public op and module of ops, dynamics and
     # filters, values and gradients, on a batch split over 8 devices, by
     # `jit` with `NamedSharding` inputs and inside `shard_map`.
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])]
-    )
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "sharded_ops.py")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert len(lines) == 1, proc.stdout
-    result = json.loads(lines[0].removeprefix("RESULT "))
+    result = run_on_8_devices(ROOT / "tests" / "sharded_ops.py", timeout=1800)
     assert result["devices"] == 8
     assert result["failures"] == {}
     cases = result["cases"]
