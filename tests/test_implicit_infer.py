@@ -590,6 +590,29 @@ def test_pullback_detects_a_singular_jacobian():
         rd.implicit_pullback(flat, sol, z0, rho, zbar)
     _, p_z0, p_rho = rd.implicit_pullback(flat, sol, z0, rho, zbar, throw=False)
     assert bool(jnp.all(jnp.isnan(p_z0))) and bool(jnp.all(jnp.isnan(p_rho)))
+    # The result code says why the cotangents are NaN, under jit too.
+    pullback = jax.jit(
+        lambda s: rd.implicit_pullback(
+            flat, s, z0, rho, zbar, throw=False, return_result=True
+        )
+    )
+    *_, result = pullback(sol)
+    assert result == rd.RESULTS.promote(lx.RESULTS.singular), result
+    # A query that did not converge passes its own failure on...
+    short = rd.implicit_infer(model, z0, rho, max_steps=1, throw=False)
+    assert not bool(short.converged)
+    *cotangents, result = rd.implicit_pullback(
+        model, short, z0, rho, zbar, throw=False, return_result=True
+    )
+    assert result == short.result and result != rd.RESULTS.successful
+    assert bool(jnp.all(jnp.isnan(cotangents[1])))
+    # ...and a good one reports success with numbers.
+    good = rd.implicit_infer(model, z0, rho)
+    *cotangents, result = rd.implicit_pullback(
+        model, good, z0, rho, zbar, return_result=True
+    )
+    assert result == rd.RESULTS.successful
+    assert bool(jnp.all(jnp.isfinite(cotangents[1])))
 
 
 def test_implicit_roots_failed_and_duplicate_slots():

@@ -64,6 +64,21 @@ def check_value(value: Any, bad: Callable[[ModuleType, Any], Any], msg: str) -> 
     return value
 
 
+def static_float(name: str, value: Any) -> float:
+    """`value` as a Python float: a hyperparameter fixed when a program is traced.
+
+    A traced value (an argument of a `jit`-, `vmap`- or `grad`-transformed
+    function) raises a `TypeError` naming `name` instead of JAX's tracer
+    error; close over the value or mark it static instead.
+    """
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(
+            f"`{name}` is fixed when the program is traced: pass a Python float "
+            f"(close over it, or mark it static in `jax.jit`), not a traced array."
+        )
+    return float(value)
+
+
 def check_positive_int(name: str, value: int) -> None:
     """`value` must be a positive Python `int` (a size or a count of steps)."""
     if not (isinstance(value, int) and value >= 1):

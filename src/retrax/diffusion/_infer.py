@@ -9,7 +9,7 @@ import optimistix as optx
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from .._errors import error_if
-from .._misc import check_positive_int
+from .._misc import check_positive_int, static_float
 from ._field import AbstractImplicitRelation, clamp_mask, soft_stiffness
 from ._never_silent import never_silent
 from ._solution import RESULTS, ImplicitSolution
@@ -195,7 +195,7 @@ def _infer(
             "return wrong gradients. Leave `symmetric=None`."
         )
     dtype = z0.dtype
-    tol = default_tol(dtype) if tol is None else float(tol)
+    tol = default_tol(dtype) if tol is None else static_float("tol", tol)
     clamped = clamp_mask(rho)
     y0 = jnp.where(clamped, z0, z_init)
     if adjoint_solver is None:
@@ -263,7 +263,11 @@ def implicit_pullback(
     zbar: Float[ArrayLike, " n"],
     *,
     throw: bool = True,
-) -> tuple[PyTree, Float[Array, " n"], Float[Array, " n"]]:
+    return_result: bool = False,
+) -> (
+    tuple[PyTree, Float[Array, " n"], Float[Array, " n"]]
+    | tuple[PyTree, Float[Array, " n"], Float[Array, " n"], RESULTS]
+):
     r"""The cotangents of a query's inputs, by the adjoint formulas.
 
     With $J_{FF} = \partial g/\partial z_{FF} + \mathrm{diag}(\rho_F^2)$ at the
@@ -282,7 +286,8 @@ def implicit_pullback(
     converge. The adjoint solve is a lineax LU solve whose result is
     checked: a singular $J_{FF}$ (no unique adjoint, e.g. a flat field with
     free coordinates) raises with lineax's message when `throw=True`, and
-    gives NaN cotangents when `throw=False`.
+    gives NaN cotangents when `throw=False`; `return_result=True` says which
+    of the two made them NaN.
 
     **Arguments:**
 
@@ -291,12 +296,15 @@ def implicit_pullback(
     - `z0`, `rho`: the query.
     - `zbar`: the cotangent of the answer `sol.z`, shape `(n,)`.
     - `throw`: whether a singular Jacobian raises (otherwise NaN).
+    - `return_result`: also return a [`retrax.diffusion.RESULTS`][] code.
 
     **Returns:**
 
     A tuple `(model_bar, z0_bar, rho_bar)`: a pytree shaped like `model` with
     the cotangent at every floating-point leaf (`None` elsewhere), and two
-    `(n,)` vectors.
+    `(n,)` vectors. With `return_result=True`, a fourth entry: `successful`
+    when the cotangents are numbers; `sol.result` when the query did not
+    converge; lineax's failure (`singular`) when the adjoint solve failed.
     """
     z0, rho, _ = _check_query(model, z0, rho, None)
     dtype = z0.dtype
@@ -324,7 +332,14 @@ def implicit_pullback(
     good = sol.converged & solved
     scale = jnp.where(good, jnp.ones((), dtype), jnp.array(jnp.nan, dtype))
     model_bar = jax.tree.map(lambda x: x * scale.astype(x.dtype), model_bar)
-    return model_bar, z0_bar * scale, rho_bar * scale
+    if not return_result:
+        return model_bar, z0_bar * scale, rho_bar * scale
+    result = RESULTS.where(
+        sol.converged,
+        RESULTS.where(solved, RESULTS.successful, RESULTS.promote(adjoint.result)),
+        sol.result,
+    )
+    return model_bar, z0_bar * scale, rho_bar * scale, result
 
 
 class ImplicitRoots(eqx.Module):

@@ -10,7 +10,7 @@ import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from .._errors import error_if
-from .._misc import check_positive_int, check_value
+from .._misc import check_positive_int, check_value, static_float
 from ._never_silent import never_silent
 from ._predictor import AbstractPredictor, as_state, is_key
 from ._schedule import AbstractNoiseSchedule, as_time
@@ -92,7 +92,7 @@ class REDDiff(eqx.Module):
         # be a Python number.
         check_positive_int("steps", steps)
         check_positive_int("samples", samples)
-        if not 0 <= average < 1:
+        if not 0 <= static_float("average", average) < 1:
             raise ValueError(
                 f"`average` (the fraction of iterates averaged) must lie in [0, 1), "
                 f"got {average}."
@@ -408,7 +408,7 @@ def calibrate_lambda(
     if not (isinstance(nodes, int) and nodes >= 2):
         raise ValueError(f"`nodes` must be an integer >= 2, got {nodes!r}.")
     t_min = float(schedule.t_min)
-    if not t_min < t_max <= 1:
+    if not t_min < static_float("t_max", t_max) <= 1:
         raise ValueError(f"`t_max` must lie in (t_min, 1] = ({t_min}, 1], got {t_max}.")
     dtype = jnp.result_type(float)
     xg, wg = np.polynomial.legendre.leggauss(nodes)

@@ -11,7 +11,7 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from .._errors import error_if
-from .._misc import check_positive_int
+from .._misc import check_positive_int, static_float
 from ._predictor import AbstractPredictor, as_state, as_state_like, epsilon_jacobian
 
 
@@ -23,7 +23,7 @@ def _shape(shape: int | tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _t_end(pred: AbstractPredictor, t_end: float | None, name: str = "t_end") -> float:
-    t_end = pred.schedule.t_min if t_end is None else float(t_end)
+    t_end = pred.schedule.t_min if t_end is None else static_float(name, t_end)
     if not 0.0 < t_end < 1.0:
         raise ValueError(
             f"`{name}` must lie in (0, 1) (at t = 0 the noise scale is 0 and the "
@@ -217,7 +217,7 @@ def sample_ddim(
     shape, dtype = _shape(shape), _dtype(dtype)
     check_positive_int("steps", steps)
     t_end = _t_end(pred, t_end)
-    if not 0.0 <= eta <= 1.0:
+    if not 0.0 <= static_float("eta", eta) <= 1.0:
         raise ValueError(f"`eta` must lie in [0, 1], got {eta}.")
     sched = pred.schedule
 
@@ -426,7 +426,7 @@ def log_likelihood(
         raise ValueError(f"`x` must be one point of shape (n,), got shape {x.shape}.")
     x = error_if(x, ~jnp.all(jnp.isfinite(x)), "`x` must be finite.")
     t0 = _t_end(pred, t0, "t0")
-    if not t0 < t1 <= 1.0:
+    if not t0 < static_float("t1", t1) <= 1.0:
         raise ValueError(f"`t1` must lie in (t0, 1] = ({t0}, 1], got {t1}.")
     dtype = x.dtype
     sched = pred.schedule

@@ -10,7 +10,7 @@ import optax
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 from tqdm.auto import tqdm
 
-from .._misc import check_positive_int
+from .._misc import check_positive_int, static_float
 from ._predictor import AbstractPredictor
 
 
@@ -139,7 +139,7 @@ def fit(
         ema = float(ema)
         if not 0.0 <= ema < 1.0:
             raise ValueError(f"`ema` must be a decay in [0, 1), got {ema}.")
-    t0, t1 = (float(v) for v in t_range)
+    t0, t1 = (static_float("t_range", v) for v in t_range)
     if not 0.0 <= t0 < t1 <= 1.0:
         raise ValueError(
             f"`t_range` must be an interval (t0, t1) with 0 <= t0 < t1 <= 1, "
