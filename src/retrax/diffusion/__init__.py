@@ -6,10 +6,17 @@
   `EnergyNetwork` (a conservative field), `OnlineKDE` (a streaming mixture);
   their derivatives `epsilon_jacobian` and `epsilon_vjp_params`.
 - Networks: `TimeEmbedding`, `TimeMLP`, `FiLMResidualMLP`, `ChannelTransformer`.
-- Training: `fit`. Sampling: `sample_ancestral`, `sample_euler_maruyama`,
-  `sample_ddim`, `sample_ode`, `sample_conditional`, and `log_likelihood`.
+- Training: `fit`, `TrainState`, and checkpoints (`save_checkpoint`,
+  `load_checkpoint`, `Checkpoint`). Sampling: `sample_ancestral`,
+  `sample_euler_maruyama`, `sample_ddim`, `sample_ode`, `sample_conditional`,
+  and `log_likelihood`.
 """
 
+from ._checkpoint import (
+    Checkpoint as Checkpoint,
+    load_checkpoint as load_checkpoint,
+    save_checkpoint as save_checkpoint,
+)
 from ._energy import EnergyNetwork as EnergyNetwork
 from ._field import (
     AbstractImplicitRelation as AbstractImplicitRelation,
@@ -93,4 +100,4 @@ from ._sample import (
 from ._schedule import VPSDE as VPSDE, AbstractNoiseSchedule as AbstractNoiseSchedule
 from ._solution import RESULTS as RESULTS, ImplicitSolution as ImplicitSolution
 from ._solver import GuardedNewton as GuardedNewton
-from ._train import fit as fit
+from ._train import TrainState as TrainState, fit as fit

@@ -1,21 +1,87 @@
 """Training a noise predictor by denoising score matching."""
 
-import math
+import hashlib
 import numbers
+import os
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
-from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree, Shaped
 from tqdm.auto import tqdm
 
 from .._misc import check_positive_int, static_float
+from ._checkpoint import _signature, load_checkpoint, save_checkpoint
 from ._predictor import AbstractPredictor
 
 
 # one module-level default, so that repeated `fit` calls reuse the compiled chunk
 _ADAM = optax.adam(1e-3)
+
+
+class TrainState(eqx.Module):
+    r"""Where a [`retrax.diffusion.fit`][] run stands: everything needed to continue it.
+
+    Returned by `fit(..., return_state=True)` and taken back by
+    `fit(..., opt_state=state)`; two calls, the second continuing from the
+    first, end bit-for-bit where one call with the summed steps ends. It is
+    also what `fit`'s checkpoints hold.
+
+    **Fields:**
+
+    - `params`: the last iterate of the trained arrays (the floating-point
+      arrays of the predictor, `eqx.partition(pred, eqx.is_inexact_array)[0]`;
+      with `ema` this is not the returned predictor, which holds the average).
+    - `opt_state`: the optimiser's state.
+    - `average`: with `ema`, the running sum
+      $a_T = (1 - d)\sum_{s=1}^T d^{T-s}\theta_s$ (the average before its bias
+      correction $1/(1 - d^T)$); `None` without.
+    - `step`: the number of optimiser steps taken since the start of training.
+    - `key`: the PRNG key of the run; step $s$ draws its minibatch, times and
+      noise from `jax.random.fold_in(key, s)`, so `(key, step)` is the whole
+      PRNG state.
+    - `ema`: the decay of the moving average, or `None`.
+    """
+
+    params: PyTree
+    opt_state: PyTree
+    average: PyTree | None
+    step: int
+    key: PRNGKeyArray
+    ema: float | None = eqx.field(static=True)
+
+
+def _key_data(key) -> np.ndarray:
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    return np.asarray(key)
+
+
+def _same_key(a, b) -> bool:
+    return (a.dtype == b.dtype) and np.array_equal(_key_data(a), _key_data(b))
+
+
+def _check_fits(name: str, got, want) -> None:
+    """`got` must have the leaves (paths, shapes, dtypes) of `want`."""
+    got_sig, want_sig = _signature(got), _signature(want)
+    if got_sig == want_sig:
+        return
+    if len(got_sig) != len(want_sig):
+        detail = f"{len(got_sig)} leaves where {len(want_sig)} are expected"
+    else:
+        g, w = next((g, w) for g, w in zip(got_sig, want_sig, strict=True) if g != w)
+        detail = f"{' '.join(map(str, g))} where {' '.join(map(str, w))} is expected"
+    raise ValueError(
+        f"`opt_state` was made for a different {name}: {detail}. Continue a run "
+        "with the predictor and optimiser it was started with."
+    )
+
+
+def _fingerprint(data: jax.Array) -> str:
+    host = np.ascontiguousarray(np.asarray(data))
+    return f"{host.shape} {host.dtype} sha256:{hashlib.sha256(host).hexdigest()}"
 
 
 def _param_dtype(params) -> jnp.dtype | None:
@@ -27,9 +93,9 @@ def _param_dtype(params) -> jnp.dtype | None:
 
 @eqx.filter_jit
 def _train_chunk(
-    params, opt_state, average, static, optimizer, data, key, start, config
+    params, opt_state, average, static, optimizer, data, key, start, end, config
 ):
-    chunk, steps, batch_size, t0, t1, ema = config
+    chunk, batch_size, t0, t1, ema = config
     num, dtype = data.shape[0], data.dtype
 
     def loss_fn(p, x0, t, eps):
@@ -55,7 +121,7 @@ def _train_chunk(
                 lambda a, p: ema * a + (1 - ema) * p, average, new_params
             )
         # steps past the end of the run (the tail of the last chunk) are no-ops
-        active = i < steps
+        active = i < end
         keep = lambda new, old: jnp.where(active, new, old)
         params = jax.tree.map(keep, new_params, params)
         opt_state = jax.tree.map(keep, new_opt_state, opt_state)
@@ -80,7 +146,14 @@ def fit(
     progress: bool = True,
     chunk_size: int = 1000,
     ema: float | None = None,
-) -> tuple[AbstractPredictor, Float[Array, " steps"]]:
+    opt_state: TrainState | None = None,
+    return_state: bool = False,
+    checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+) -> (
+    tuple[AbstractPredictor, Float[Array, " steps"]]
+    | tuple[AbstractPredictor, Float[Array, " steps"], TrainState]
+):
     r"""Train a noise predictor by denoising score matching.
 
     Every step draws a minibatch of `batch_size` rows of `data` (with
@@ -88,7 +161,8 @@ def fit(
     and takes one optimiser step on the mean of
     [`retrax.diffusion.AbstractPredictor.denoising_loss`][]. All floating-point
     arrays of `pred` are trained (for a `NoisePredictor`, the model's weights;
-    the schedule's Python floats stay fixed).
+    the schedule's Python floats stay fixed). Step $s$ (counted from the start
+    of training) draws from `jax.random.fold_in(key, s)`.
 
     The steps run as one jitted `lax.scan` per chunk of `chunk_size` steps
     (compiled once), and the progress bar advances between chunks.
@@ -109,13 +183,43 @@ def fit(
     the run, averages out the jitter without reaching back to a poorly trained
     network. The optimiser itself, and the loss history, are unchanged.
 
+    **Continuing a run.** `return_state=True` also returns a
+    [`retrax.diffusion.TrainState`][]; passing it back as `opt_state` takes
+    `steps` more steps from where the run stopped (the parameters, the
+    optimiser's moments and step count, the moving average and the position
+    in the random stream), with the same `key`:
+
+    ```python
+    pred, losses, state = rd.fit(pred, data, key, steps=1000, return_state=True)
+    pred, more, state = rd.fit(
+        pred, data, key, steps=500, opt_state=state, return_state=True
+    )
+    ```
+
+    ends bit-for-bit where `fit(pred, data, key, steps=1500)` ends.
+
+    **Checkpoints.** With `checkpoint_dir`, the run saves its
+    [`retrax.diffusion.TrainState`][] and its loss history there (with
+    [`retrax.diffusion.save_checkpoint`][]: written atomically, with a
+    checksum) every `checkpoint_every` steps, and at the end; the three newest
+    are kept. A call whose `checkpoint_dir` holds a checkpoint of the same run
+    resumes from the newest intact one (a damaged one is skipped with a
+    warning naming it) and ends bit-for-bit where an uninterrupted run ends,
+    so a script killed at any point can simply be run again. A checkpoint
+    written by a different run (another predictor, optimiser state structure,
+    dtype, `key`, `data`, `steps`, `batch_size`, `t_range`, `ema` or
+    `opt_state`) raises a `ValueError` instead. The optimiser's
+    hyperparameters (e.g. a learning rate) are not stored: resume with the
+    same `optimizer`.
+
     **Arguments:**
 
-    - `pred`: the predictor to train.
+    - `pred`: the predictor to train. When continuing (`opt_state`), it gives
+      the structure and the trained arrays come from `opt_state.params`.
     - `data`: the training set, shape `(num, dim)`, one example per row.
     - `key`: a PRNG key for minibatches, times and noise.
     - `optimizer`: an optax gradient transformation.
-    - `steps`: the number of optimiser steps.
+    - `steps`: the number of optimiser steps this call takes.
     - `batch_size`: examples per step.
     - `t_range`: the interval `(t0, t1)` of training times, inside `[0, 1]`.
     - `progress`: show a tqdm progress bar.
@@ -123,12 +227,24 @@ def fit(
     - `ema`: the decay $d \in [0, 1)$ of an exponential moving average of the
       parameters, returned in place of the last iterate (e.g. `0.995`); `None`
       (the default) returns the last iterate.
+    - `opt_state`: a [`retrax.diffusion.TrainState`][] returned by an earlier
+      call (with `return_state=True`) to continue from; `None` starts afresh
+      with `optimizer.init`.
+    - `return_state`: also return the [`retrax.diffusion.TrainState`][] at the
+      end.
+    - `checkpoint_dir`: a directory to checkpoint into and resume from;
+      `None` (the default) writes nothing.
+    - `checkpoint_every`: save every this many steps (a positive integer; the
+      chunks are shortened to it if `chunk_size` is longer); `None` saves at
+      the end of every chunk. Needs `checkpoint_dir`.
 
     **Returns:**
 
-    `(trained_pred, losses)` with the minibatch loss of every step, shape
-    `(steps,)`. `trained_pred` holds the last iterate, or the moving average
-    with `ema`.
+    `(trained_pred, losses)`, or `(trained_pred, losses, state)` with
+    `return_state=True`. `losses` holds the minibatch loss of every step of
+    this call, shape `(steps,)` (after a resume from a checkpoint, the whole
+    run's). `trained_pred` holds the last iterate, or the moving average with
+    `ema`.
     """
     check_positive_int("steps", steps)
     check_positive_int("batch_size", batch_size)
@@ -139,6 +255,28 @@ def fit(
         ema = float(ema)
         if not 0.0 <= ema < 1.0:
             raise ValueError(f"`ema` must be a decay in [0, 1), got {ema}.")
+    if checkpoint_every is not None:
+        if isinstance(checkpoint_every, bool) or not (
+            isinstance(checkpoint_every, int) and checkpoint_every >= 1
+        ):
+            raise ValueError(
+                "`checkpoint_every` must be a positive integer (a number of "
+                f"steps) or None, got {checkpoint_every!r}."
+            )
+        if checkpoint_dir is None:
+            raise ValueError(
+                "`checkpoint_every` needs `checkpoint_dir`, the directory to "
+                "write the checkpoints to."
+            )
+    if checkpoint_dir is not None and not isinstance(checkpoint_dir, str | os.PathLike):
+        raise TypeError(
+            f"`checkpoint_dir` must be a path or None, got {checkpoint_dir!r}."
+        )
+    if opt_state is not None and not isinstance(opt_state, TrainState):
+        raise TypeError(
+            "`opt_state` must be the `TrainState` returned by `fit(..., "
+            f"return_state=True)`, got {type(opt_state).__name__}."
+        )
     t0, t1 = (static_float("t_range", v) for v in t_range)
     if not 0.0 <= t0 < t1 <= 1.0:
         raise ValueError(
@@ -169,26 +307,128 @@ def fit(
             f"the predictor cannot take one row of `data` (shape "
             f"{data.shape[1:]}): {err}"
         ) from err
-    opt_state = optimizer.init(params)
-    # the moving average starts at zero and is bias-corrected at the end
-    average = jax.tree.map(jnp.zeros_like, params) if ema is not None else None
-    chunk = min(chunk_size, steps)
-    n_chunks = math.ceil(steps / chunk)
-    config = (chunk, steps, batch_size, t0, t1, ema)
-    history = []
-    with tqdm(total=steps, disable=not progress, desc="fit", unit="step") as bar:
-        for c in range(n_chunks):
-            start = jnp.asarray(c * chunk, jnp.int32)
-            params, opt_state, average, losses = _train_chunk(
-                params, opt_state, average, static, optimizer, data, key, start, config
+    if opt_state is None:
+        state = TrainState(
+            params=params,
+            opt_state=optimizer.init(params),
+            # the moving average starts at zero and is bias-corrected at the end
+            average=None if ema is None else jax.tree.map(jnp.zeros_like, params),
+            step=0,
+            key=key,
+            ema=ema,
+        )
+    else:
+        _check_fits("predictor", opt_state.params, params)
+        _check_fits(
+            "optimiser", opt_state.opt_state, jax.eval_shape(optimizer.init, params)
+        )
+        if opt_state.ema != ema:
+            raise ValueError(
+                f"`ema` is {ema}, but `opt_state` comes from a run with "
+                f"ema={opt_state.ema}: continue with the same decay."
             )
-            history.append(losses)
+        if not _same_key(opt_state.key, key):
+            raise ValueError(
+                "`key` differs from `opt_state.key`, the key of the run being "
+                "continued: pass the same key (or replace `opt_state.key` with "
+                "`eqx.tree_at` to continue on another random stream)."
+            )
+        state = opt_state
+    start = state.step
+    end = start + steps
+    chunk = min(chunk_size, steps, checkpoint_every or steps)
+    config = (chunk, batch_size, t0, t1, ema)
+    history = []
+    done = 0
+
+    if checkpoint_dir is not None:
+        run = {
+            "run": "retrax.diffusion.fit",
+            "steps": steps,
+            "start": start,
+            "batch_size": batch_size,
+            "t_range": [t0, t1],
+            "ema": ema,
+            "data": _fingerprint(data),
+        }
+        like = {"state": state, "losses": jnp.zeros(steps, data.dtype)}
+        found = load_checkpoint(checkpoint_dir, like)
+        if found is not None:
+            for name, value in run.items():
+                saved = found.metadata.get(name)
+                if saved != value:
+                    if name == "data":
+                        detail = "it was trained on other `data`"
+                    elif name == "start":
+                        detail = (
+                            f"it continued an `opt_state` at step {saved}, this "
+                            f"call starts at step {value}"
+                        )
+                    else:
+                        detail = f"`{name}` is {saved!r} there and {value!r} here"
+                    raise ValueError(
+                        f"the checkpoint {found.path} belongs to another run "
+                        f"({detail}): pass the same arguments to resume it, another "
+                        "`checkpoint_dir`, or delete its checkpoints to start afresh."
+                    )
+            if not _same_key(found.tree["state"].key, key):
+                raise ValueError(
+                    f"the checkpoint {found.path} belongs to a run with another "
+                    "`key`: pass the same key to resume, or another `checkpoint_dir`."
+                )
+            state = found.tree["state"]
+            done = state.step - start
+            if not 0 <= done <= steps:
+                raise ValueError(
+                    f"the checkpoint {found.path} is at step {state.step}, "
+                    f"outside this run's steps {start} to {end}."
+                )
+            history.append(found.tree["losses"][:done])
+
+    params, opt, average = state.params, state.opt_state, state.average
+    with tqdm(
+        total=steps, initial=done, disable=not progress, desc="fit", unit="step"
+    ) as bar:
+        while done < steps:
+            first = jnp.asarray(start + done, jnp.int32)
+            params, opt, average, losses = _train_chunk(
+                params,
+                opt,
+                average,
+                static,
+                optimizer,
+                data,
+                key,
+                first,
+                jnp.asarray(end, jnp.int32),
+                config,
+            )
+            n = min(chunk, steps - done)
+            history.append(losses[:n])
+            previous, done = done, done + n
             if progress:
-                done = min(chunk, steps - c * chunk)
-                bar.update(done)
-                bar.set_postfix(loss=f"{float(jnp.mean(losses[:done])):.4g}")
-    losses = jnp.concatenate(history)[:steps]
+                bar.update(n)
+                bar.set_postfix(loss=f"{float(jnp.mean(losses[:n])):.4g}")
+            every = checkpoint_every or chunk
+            if checkpoint_dir is not None and (
+                done == steps or done // every > previous // every
+            ):
+                state = TrainState(params, opt, average, start + done, key, ema)
+                so_far = jnp.concatenate(history)
+                padded = jnp.zeros(steps, data.dtype).at[:done].set(so_far)
+                save_checkpoint(
+                    checkpoint_dir,
+                    start + done,
+                    {"state": state, "losses": padded},
+                    metadata=run,
+                    keep=3,
+                )
+    losses = jnp.concatenate(history)
+    state = TrainState(params, opt, average, end, key, ema)
     if ema is not None:
-        correction = 1.0 / (1.0 - ema**steps)
+        correction = 1.0 / (1.0 - ema**end)
         params = jax.tree.map(lambda a: (a * correction).astype(a.dtype), average)
-    return eqx.combine(params, static), losses
+    trained = eqx.combine(params, static)
+    if return_state:
+        return trained, losses, state
+    return trained, losses

@@ -1,0 +1,338 @@
+"""Checkpoints: a pytree on disk, written atomically and read only when intact.
+
+A checkpoint file is
+
+    MAGIC | 8-byte little-endian header length | JSON header | payload | SHA-256
+
+where the payload is `equinox.tree_serialise_leaves` of the tree, the header
+records the step, the payload's length, the path, shape and dtype of every
+leaf and the caller's metadata, and the last 32 bytes are the SHA-256 digest
+of everything before them. A file cut short or damaged anywhere fails the
+digest and is never deserialised. Files are written to a temporary name in the
+same directory, flushed and `fsync`ed, then renamed over the final name
+(`os.replace` is atomic on POSIX and Windows), and the directory is `fsync`ed
+so that the rename itself survives a power cut.
+"""
+
+import hashlib
+import io
+import json
+import os
+import pathlib
+import re
+import struct
+import tempfile
+import warnings
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import PyTree
+
+
+_MAGIC = b"RETRAX-CHECKPOINT-1\n"
+_DIGEST = 32
+_NAME = re.compile(r"^checkpoint-(\d+)\.ckpt$")
+
+
+class Checkpoint(NamedTuple):
+    """A checkpoint read back by [`retrax.diffusion.load_checkpoint`][].
+
+    **Fields:**
+
+    - `step`: the step it was saved at.
+    - `tree`: the saved pytree, with the structure of the `like` it was read
+      into.
+    - `metadata`: the JSON-serialisable dictionary saved with it (empty if
+      none was).
+    - `path`: the file it was read from.
+    """
+
+    step: int
+    tree: PyTree
+    metadata: dict
+    path: pathlib.Path
+
+
+def _is_key(x) -> bool:
+    return isinstance(x, jax.Array | jax.ShapeDtypeStruct) and jax.dtypes.issubdtype(
+        x.dtype, jax.dtypes.prng_key
+    )
+
+
+def _leaf_signature(path, leaf) -> list:
+    name = jax.tree_util.keystr(path)
+    if isinstance(leaf, jax.Array | np.ndarray | np.generic | jax.ShapeDtypeStruct):
+        return [name, list(leaf.shape), str(leaf.dtype)]
+    return [name, type(leaf).__name__]
+
+
+def _signature(tree) -> list:
+    return [_leaf_signature(p, x) for p, x in jax.tree_util.tree_leaves_with_path(tree)]
+
+
+def _serialise_leaf(f, x) -> None:
+    # key arrays have no NumPy dtype: store their raw data
+    if _is_key(x):
+        x = jax.random.key_data(x)
+    eqx.default_serialise_filter_spec(f, x)
+
+
+def _deserialise_leaf(f, x):
+    if _is_key(x):
+        impl = jax.random.key_impl(x) if isinstance(x, jax.Array) else None
+        return jax.random.wrap_key_data(jnp.load(f), impl=impl)
+    return eqx.default_deserialise_filter_spec(f, x)
+
+
+def _check_directory(directory) -> pathlib.Path:
+    if not isinstance(directory, str | os.PathLike):
+        raise TypeError(
+            f"`directory` must be a path (str or os.PathLike), got {directory!r}."
+        )
+    return pathlib.Path(directory)
+
+
+def _check_step(step) -> int:
+    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+        raise ValueError(f"`step` must be a non-negative integer, got {step!r}.")
+    return int(step)
+
+
+def _checkpoint_files(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
+    """The checkpoint files in `directory`, newest (largest step) first."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for entry in directory.iterdir():
+        match = _NAME.match(entry.name)
+        if match is not None and entry.is_file():
+            found.append((int(match.group(1)), entry))
+    return sorted(found, key=lambda item: item[0], reverse=True)
+
+
+def _fsync_directory(directory: pathlib.Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # Windows cannot open a directory; its rename is durable
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(
+    directory: str | os.PathLike,
+    step: int,
+    tree: PyTree,
+    *,
+    metadata: dict | None = None,
+    keep: int | None = None,
+) -> pathlib.Path:
+    """Write `tree` to `directory/checkpoint-<step>.ckpt`, atomically.
+
+    The arrays of `tree` (JAX and NumPy arrays, PRNG keys, Python numbers) are
+    stored with `equinox.tree_serialise_leaves`; its other leaves (functions,
+    strings) are not stored and come back from the `like` given to
+    [`retrax.diffusion.load_checkpoint`][]. The file is written under a
+    temporary name in `directory`, `fsync`ed and renamed, so a process killed
+    at any moment leaves either the previous checkpoints or the new one, never
+    a partial file under a checkpoint's name. Each file ends with a SHA-256
+    digest of its contents, so damage after the write is detected when it is
+    read. A killed writer may leave a `.checkpoint-*.tmp` file behind; it is
+    never read and can be deleted.
+
+    !!! example
+
+        A checkpointed optax loop that resumes where it was killed:
+
+        ```python
+        params = ...  # initial parameters
+        opt = optax.adam(1e-3)
+        state = (params, opt.init(params))
+        start = 0
+        found = rd.load_checkpoint("ckpts", like=state)
+        if found is not None:
+            start, state = found.step, found.tree
+        for step in range(start, 1000):
+            params, opt_state = state
+            grads = jax.grad(loss)(params, jax.random.fold_in(key, step))
+            updates, opt_state = opt.update(grads, opt_state, params)
+            state = (optax.apply_updates(params, updates), opt_state)
+            if (step + 1) % 100 == 0:
+                rd.save_checkpoint("ckpts", step + 1, state, keep=3)
+        ```
+
+        Draw the randomness of step `s` from `jax.random.fold_in(key, s)` (or
+        save the key in the tree): a resumed run then takes the same steps as
+        an uninterrupted one.
+
+    **Arguments:**
+
+    - `directory`: where to write; created if missing.
+    - `step`: a non-negative integer, the step the state is at (it names the
+      file: `checkpoint-000000100.ckpt`).
+    - `tree`: the pytree to save.
+    - `metadata`: a JSON-serialisable dictionary saved alongside (e.g. the
+      settings of the run, to check when resuming).
+    - `keep`: keep only the newest `keep` checkpoints in `directory` (counting
+      this one), deleting older ones after this one is safely written; `None`
+      (the default) keeps all.
+
+    **Returns:**
+
+    The path of the written file.
+    """
+    directory = _check_directory(directory)
+    step = _check_step(step)
+    if keep is not None and (
+        isinstance(keep, bool) or not isinstance(keep, int) or keep < 1
+    ):
+        raise ValueError(f"`keep` must be a positive integer or None, got {keep!r}.")
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise TypeError(f"`metadata` must be a dict, got {type(metadata).__name__}.")
+    payload = io.BytesIO()
+    eqx.tree_serialise_leaves(payload, tree, filter_spec=_serialise_leaf)
+    payload = payload.getvalue()
+    try:
+        header = json.dumps(
+            {
+                "step": step,
+                "payload_bytes": len(payload),
+                "leaves": _signature(tree),
+                "metadata": metadata,
+            }
+        ).encode()
+    except TypeError as err:
+        raise TypeError(f"`metadata` must be JSON-serialisable: {err}") from err
+    body = _MAGIC + struct.pack("<Q", len(header)) + header + payload
+    body += hashlib.sha256(body).digest()
+
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"checkpoint-{step:09d}.ckpt"
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_directory(directory)
+
+    if keep is not None:
+        older = [p for s, p in _checkpoint_files(directory) if s < step]
+        for path in older[keep - 1 :]:
+            path.unlink(missing_ok=True)
+    return final
+
+
+class _Corrupt(Exception):
+    pass
+
+
+def _read(path: pathlib.Path, step: int) -> tuple[dict, bytes]:
+    """The header and payload of the file at `path`, or `_Corrupt` saying why."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise _Corrupt(f"cannot be read ({err})") from err
+    if not raw.startswith(_MAGIC):
+        raise _Corrupt("is not a retrax checkpoint (wrong leading bytes)")
+    if len(raw) < len(_MAGIC) + 8 + _DIGEST:
+        raise _Corrupt(f"is truncated ({len(raw)} bytes)")
+    body, digest = raw[:-_DIGEST], raw[-_DIGEST:]
+    if hashlib.sha256(body).digest() != digest:
+        raise _Corrupt(
+            f"fails its SHA-256 check ({len(raw)} bytes: truncated or damaged)"
+        )
+    (n,) = struct.unpack("<Q", body[len(_MAGIC) : len(_MAGIC) + 8])
+    start = len(_MAGIC) + 8
+    try:
+        header = json.loads(body[start : start + n])
+    except ValueError as err:
+        raise _Corrupt(f"has an unreadable header ({err})") from err
+    payload = body[start + n :]
+    if header.get("payload_bytes") != len(payload) or header.get("step") != step:
+        raise _Corrupt("has a header that does not match its name or its length")
+    return header, payload
+
+
+def _check_structure(path: pathlib.Path, saved: list, like) -> None:
+    expected = _signature(like)
+    if saved == expected:
+        return
+    saved = [tuple(map(str, s)) for s in saved]
+    expected = [tuple(map(str, s)) for s in expected]
+    if len(saved) != len(expected):
+        detail = f"it holds {len(saved)} leaves, `like` has {len(expected)}"
+    else:
+        s, e = next((s, e) for s, e in zip(saved, expected, strict=True) if s != e)
+        detail = f"it holds {' '.join(s)} where `like` has {' '.join(e)}"
+    raise ValueError(
+        f"the checkpoint {path} was written for a different structure than "
+        f"`like` (a different model, optimiser or dtype): {detail}. Point "
+        "`directory` at this run's own checkpoints."
+    )
+
+
+def load_checkpoint(directory: str | os.PathLike, like: PyTree) -> Checkpoint | None:
+    """Read the newest intact checkpoint in `directory`.
+
+    Checkpoints are tried newest (largest step) first. One that fails its
+    integrity check (cut short, damaged, not a checkpoint) is never
+    deserialised: a `RuntimeWarning` names the file and the previous one is
+    tried. A checkpoint whose leaves (paths, shapes, dtypes) differ from those
+    of `like` raises a `ValueError`: it belongs to a different model or run.
+
+    See [`retrax.diffusion.save_checkpoint`][] for an example.
+
+    **Arguments:**
+
+    - `directory`: the directory passed to `save_checkpoint`.
+    - `like`: a pytree with the structure of the saved one (e.g. the freshly
+      initialised state; `jax.ShapeDtypeStruct` leaves also do). Its leaves
+      that are not arrays or Python numbers are returned as they are.
+
+    **Returns:**
+
+    A [`retrax.diffusion.Checkpoint`][] `(step, tree, metadata, path)`, or
+    `None` when `directory` holds no checkpoint (or does not exist).
+
+    **Raises:**
+
+    `ValueError` when checkpoints exist but none is intact, or the newest
+    intact one does not match `like`.
+    """
+    directory = _check_directory(directory)
+    files = _checkpoint_files(directory)
+    if not files:
+        return None
+    for step, path in files:
+        try:
+            header, payload = _read(path, step)
+        except _Corrupt as why:
+            warnings.warn(
+                f"the checkpoint {path} {why}; it is skipped and the previous "
+                "checkpoint is used.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            continue
+        _check_structure(path, header["leaves"], like)
+        tree = eqx.tree_deserialise_leaves(
+            io.BytesIO(payload), like, filter_spec=_deserialise_leaf
+        )
+        return Checkpoint(step, tree, header["metadata"], path)
+    names = ", ".join(p.name for _, p in files)
+    raise ValueError(
+        f"no intact checkpoint in {directory}: every checkpoint there ({names}) is "
+        "truncated or damaged. Delete them to start the run afresh."
+    )
