@@ -27,7 +27,6 @@ from typing import NamedTuple
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PyTree
 
@@ -80,11 +79,20 @@ def _serialise_leaf(f, x) -> None:
     eqx.default_serialise_filter_spec(f, x)
 
 
-def _deserialise_leaf(f, x):
-    if _is_key(x):
-        impl = jax.random.key_impl(x) if isinstance(x, jax.Array) else None
-        return jax.random.wrap_key_data(jnp.load(f), impl=impl)
-    return eqx.default_deserialise_filter_spec(f, x)
+def _key_data_like(x):
+    if not _is_key(x):
+        return x
+    if isinstance(x, jax.Array):
+        return jax.random.key_data(x)
+    return jax.eval_shape(jax.random.key_data, x)
+
+
+def _rewrap_key(new, old):
+    if not _is_key(old):
+        return new
+    # a ShapeDtypeStruct carries its key implementation on its dtype only
+    impl = jax.random.key_impl(old) if isinstance(old, jax.Array) else old.dtype._impl
+    return jax.random.wrap_key_data(new, impl=impl)
 
 
 def _check_directory(directory) -> pathlib.Path:
@@ -96,7 +104,9 @@ def _check_directory(directory) -> pathlib.Path:
 
 
 def _check_step(step) -> int:
-    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+    if isinstance(step, bool) or not isinstance(step, int | np.integer):
+        raise TypeError(f"`step` must be a non-negative integer, got {step!r}.")
+    if step < 0:
         raise ValueError(f"`step` must be a non-negative integer, got {step!r}.")
     return int(step)
 
@@ -283,6 +293,41 @@ def _check_structure(path: pathlib.Path, saved: list, like) -> None:
     )
 
 
+def _newest_intact(directory: pathlib.Path) -> tuple | None:
+    """`(path, header, payload)` of the newest intact checkpoint in `directory`."""
+    files = _checkpoint_files(directory)
+    if not files:
+        return None
+    for step, path in files:
+        try:
+            header, payload = _read(path, step)
+        except _Corrupt as why:
+            warnings.warn(
+                f"the checkpoint {path} {why}; it is skipped and the previous "
+                "checkpoint is used.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            continue
+        return path, header, payload
+    names = ", ".join(p.name for _, p in files)
+    raise ValueError(
+        f"no intact checkpoint in {directory}: every checkpoint there ({names}) is "
+        "truncated or damaged. Delete them to start the run afresh."
+    )
+
+
+def _restore(path: pathlib.Path, header: dict, payload: bytes, like) -> Checkpoint:
+    _check_structure(path, header["leaves"], like)
+    # keys are read as their raw data (equinox would refuse a key array read
+    # into a ShapeDtypeStruct), then wrapped again
+    tree = eqx.tree_deserialise_leaves(
+        io.BytesIO(payload), jax.tree.map(_key_data_like, like)
+    )
+    tree = jax.tree.map(_rewrap_key, tree, like)
+    return Checkpoint(header["step"], tree, header["metadata"], path)
+
+
 def load_checkpoint(directory: str | os.PathLike, like: PyTree) -> Checkpoint | None:
     """Read the newest intact checkpoint in `directory`.
 
@@ -312,27 +357,5 @@ def load_checkpoint(directory: str | os.PathLike, like: PyTree) -> Checkpoint | 
     intact one does not match `like`.
     """
     directory = _check_directory(directory)
-    files = _checkpoint_files(directory)
-    if not files:
-        return None
-    for step, path in files:
-        try:
-            header, payload = _read(path, step)
-        except _Corrupt as why:
-            warnings.warn(
-                f"the checkpoint {path} {why}; it is skipped and the previous "
-                "checkpoint is used.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            continue
-        _check_structure(path, header["leaves"], like)
-        tree = eqx.tree_deserialise_leaves(
-            io.BytesIO(payload), like, filter_spec=_deserialise_leaf
-        )
-        return Checkpoint(step, tree, header["metadata"], path)
-    names = ", ".join(p.name for _, p in files)
-    raise ValueError(
-        f"no intact checkpoint in {directory}: every checkpoint there ({names}) is "
-        "truncated or damaged. Delete them to start the run afresh."
-    )
+    found = _newest_intact(directory)
+    return None if found is None else _restore(*found, like)

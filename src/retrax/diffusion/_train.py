@@ -3,6 +3,7 @@
 import hashlib
 import numbers
 import os
+import pathlib
 
 import equinox as eqx
 import jax
@@ -13,7 +14,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree, Shaped
 from tqdm.auto import tqdm
 
 from .._misc import check_positive_int, static_float
-from ._checkpoint import _signature, load_checkpoint, save_checkpoint
+from ._checkpoint import _newest_intact, _restore, _signature, save_checkpoint
 from ._predictor import AbstractPredictor
 
 
@@ -256,9 +257,12 @@ def fit(
         if not 0.0 <= ema < 1.0:
             raise ValueError(f"`ema` must be a decay in [0, 1), got {ema}.")
     if checkpoint_every is not None:
-        if isinstance(checkpoint_every, bool) or not (
-            isinstance(checkpoint_every, int) and checkpoint_every >= 1
-        ):
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int):
+            raise TypeError(
+                "`checkpoint_every` must be a positive integer (a number of "
+                f"steps) or None, got {checkpoint_every!r}."
+            )
+        if checkpoint_every < 1:
             raise ValueError(
                 "`checkpoint_every` must be a positive integer (a number of "
                 f"steps) or None, got {checkpoint_every!r}."
@@ -351,11 +355,11 @@ def fit(
             "ema": ema,
             "data": _fingerprint(data),
         }
-        like = {"state": state, "losses": jnp.zeros(steps, data.dtype)}
-        found = load_checkpoint(checkpoint_dir, like)
-        if found is not None:
+        newest = _newest_intact(pathlib.Path(checkpoint_dir))
+        if newest is not None:
+            path, header, _ = newest
             for name, value in run.items():
-                saved = found.metadata.get(name)
+                saved = header["metadata"].get(name)
                 if saved != value:
                     if name == "data":
                         detail = "it was trained on other `data`"
@@ -367,10 +371,12 @@ def fit(
                     else:
                         detail = f"`{name}` is {saved!r} there and {value!r} here"
                     raise ValueError(
-                        f"the checkpoint {found.path} belongs to another run "
+                        f"the checkpoint {path} belongs to another run "
                         f"({detail}): pass the same arguments to resume it, another "
                         "`checkpoint_dir`, or delete its checkpoints to start afresh."
                     )
+            like = {"state": state, "losses": jnp.zeros(steps, data.dtype)}
+            found = _restore(*newest, like)
             if not _same_key(found.tree["state"].key, key):
                 raise ValueError(
                     f"the checkpoint {found.path} belongs to a run with another "
