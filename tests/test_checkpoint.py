@@ -408,6 +408,11 @@ def test_checkpoint_of_another_run(getkey, tmp_path):
         rd.fit(pred, data + 1.0, key, **kw)
     with pytest.raises(ValueError, match="another `key`"):
         rd.fit(pred, data, getkey(), **kw)
+    # a directory of a loop's own checkpoints
+    other = tmp_path / "own"
+    rd.save_checkpoint(other, 4, {"state": None, "losses": jnp.zeros(4)})
+    with pytest.raises(ValueError, match="not written by `fit`"):
+        rd.fit(pred, data, key, **dict(kw, checkpoint_dir=other))
 
 
 def test_fit_checkpoint_bad_input(getkey, tmp_path):
@@ -460,4 +465,9 @@ def test_save_checkpoint_bad_input(tmp_path):
         rd.save_checkpoint(tmp_path, 1, tree, metadata={"x": object()})
     with pytest.raises(TypeError, match="directory"):
         rd.save_checkpoint(None, 1, tree)
+    # a file where a directory is expected is not "no checkpoint yet"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="must be a directory of checkpoints"):
+        rd.load_checkpoint(tmp_path / "file", tree)
+    (tmp_path / "file").unlink()
     assert list(tmp_path.iterdir()) == []

@@ -113,8 +113,13 @@ def _check_step(step) -> int:
 
 def _checkpoint_files(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
     """The checkpoint files in `directory`, newest (largest step) first."""
-    if not directory.is_dir():
+    if not directory.exists():
         return []
+    if not directory.is_dir():
+        raise ValueError(
+            f"`directory` must be a directory of checkpoints, but {directory} is a "
+            "file."
+        )
     found = []
     for entry in directory.iterdir():
         match = _NAME.match(entry.name)

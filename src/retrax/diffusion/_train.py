@@ -361,7 +361,9 @@ def fit(
             for name, value in run.items():
                 saved = header["metadata"].get(name)
                 if saved != value:
-                    if name == "data":
+                    if name == "run":
+                        detail = "it was not written by `fit`"
+                    elif name == "data":
                         detail = "it was trained on other `data`"
                     elif name == "start":
                         detail = (
