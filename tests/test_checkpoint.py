@@ -471,3 +471,20 @@ def test_save_checkpoint_bad_input(tmp_path):
         rd.load_checkpoint(tmp_path / "file", tree)
     (tmp_path / "file").unlink()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.float32
+def test_resume_in_default_precision(getkey, tmp_path):
+    # a float32 process (x64 off), the users' default
+    data = jax.random.normal(getkey(), (64, 2))
+    model = rd.TimeMLP(2, hidden=8, depth=1, key=getkey())
+    pred, key = rd.NoisePredictor(model, rd.VPSDE()), getkey()
+    kw = dict(KW, steps=6, ema=0.9, return_state=True)
+    reference, ref_losses, ref_state = rd.fit(pred, data, key, **kw)
+    rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
+    (tmp_path / "checkpoint-000000006.ckpt").unlink()
+    resumed, losses, state = rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
+    assert losses.dtype == jnp.float32
+    assert_identical(params(resumed), params(reference))
+    assert_identical(losses, ref_losses)
+    assert_identical(state, ref_state)
