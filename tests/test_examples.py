@@ -19,12 +19,19 @@ def load_example(relative: str):
 
 
 @pytest.fixture(autouse=True)
-def _standard_promotion(monkeypatch):
-    # Examples are user code: they run under JAX's default promotion rules.
+def _users_defaults(request):
+    # Examples are user code: they run as a user runs them, in JAX's default
+    # precision (x64 off, so float32) and promotion rules, whatever this test
+    # session enables. The scripts that switch x64 on themselves are marked
+    # `float64_example` and keep the session's setting (x64 on).
     import jax
 
     with jax.numpy_dtype_promotion("standard"):
-        yield
+        if request.node.get_closest_marker("float64_example") is not None:
+            yield
+        else:
+            with jax.enable_x64(False):
+                yield
 
 
 def test_quickstart_smoke(capsys):
@@ -118,6 +125,7 @@ def test_fit_svf_smoke(capsys):
     assert result["q_error"] < 0.5 * result["initial_q_error"]
 
 
+@pytest.mark.float64_example
 def test_fit_state_space_filter_smoke(capsys):
     result = load_example("parameter_estimation/fit_state_space_filter.py").main(
         smoke=True
@@ -152,6 +160,7 @@ def test_fit_parametric_eq_smoke(capsys):
     assert errors["gain_db"] < 0.25 * initial["gain_db"]
 
 
+@pytest.mark.float64_example
 def test_two_relations_smoke(capsys, tmp_path):
     plot = tmp_path / "two_relations.png"
     result = load_example("two_relations.py").main(smoke=True, plot_path=str(plot))
@@ -185,6 +194,7 @@ def test_fit_svf_full_run(capsys):
     assert result["cutoff_error"] <= 3e-5 and result["q_error"] <= 3e-5
 
 
+@pytest.mark.float64_example
 @pytest.mark.slow
 def test_fit_state_space_filter_full_run(capsys):
     result = load_example("parameter_estimation/fit_state_space_filter.py").main()
@@ -199,8 +209,8 @@ def test_fit_state_space_filter_full_run(capsys):
 @pytest.mark.slow
 def test_fit_compressor_full_run(capsys):
     result = load_example("parameter_estimation/fit_compressor.py").main()
-    # "recovered to: relative error <= 1e-5" for all four settings
-    assert max(result["errors"].values()) <= 1e-5, result["errors"]
+    # "recovered to: relative error <= 2e-4 (float32)" for all four settings
+    assert max(result["errors"].values()) <= 2e-4, result["errors"]
 
 
 @pytest.mark.slow
@@ -212,6 +222,7 @@ def test_fit_parametric_eq_full_run(capsys):
     assert round(errors["gain_db"], 3) <= 0.015, errors
 
 
+@pytest.mark.float64_example
 @pytest.mark.slow
 def test_two_relations_full_run(capsys, tmp_path):
     plot = tmp_path / "two_relations.png"

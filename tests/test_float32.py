@@ -38,8 +38,14 @@ from retrax.ops import (
     allpole,
     ballistics,
     diag_state_space,
+    filtfilt,
     fir,
+    freqz,
+    lfilter,
+    lfilter_tv,
     linear_recurrence,
+    sosfilt,
+    sosfiltfilt,
     state_space,
 )
 
@@ -177,6 +183,61 @@ def test_diag_state_space():
     x, zi = rng.standard_normal((T, 2)), rng.standard_normal(3)
     ref = np_state_space(np.diag(a), B, C, D, x, zi)[0]
     check_float32(diag_state_space, (a, B, C, D, x, zi), ref)
+
+
+# scipy.signal's names, with scipy's arguments (`a` with its leading
+# coefficient, here not 1, so that the normalisation is in the derivative).
+
+
+def _transfer_function(rng):
+    a = 1.7 * np.r_[1.0, stable_poly(rng, 3, 0.9)]
+    return rng.standard_normal(4), a
+
+
+def test_scipy_lfilter_with_state():
+    rng = np.random.default_rng(7)
+    b, a = _transfer_function(rng)
+    x, zi = rng.standard_normal(T), rng.standard_normal(3)
+    ref = scipy.signal.lfilter(b, a, x, zi=zi)[0]
+    check_float32(lambda b, a, x, zi: lfilter(b, a, x, zi=zi)[0], (b, a, x, zi), ref)
+
+
+def test_scipy_filtfilt():
+    rng = np.random.default_rng(8)
+    b, a = _transfer_function(rng)
+    x = rng.standard_normal(T)
+    check_float32(filtfilt, (b, a, x), scipy.signal.filtfilt(b, a, x))
+
+
+def test_scipy_sosfilt_and_sosfiltfilt():
+    rng = np.random.default_rng(9)
+    sos = scipy.signal.butter(6, 0.2, output="sos")
+    x = rng.standard_normal((2, T))
+    check_float32(sosfilt, (sos, x), scipy.signal.sosfilt(sos, x))
+    check_float32(sosfiltfilt, (sos, x), scipy.signal.sosfiltfilt(sos, x))
+
+
+def test_scipy_freqz():
+    rng = np.random.default_rng(10)
+    b, a = _transfer_function(rng)
+    ref = np.abs(scipy.signal.freqz(b, a, worN=64)[1])
+    check_float32(lambda b, a: jnp.abs(freqz(b, a, worN=64)[1]), (b, a), ref)
+
+
+def test_lfilter_tv():
+    rng = np.random.default_rng(11)
+    b, a = (
+        rng.standard_normal((T, 3)),
+        np.stack([stable_poly(rng, 2, 0.9) for _ in range(T)]),
+    )
+    x = rng.standard_normal(T)
+    # retrax's own convention: `a` without the leading 1, per-sample rows
+    ref, w = [], np.zeros(2)
+    for t in range(T):
+        w0 = x[t] - a[t] @ w
+        ref.append(b[t] @ np.r_[w0, w])
+        w = np.r_[w0, w[:-1]]
+    check_float32(lfilter_tv, (b, a, x), np.asarray(ref))
 
 
 def _away_from_switches(rng, at, rt, zi):
