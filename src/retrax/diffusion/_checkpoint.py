@@ -280,20 +280,26 @@ def _read(path: pathlib.Path, step: int) -> tuple[dict, bytes]:
     return header, payload
 
 
+def _signature_mismatch(got: list, want: list) -> str | None:
+    """How two leaf signatures (`_signature`) differ, or `None` if they agree."""
+    if got == want:
+        return None
+    got = [tuple(map(str, s)) for s in got]
+    want = [tuple(map(str, s)) for s in want]
+    if len(got) != len(want):
+        return f"{len(got)} leaves where {len(want)} are expected"
+    g, w = next((g, w) for g, w in zip(got, want, strict=True) if g != w)
+    return f"{' '.join(g)} where {' '.join(w)} is expected"
+
+
 def _check_structure(path: pathlib.Path, saved: list, like) -> None:
-    expected = _signature(like)
-    if saved == expected:
+    detail = _signature_mismatch(saved, _signature(like))
+    if detail is None:
         return
-    saved = [tuple(map(str, s)) for s in saved]
-    expected = [tuple(map(str, s)) for s in expected]
-    if len(saved) != len(expected):
-        detail = f"it holds {len(saved)} leaves, `like` has {len(expected)}"
-    else:
-        s, e = next((s, e) for s, e in zip(saved, expected, strict=True) if s != e)
-        detail = f"it holds {' '.join(s)} where `like` has {' '.join(e)}"
     raise ValueError(
         f"the checkpoint {path} was written for a different structure than "
-        f"`like` (a different model, optimiser or dtype): {detail}. Point "
+        f"`like` (a different model, optimiser or dtype): it holds {detail} by "
+        "`like`. Point "
         "`directory` at this run's own checkpoints."
     )
 

@@ -14,7 +14,13 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree, Shaped
 from tqdm.auto import tqdm
 
 from .._misc import check_positive_int, static_float
-from ._checkpoint import _newest_intact, _restore, _signature, save_checkpoint
+from ._checkpoint import (
+    _newest_intact,
+    _restore,
+    _signature,
+    _signature_mismatch,
+    save_checkpoint,
+)
 from ._predictor import AbstractPredictor
 
 
@@ -66,14 +72,9 @@ def _same_key(a, b) -> bool:
 
 def _check_fits(name: str, got, want) -> None:
     """`got` must have the leaves (paths, shapes, dtypes) of `want`."""
-    got_sig, want_sig = _signature(got), _signature(want)
-    if got_sig == want_sig:
+    detail = _signature_mismatch(_signature(got), _signature(want))
+    if detail is None:
         return
-    if len(got_sig) != len(want_sig):
-        detail = f"{len(got_sig)} leaves where {len(want_sig)} are expected"
-    else:
-        g, w = next((g, w) for g, w in zip(got_sig, want_sig, strict=True) if g != w)
-        detail = f"{' '.join(map(str, g))} where {' '.join(map(str, w))} is expected"
     raise ValueError(
         f"`opt_state` was made for a different {name}: {detail}. Continue a run "
         "with the predictor and optimiser it was started with."
