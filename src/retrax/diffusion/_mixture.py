@@ -101,7 +101,11 @@ class GaussianMixtureEps(AbstractExactPredictor):
                 f"`x` must be one point of shape {mu.shape[1:]} (the means' "
                 f"dimension), got shape {x.shape}."
             )
-        c = alpha**2 * self.scales.astype(dtype) ** 2 + sigma**2
+        # sigma^2 without the square root, whose derivative is infinite at
+        # t = 0: forward mode (which carries a zero tangent for t) would
+        # give 0 * inf = NaN there.
+        sigma2 = -jnp.expm1(-self.schedule.integrated_beta(t))
+        c = alpha**2 * self.scales.astype(dtype) ** 2 + sigma2
         d = x - alpha * mu
         u = d / c[:, None]
         w = self.weights.astype(dtype)
