@@ -362,7 +362,10 @@ class OnlineKDE(eqx.Module):
     - `forget`: the per-observation weight decay, in `(0, 1]`.
     - `merge_radius`: the merge distance; the bandwidth by default.
     - `prune`: the weight, relative to the heaviest component's, below which
-      a component is freed; 0 never frees one.
+      a component is freed, in `[0, 1]`; 0 never frees one. A new point's
+      own weight is 1, so an isolated new point is freed at once while the
+      heaviest weight exceeds `1 / prune` (with `forget = 1` and a long
+      stream).
     - `dtype`: JAX's default float by default.
     """
 
