@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import retrax.diffusion as rd
-from helpers import assert_close, ring_radius
+from helpers import assert_close, raises_eagerly_and_under_jit, ring_radius
 
 
 SCHED = rd.VPSDE()
@@ -54,6 +54,92 @@ def test_roots_of_the_ring_are_two_branches():
     assert bool(jnp.isfinite(g))
     h = 1e-5
     assert_close(g, (total(0.6 + h) - total(0.6 - h)) / (2 * h), rtol=1e-5)
+
+
+def test_roots_from_explicit_starts():
+    """The query's own start first, then the given ones; each slot is the
+    answer `implicit_infer` gives from its start, under `jit`."""
+    model = ring_model()
+    z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
+    # the clamped coordinate of a start is ignored (held at z0)
+    starts = jnp.array([[0.6, -0.5], [9.0, -0.4], [0.6, 0.7]])
+    roots = jax.jit(lambda s: rd.implicit_roots(model, z0, rho, starts=s))(starts)
+    assert roots.z.shape == (4, 2) and int(roots.count) == 2
+    # discovery order: the own start (the upper branch), then the lower one;
+    # the two other starts repeat them
+    y = np.sqrt(ring_radius(SCHED, model.nodes, 0.05) ** 2 - 0.6**2)
+    assert abs(float(roots.z[0, 1]) - y) < 0.01
+    assert abs(float(roots.z[1, 1]) + y) < 0.01
+    assert bool(jnp.all(roots.valid[:2])) and not bool(jnp.any(roots.valid[2:]))
+    assert bool(jnp.all(roots.z[:, 0] == 0.6))
+    # (`z_init=z0` is the default start, passed to share one compilation)
+    own = rd.implicit_infer(model, z0, rho, z_init=z0)
+    lower = rd.implicit_infer(model, z0, rho, z_init=starts[0])
+    assert_close(roots.z[0], own.z, rtol=1e-10)
+    assert_close(roots.z[1], lower.z, rtol=1e-10)
+    loads = jnp.stack([own.clamp_load, lower.clamp_load])
+    assert_close(roots.clamp_load[:2], loads, rtol=1e-8)
+    # `z_init` is the query's own start: here the lower branch comes first
+    flipped = rd.implicit_roots(model, z0, rho, starts=starts[2:], z_init=starts[0])
+    assert_close(flipped.z[0], lower.z, rtol=1e-10)
+    assert int(flipped.count) == 2 and float(flipped.z[1, 1]) > 0
+    # random starts: the own start is slot 0 of the `n_starts`
+    rand = rd.implicit_roots(model, z0, rho, jax.random.key(1))
+    assert rand.z.shape == (16, 2) and bool(rand.valid[0])
+    assert_close(rand.z[0], own.z, rtol=1e-10)
+
+
+def test_roots_pass_the_solver_options_on():
+    model = ring_model()
+    z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
+    starts, lower = jnp.array([[0.6, 0.7]]), jnp.array([0.6, -0.5])
+    plain = rd.implicit_roots(model, z0, rho, starts=starts, z_init=lower)
+    # Newton-Krylov steps, a tighter tolerance, and every clamp flagged
+    krylov = rd.implicit_roots(
+        model,
+        z0,
+        rho,
+        starts=starts,
+        z_init=lower,
+        matrix_free=True,
+        tol=1e-11,
+        off_data_tol=0.0,
+        symmetric=True,
+    )
+    assert_close(krylov.z, plain.z, rtol=1e-8)
+    assert bool(jnp.all(krylov.off_data)) and not bool(jnp.any(plain.off_data))
+    short = rd.implicit_roots(
+        model, z0, rho, starts=starts, z_init=lower, max_steps=1, throw=False
+    )
+    assert not bool(jnp.any(short.converged))
+    assert bool(jnp.all(short.steps == 1))
+    assert bool(jnp.all(short.result == rd.RESULTS.nonlinear_max_steps_reached))
+
+
+def test_roots_bad_starts():
+    model = ring_model()
+    z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
+    key = jax.random.key(0)
+    for bad in [jnp.zeros(2), jnp.zeros((2, 3)), jnp.zeros((0, 2))]:
+        with pytest.raises(ValueError, match=r"`starts` must have shape \(m, 2\)"):
+            rd.implicit_roots(model, z0, rho, starts=bad)
+    # (a TypeError naming `starts`: the library's, or the annotation's)
+    with pytest.raises(TypeError, match="starts"):
+        rd.implicit_roots(model, z0, rho, starts=jnp.zeros((1, 2), int))
+    with pytest.raises(ValueError, match="either `key`.*or `starts`"):
+        rd.implicit_roots(model, z0, rho, key, starts=jnp.zeros((1, 2)))
+    with pytest.raises(ValueError, match="needs a PRNG `key`"):
+        rd.implicit_roots(model, z0, rho)
+    # a NaN on a free coordinate raises eagerly and under `jit`; on the
+    # clamped one it is ignored, as in `z_init`
+    nan = jnp.array([[0.6, jnp.nan]])
+    raises_eagerly_and_under_jit(
+        lambda s: rd.implicit_roots(model, z0, rho, starts=s),
+        nan,
+        match="`starts` must be finite on the coordinates that are not clamped",
+    )
+    roots = rd.implicit_roots(model, z0, rho, starts=jnp.array([[jnp.nan, -0.5]]))
+    assert int(roots.count) == 2
 
 
 def test_energy_is_the_potential_of_the_field():

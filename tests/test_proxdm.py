@@ -123,11 +123,16 @@ def test_prox_network_and_matching_loss(getkey):
         bad.prox(v, t, lam)
 
 
-def pda_moments(steps, hybrid):
-    """The exact mean and variance of the PDA chain for N(MU1, S1^2 I) data."""
-    ts = np.linspace(0.0, 1.0, steps + 1)
+def pda_moments(steps, hybrid, t_start=1.0, x_init=None):
+    """The exact mean and variance of the PDA chain for N(MU1, S1^2 I) data,
+    from N(0, I) or from the point `x_init` (and the gain dX_0/dX_N)."""
+    ts = np.linspace(0.0, t_start, steps + 1)
     big_b = SCHED.beta_min * ts + 0.5 * (SCHED.beta_max - SCHED.beta_min) * ts**2
-    mean, var = np.zeros(2), 1.0
+    if x_init is None:
+        mean, var = np.zeros(2), 1.0
+    else:
+        mean, var = np.asarray(x_init, float), 0.0
+    gain = 1.0
     for k in range(steps, 0, -1):
         g = big_b[k] - big_b[k - 1]
         a = np.exp(-0.5 * big_b[k - 1])
@@ -139,7 +144,10 @@ def pda_moments(steps, hybrid):
         shrink = c / (c + lam)
         mean = shrink * scale * mean + lam * a * np.asarray(MU1) / (c + lam)
         var = shrink**2 * (scale**2 * var + noise)
-    return mean, var
+        gain = gain * shrink * scale
+    if x_init is None:
+        return mean, var
+    return mean, var, gain
 
 
 @pytest.mark.parametrize("hybrid", [False, True])
@@ -156,6 +164,42 @@ def test_proxdm_sample_gaussian(getkey, hybrid):
     assert abs(float(jnp.mean(jnp.var(xs, axis=0))) / var - 1) < 0.25
     # the chain approximates the data distribution N(MU1, S1^2)
     assert np.all(np.abs(mean - np.asarray(MU1)) < 0.05) and abs(var / S1**2 - 1) < 0.2
+
+
+def test_proxdm_sample_from_a_given_point(getkey):
+    """From X_N = x_init at t_start = 0.3 (an SDEdit-style start): the
+    closed-form moments, and the chain's exact linear response to x_init."""
+    prox = rd.MixtureProx(rd.GaussianMixtureEps(SCHED, MU1[None], S1))
+    a, b = jnp.array([2.0, 1.5]), jnp.array([-1.0, 0.5])
+
+    def sample(key, x):
+        return rd.proxdm_sample(prox, key, 2, steps=20, t_start=0.3, x_init=x).x
+
+    keys = jax.random.split(getkey(), 400)
+    xs = jax.jit(jax.vmap(sample, (0, None)))(keys, a)
+    mean, var, gain = pda_moments(20, False, 0.3, a)
+    stderr = np.sqrt(var / len(keys))
+    assert np.all(np.abs(np.mean(xs, 0) - mean) < 5 * stderr)
+    assert abs(float(jnp.mean(jnp.var(xs, axis=0))) / var - 1) < 0.25
+    # from t_start = 0.3 the start is remembered, not washed out
+    assert gain > 0.1
+    # the same noise from two starts: the difference is gain * (a - b)
+    xb = jax.jit(jax.vmap(sample, (0, None)))(keys[:3], b)
+    assert_close(xs[:3] - xb, gain * jnp.broadcast_to(a - b, (3, 2)), rtol=1e-10)
+    # and the derivative with respect to the start is gain * I, in forward
+    # mode too (through the last prox, at t = 0)
+    jac = jax.jacfwd(lambda x: sample(keys[0], x))(a)
+    assert_close(jac, gain * jnp.eye(2), rtol=1e-8, atol=1e-12)
+    # bad starts
+    with pytest.raises(ValueError, match=r"`x_init` must have the sample's shape"):
+        rd.proxdm_sample(prox, keys[0], 2, x_init=jnp.zeros(3))
+    with pytest.raises(TypeError, match="x_init"):
+        rd.proxdm_sample(prox, keys[0], 2, x_init=jnp.zeros(2, int))
+    raises_eagerly_and_under_jit(
+        lambda x: sample(keys[0], x),
+        jnp.array([0.0, jnp.nan]),
+        match="`x_init` must be finite",
+    )
 
 
 def test_proxdm_sample_pda_step_limit(getkey):

@@ -12,6 +12,7 @@ from .._errors import error_if
 from .._misc import check_positive_int, static_float
 from ._field import AbstractImplicitRelation, clamp_mask, soft_stiffness
 from ._never_silent import never_silent
+from ._predictor import as_state
 from ._solution import RESULTS, ImplicitSolution
 from ._solver import GuardedNewton
 
@@ -345,17 +346,17 @@ def implicit_pullback(
 class ImplicitRoots(eqx.Module):
     """The distinct stable answers of a query, from several starts.
 
-    Fixed size (`n_starts` slots), so it is produced under `jit`: the
+    Fixed size (one slot per start), so it is produced under `jit`: the
     `count` valid, distinct answers come first, in order of first discovery.
 
     **Attributes:**
 
-    - `z`: the answers, shape `(n_starts, n)`; invalid slots hold the
+    - `z`: the answers, shape `(slots, n)`; invalid slots hold the
       duplicate or failed solves.
     - `valid`: which slots hold a distinct, converged and stable answer.
     - `count`: the number of valid slots.
-    - `converged`, `stable`, `steps`, `result`: per slot, as in
-      [`retrax.diffusion.ImplicitSolution`][].
+    - `converged`, `stable`, `steps`, `result`, `clamp_load`, `off_data`: per
+      slot, as in [`retrax.diffusion.ImplicitSolution`][].
     """
 
     z: Float[Array, "starts n"]
@@ -365,6 +366,8 @@ class ImplicitRoots(eqx.Module):
     stable: Bool[Array, " starts"]
     steps: Int[Array, " starts"]
     result: RESULTS
+    clamp_load: Float[Array, " starts"]
+    off_data: Bool[Array, " starts"]
 
 
 @eqx.filter_jit
@@ -372,20 +375,31 @@ def implicit_roots(
     model: AbstractImplicitRelation,
     z0: Float[ArrayLike, " n"],
     rho: Float[ArrayLike, " n"],
-    key: PRNGKeyArray,
+    key: PRNGKeyArray | None = None,
     n_starts: int = 16,
     spread: float = 1.0,
     unique_tol: float = 1e-3,
     *,
+    starts: Float[ArrayLike, "..."] | None = None,
+    z_init: Float[ArrayLike, " n"] | None = None,
     tol: float | None = None,
     max_steps: int = 200,
+    matrix_free: bool = False,
+    adjoint_solver: lx.AbstractLinearSolver | None = None,
+    symmetric: bool | None = None,
+    off_data_tol: float = 3.0,
     throw: bool = True,
 ) -> ImplicitRoots:
-    r"""All the stable answers of a query that `n_starts` random starts reach.
+    r"""All the stable answers of a query that several starts reach.
 
-    The starts are `z0 + spread * N(0, I)` on the non-clamped coordinates;
-    the solves run as one `vmap` of [`retrax.diffusion.implicit_infer`][].
-    Converged, stable answers are kept and deduplicated: an answer within
+    The first start is always the query's own: `z_init`, or `z0` (the start
+    [`retrax.diffusion.implicit_infer`][] would use), so the answer
+    `implicit_infer` gives is among the roots. The others are the rows of
+    `starts` when given, and otherwise `n_starts - 1` random starts
+    `z0 + spread * N(0, I)` drawn with `key`. Clamped coordinates of every
+    start are ignored (they are held at `z0`). The solves run as one `vmap`
+    of `implicit_infer` with the same solver options. Converged, stable
+    answers are kept and deduplicated: an answer within
     `unique_tol * (1 + max|z|)` (max-norm) of an earlier kept one is dropped.
 
     Every slot carries the derivatives of its own solve, as in
@@ -403,33 +417,77 @@ def implicit_roots(
 
     - `model`: the implicit field.
     - `z0`, `rho`: the query, as in `implicit_infer`.
-    - `key`: a PRNG key for the starts.
-    - `n_starts`: the number of starts (and of slots).
-    - `spread`: the standard deviation of the starts around `z0`.
+    - `key`: a PRNG key for random starts; pass either `key` or `starts`.
+    - `n_starts`: the number of slots with random starts, the query's own
+      start included (so `n_starts - 1` random ones).
+    - `spread`: the standard deviation of the random starts around `z0`.
     - `unique_tol`: the relative distance below which answers are the same.
-    - `tol`, `max_steps`: as in `implicit_infer`.
+    - `starts`: explicit starts, shape `(m, n)` with `m >= 1`, solved after
+      the query's own start (`1 + m` slots); `key`, `n_starts` and `spread`
+      are then unused.
+    - `z_init`: the query's own start, as in `implicit_infer`; `z0` by
+      default.
+    - `tol`, `max_steps`, `matrix_free`, `adjoint_solver`, `symmetric`,
+      `off_data_tol`: as in `implicit_infer`, for every start.
     - `throw`: whether a slot whose solve did not converge raises.
 
     **Returns:**
 
     An [`retrax.diffusion.ImplicitRoots`][].
     """
-    check_positive_int("n_starts", n_starts)
-    z0, rho, _ = _check_query(model, z0, rho, None)
+    z0, rho, own = _check_query(model, z0, rho, z_init)
     dtype = z0.dtype
-    noise = jax.random.normal(key, (n_starts, z0.shape[0]), dtype)
-    starts = z0 + jnp.asarray(spread, dtype) * noise
+    n = z0.shape[0]
+    if starts is None:
+        if key is None:
+            raise ValueError(
+                "`implicit_roots` needs a PRNG `key` for random starts, or "
+                "explicit `starts` of shape (m, n)."
+            )
+        check_positive_int("n_starts", n_starts)
+        noise = jax.random.normal(key, (n_starts, n), dtype)
+        others = (z0 + jnp.asarray(spread, dtype) * noise)[1:]
+    else:
+        if key is not None:
+            raise ValueError(
+                "pass either `key` (random starts) or `starts` (explicit ones) "
+                "to `implicit_roots`, not both."
+            )
+        others = as_state("starts", starts)
+        if others.ndim != 2 or others.shape[0] < 1 or others.shape[1] != n:
+            raise ValueError(
+                f"`starts` must have shape (m, {n}) with m >= 1 (one start per "
+                f"row, as long as `z0`), got shape {others.shape}."
+            )
+        others = others.astype(dtype)
+        others = error_if(
+            others,
+            jnp.any(~jnp.isfinite(others) & ~clamp_mask(rho)),
+            "`starts` must be finite on the coordinates that are not clamped.",
+        )
+    inits = jnp.concatenate([own[None], others])
+    slots = inits.shape[0]
 
     def one(start, q, r):
-        return _infer(model, q, r, start, tol, max_steps, False, None, False)
+        return _infer(
+            model,
+            q,
+            r,
+            start,
+            tol,
+            max_steps,
+            matrix_free,
+            adjoint_solver,
+            False,
+            symmetric,
+            off_data_tol,
+        )
 
     # z0 and rho are tiled rather than broadcast by vmap: transposing lineax's
     # solve under vmap fails for an unbatched right-hand-side input (equinox
     # 0.13.8) when a derivative is taken with respect to z0.
-    tile = (n_starts, z0.shape[0])
-    sols = jax.vmap(one)(
-        starts, jnp.broadcast_to(z0, tile), jnp.broadcast_to(rho, tile)
-    )
+    tile = (slots, n)
+    sols = jax.vmap(one)(inits, jnp.broadcast_to(z0, tile), jnp.broadcast_to(rho, tile))
     ok = sols.converged & sols.stable
     z = sols.z
     zs = jax.lax.stop_gradient(z)
@@ -438,11 +496,11 @@ def implicit_roots(
     close = dist <= unique_tol * jnp.maximum(scale[:, None], scale[None, :])
 
     def body(i, keep):
-        earlier = jnp.arange(n_starts) < i
+        earlier = jnp.arange(slots) < i
         dup = jnp.any(keep & earlier & close[i])
         return keep.at[i].set(ok[i] & ~dup)
 
-    keep = jax.lax.fori_loop(0, n_starts, body, jnp.zeros((n_starts,), bool))
+    keep = jax.lax.fori_loop(0, slots, body, jnp.zeros((slots,), bool))
     order = jnp.argsort(~keep, stable=True)
     out = ImplicitRoots(
         z=z[order],
@@ -452,6 +510,8 @@ def implicit_roots(
         stable=sols.stable[order],
         steps=sols.steps[order],
         result=jax.tree.map(lambda x: x[order], sols.result),
+        clamp_load=sols.clamp_load[order],
+        off_data=sols.off_data[order],
     )
     if throw:
         result = sols.result

@@ -101,7 +101,11 @@ class GaussianMixtureEps(AbstractExactPredictor):
                 f"`x` must be one point of shape {mu.shape[1:]} (the means' "
                 f"dimension), got shape {x.shape}."
             )
-        c = alpha**2 * self.scales.astype(dtype) ** 2 + sigma**2
+        # sigma^2 without the square root, whose derivative is infinite at
+        # t = 0: forward mode (which carries a zero tangent for t) would
+        # give 0 * inf = NaN there.
+        sigma2 = -jnp.expm1(-self.schedule.integrated_beta(t))
+        c = alpha**2 * self.scales.astype(dtype) ** 2 + sigma2
         d = x - alpha * mu
         u = d / c[:, None]
         w = self.weights.astype(dtype)
@@ -331,13 +335,24 @@ def kde_bandwidth(
 class OnlineKDE(eqx.Module):
     r"""A fixed-budget Gaussian mixture that absorbs a stream of observations.
 
-    Each [`retrax.diffusion.OnlineKDE.observe`][] first multiplies every
-    weight by `forget` and frees components whose weight falls below
-    `prune`; then a point within `merge_radius` of the nearest live component
-    is merged into it (weight-averaged mean, weight + 1), and otherwise it
-    takes a new slot with weight 1: a free one if any, else the lightest
-    (which is forgotten). Array sizes never change, so `observe` jits and
-    scans; it returns a new object (functional update).
+    Each [`retrax.diffusion.OnlineKDE.observe`][], in order:
+
+    1. multiplies every weight by `forget`: a point observed $k$ observations
+       ago carries weight $\mathrm{forget}^k$ (`forget = 1` remembers
+       everything, equally);
+    2. merges the new point into the nearest component if it lies within
+       `merge_radius` (the mean moves to the weight-averaged mean, the weight
+       grows by 1), and otherwise gives it a component of its own with
+       weight 1;
+    3. frees the components whose weight fell below `prune` times the
+       heaviest weight;
+    4. if more than `budget` components remain, merges the lightest into its
+       nearest neighbour (weight-averaged mean, weights added).
+
+    No mass is lost to the budget: with `forget = 1` and `prune = 0` the
+    weights sum to the number of points observed. Array sizes never change
+    (`budget` slots, free ones with weight 0), so `observe` jits and scans; it
+    returns a new object (functional update).
 
     **Arguments:**
 
@@ -346,7 +361,11 @@ class OnlineKDE(eqx.Module):
     - `bandwidth`: every component's standard deviation.
     - `forget`: the per-observation weight decay, in `(0, 1]`.
     - `merge_radius`: the merge distance; the bandwidth by default.
-    - `prune`: the weight below which a component is freed.
+    - `prune`: the weight, relative to the heaviest component's, below which
+      a component is freed, in `[0, 1]`; 0 never frees one. A new point's
+      own weight is 1, so an isolated new point is freed at once while the
+      heaviest weight exceeds `1 / prune` (with `forget = 1` and a long
+      stream).
     - `dtype`: JAX's default float by default.
     """
 
@@ -383,7 +402,7 @@ class OnlineKDE(eqx.Module):
             merge_radius, lambda xp, v: ~(v >= 0), "`merge_radius` must be nonnegative."
         )
         prune = check_value(
-            prune, lambda xp, v: ~(v >= 0), "`prune` must be nonnegative."
+            prune, lambda xp, v: ~((v >= 0) & (v <= 1)), "`prune` must lie in [0, 1]."
         )
         dtype = jnp.result_type(float) if dtype is None else dtype
         self.means = jnp.zeros((budget, dim), dtype)
@@ -412,23 +431,53 @@ class OnlineKDE(eqx.Module):
         x = error_if(
             x, ~jnp.all(jnp.isfinite(x)), "the observation `x` must be finite."
         )
-        x = x.astype(self.means.dtype)
+        dtype = self.means.dtype
+        x = x.astype(dtype)
+        budget = self.weights.shape[0]
+        zero, one = jnp.zeros((), dtype), jnp.ones((), dtype)
         w = self.weights * self.forget
-        w = jnp.where(w < self.prune, 0.0, w)
         live = w > 0
         d2 = jnp.where(live, jnp.sum((self.means - x) ** 2, axis=1), jnp.inf)
         near = jnp.argmin(d2)
         merge = d2[near] <= self.merge_radius**2
-        w_near = w[near]
-        merged = (w_near * self.means[near] + x) / (w_near + 1)
-        slot = jnp.where(merge, near, jnp.argmin(w))
-        mean = jnp.where(merge, merged, x)
-        weight = jnp.where(merge, w_near + 1, jnp.ones((), w.dtype))
-        return eqx.tree_at(
-            lambda k: (k.means, k.weights),
-            self,
-            (self.means.at[slot].set(mean), w.at[slot].set(weight)),
+        merged = (w[near] * self.means[near] + x) / (w[near] + 1)
+        # The new point as slot `budget` of a list one longer than the budget;
+        # it is empty when the point was merged.
+        means = jnp.concatenate(
+            [
+                self.means.at[near].set(jnp.where(merge, merged, self.means[near])),
+                x[None],
+            ]
         )
+        w = jnp.concatenate(
+            [
+                w.at[near].add(jnp.where(merge, one, zero)),
+                jnp.where(merge, zero, one)[None],
+            ]
+        )
+        w = jnp.where(w < self.prune * jnp.max(w), zero, w)
+        live = w > 0
+        # Over budget (every slot and the new point live): merge the lightest
+        # into its nearest neighbour. Ties go to the lowest slot, the new
+        # point last.
+        over = jnp.sum(live) > budget
+        light = jnp.argmin(jnp.where(live, w, jnp.inf))
+        d2 = jnp.sum((means - means[light]) ** 2, axis=1)
+        d2 = jnp.where(live & (jnp.arange(budget + 1) != light), d2, jnp.inf)
+        host = jnp.argmin(d2)
+        w_sum = w[host] + w[light]
+        safe = jnp.where(over, w_sum, one)
+        pooled = (w[host] * means[host] + w[light] * means[light]) / safe
+        means = means.at[host].set(jnp.where(over, pooled, means[host]))
+        w = w.at[host].set(jnp.where(over, w_sum, w[host]))
+        w = w.at[light].set(jnp.where(over, zero, w[light]))
+        # The new point, if it still stands alone, moves into the first free
+        # slot (one exists: at most `budget` components are live now).
+        free = jnp.argmax(w[:budget] <= 0)
+        move = w[budget] > 0
+        means = means[:budget].at[free].set(jnp.where(move, means[budget], means[free]))
+        w = w[:budget].at[free].set(jnp.where(move, w[budget], w[free]))
+        return eqx.tree_at(lambda k: (k.means, k.weights), self, (means, w))
 
     def predictor(self, schedule: AbstractNoiseSchedule) -> GaussianMixtureEps:
         """The exact noise predictor of the current mixture.

@@ -354,14 +354,15 @@ def proxdm_sample(
     steps: int = 50,
     hybrid: bool = False,
     t_start: float = 1.0,
+    x_init: Float[ArrayLike, " n"] | None = None,
     dtype: DTypeLike | None = None,
     throw: bool = True,
 ) -> "ProxSample":
     r"""Draw one sample with ProxDM's sampler (Fang et al. 2025, Algorithm 1).
 
-    From $X_N \sim N(0, I)$ on a uniform grid $0 = t_0 < \dots < t_N$ =
-    `t_start`, with $\gamma_k = \int_{t_{k-1}}^{t_k}\beta(s)\,ds$ and
-    $z_k \sim N(0, I)$:
+    From $X_N \sim N(0, I)$ (or a given $X_N$, `x_init`) on a uniform grid
+    $0 = t_0 < \dots < t_N$ = `t_start`, with
+    $\gamma_k = \int_{t_{k-1}}^{t_k}\beta(s)\,ds$ and $z_k \sim N(0, I)$:
 
     - PDA (backward Euler on the reverse SDE's drift):
       $X_{k-1} = \mathrm{prox}_{-\frac{2\gamma_k}{2-\gamma_k}\log p_{t_{k-1}}}
@@ -382,7 +383,12 @@ def proxdm_sample(
     - `steps`: the number of steps $N$.
     - `hybrid`: use PDA-hybrid instead of PDA.
     - `t_start`: the start time $t_N$ in `(0, 1]`.
-    - `dtype`: JAX's default float by default.
+    - `x_init`: the start $X_N$, of the given shape; a draw from $N(0, I)$
+      by default (the noise distribution at $t_N = 1$). With `t_start < 1`,
+      a data point noised to $t_N$ (`schedule.perturb(x0, t_start, eps)`)
+      gives an SDEdit-style edit of that point. It must be finite;
+      derivatives flow to it.
+    - `dtype`: JAX's default float by default, or `x_init`'s dtype.
     - `throw`: whether a failed prox (see
       [`retrax.diffusion.AbstractProximalPredictor.prox_result`][]) raises.
       With `throw=False` the sample is returned with the first failure's
@@ -401,6 +407,18 @@ def proxdm_sample(
     t_start = check_value(
         t_start, lambda xp, v: ~((v > 0) & (v <= 1)), "`t_start` must lie in (0, 1]."
     )
+    if x_init is not None:
+        x_init = as_state("x_init", x_init)
+        if x_init.shape != shape:
+            raise ValueError(
+                f"`x_init` must have the sample's shape {shape}, got {x_init.shape}."
+            )
+        dtype = _dtype(x_init.dtype if dtype is None else dtype)
+        x_init = error_if(
+            x_init.astype(dtype),
+            ~jnp.all(jnp.isfinite(x_init)),
+            "`x_init` must be finite.",
+        )
     dtype = _dtype(dtype)
     sched = prox.schedule
     ts = jnp.linspace(0.0, t_start, steps + 1, dtype=dtype)
@@ -414,7 +432,10 @@ def proxdm_sample(
             "or `hybrid=True`.",
         )
     k_init, k_steps = jax.random.split(key)
-    x = jax.random.normal(k_init, shape, dtype)
+    if x_init is None:
+        x = jax.random.normal(k_init, shape, dtype)
+    else:
+        x = x_init
     keys = jax.random.split(k_steps, steps)
 
     def body(carry, inp):
@@ -433,7 +454,7 @@ def proxdm_sample(
 
     init = (x, RESULTS.successful)
     (x, result), _ = jax.lax.scan(body, init, (ts[:-1], gammas, keys), reverse=True)
-    x = never_silent(x, prox, result == RESULTS.successful)
+    x = never_silent(x, (prox, x_init), result == RESULTS.successful)
     out = ProxSample(x=x, result=result)
     if throw:
         out = result.error_if(out, result != RESULTS.successful)
