@@ -20,7 +20,7 @@ from ._recurrence import DEFAULT_UNROLL, Method, check_method, recurrence
 from ._validate import check_signal, check_zi
 
 
-def check_delay(name: str, delay: int) -> int:
+def check_delay(name: str, delay: object) -> int:
     """An integer delay length in samples, a static Python `int` `>= 1`."""
     if isinstance(delay, bool) or not isinstance(delay, (int, np.integer)) or delay < 1:
         raise ValueError(

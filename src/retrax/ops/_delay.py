@@ -59,7 +59,7 @@ def delay_apply(x: Array, d: Array, zi: Array, interpolation: Interpolation) -> 
     length = x.shape[0]
     full = jnp.concatenate([zi[::-1], x])
     # `full[now[t]]` is `x[t]`.
-    now = zi.shape[0] + jnp.arange(length)
+    now = zi.shape[0] + jnp.arange(length, dtype=jnp.int32)
     whole = jnp.floor(d)
     if interpolation == "linear":
         frac = d - whole
@@ -80,8 +80,8 @@ def delay(
     x: Shaped[ArrayLike, " time"],
     d: Shaped[ArrayLike, ""] | Shaped[ArrayLike, " time"] | float,
     *,
-    max_delay: float | None = None,
-    interpolation: Interpolation = "linear",
+    max_delay: float | int | None = None,
+    interpolation: str = "linear",
     zi: Shaped[ArrayLike, " history"] | None = None,
     return_zf: bool = False,
 ) -> Float[Array, " time"] | tuple[Float[Array, " time"], Float[Array, " history"]]:

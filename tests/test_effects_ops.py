@@ -1,0 +1,426 @@
+"""The effects' ops: feedback comb, Schroeder allpass, fractional delay line.
+
+Values against scipy.signal.lfilter (constant gains) and plain numpy loops of
+the definitions (per-sample gains, the interpolators' closed forms);
+derivatives against finite differences; streaming, vmap, float32; the
+parameter errors eagerly and under `jit`; and the comb's gradient as one
+forward and one reversed recursion on the core.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.signal
+
+from helpers import (
+    assert_close,
+    check_grads,
+    raises_eagerly_and_under_jit,
+    scans_in,
+    unchecked,
+)
+from retrax.ops import comb, delay, schroeder_allpass
+
+
+# --- references --------------------------------------------------------------
+
+
+def np_comb(x, D, g, zi):
+    """y[t] = x[t] + g[t] y[t - D], with y[-k-1] = zi[k]."""
+    g = np.broadcast_to(g, x.shape)
+    y = np.zeros(len(x))
+    past = lambda t: y[t] if t >= 0 else zi[-t - 1]  # noqa: E731
+    for t in range(len(x)):
+        y[t] = x[t] + g[t] * past(t - D)
+    return y
+
+
+def np_allpass(x, D, g, zi):
+    """y[t] = -g[t] x[t] + x[t - D] + g[t] y[t - D], with zi[0] the past
+    inputs and zi[1] the past outputs, newest first."""
+    g = np.broadcast_to(g, x.shape)
+    y = np.zeros(len(x))
+    for t in range(len(x)):
+        xd = x[t - D] if t >= D else zi[0][D - t - 1]
+        yd = y[t - D] if t >= D else zi[1][D - t - 1]
+        y[t] = -g[t] * x[t] + xd + g[t] * yd
+    return y
+
+
+def _lagrange3(p):
+    nodes = range(4)
+    return [np.prod([(p - j) / (k - j) for j in nodes if j != k]) for k in nodes]
+
+
+def np_delay(x, d, zi, interpolation):
+    """y[t] = x(t - d[t]) by the interpolator's closed form, with x[-k-1] =
+    zi[k] (zero before zi)."""
+    d = np.broadcast_to(d, x.shape)
+
+    def at(i):
+        if i >= 0:
+            return x[i]
+        return zi[-i - 1] if -i - 1 < len(zi) else 0.0
+
+    y = np.zeros(len(x))
+    for t in range(len(x)):
+        n = int(np.floor(d[t]))
+        f = d[t] - n
+        if interpolation == "linear":
+            y[t] = (1 - f) * at(t - n) + f * at(t - n - 1)
+        else:
+            m = max(n - 1, 0)
+            w = _lagrange3(d[t] - m)
+            y[t] = sum(w[k] * at(t - m - k) for k in range(4))
+    return y
+
+
+def _sparse(D, g):
+    """scipy's (b, a) of the comb and of the allpass with delay D, gain g."""
+    a = np.zeros(D + 1)
+    a[0], a[D] = 1.0, -g
+    b = np.zeros(D + 1)
+    b[0], b[D] = -g, 1.0
+    return b, a
+
+
+# --- values ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("D", [1, 3, 7, 60])
+def test_comb_equals_lfilter(D):
+    rng = np.random.default_rng(D)
+    x = rng.standard_normal(50)
+    g = -0.7 if D == 3 else 0.8
+    zi = rng.standard_normal(D)
+    _, a = _sparse(D, g)
+    ref, ref_zf = scipy.signal.lfilter(
+        [1.0], a, x, zi=scipy.signal.lfiltic([1.0], a, zi)
+    )
+    y, zf = comb(jnp.asarray(x), D, g, zi=jnp.asarray(zi), return_zf=True)
+    assert_close(y, ref, rtol=1e-12)
+    assert_close(comb(jnp.asarray(x), D, g), scipy.signal.lfilter([1.0], a, x))
+    # zf: the last D outputs newest first (the history where T < D)
+    expected_zf = np.concatenate([ref[::-1], zi])[:D]
+    assert_close(zf, expected_zf)
+    del ref_zf
+
+
+@pytest.mark.parametrize("D", [1, 4, 60])
+def test_schroeder_allpass_equals_lfilter(D):
+    rng = np.random.default_rng(10 + D)
+    x = rng.standard_normal(50)
+    g = 0.65
+    zi = rng.standard_normal((2, D))
+    b, a = _sparse(D, g)
+    zi_scipy = scipy.signal.lfiltic(b, a, zi[1], zi[0])
+    ref, _ = scipy.signal.lfilter(b, a, x, zi=zi_scipy)
+    y, zf = schroeder_allpass(jnp.asarray(x), D, g, zi=jnp.asarray(zi), return_zf=True)
+    assert_close(y, ref, rtol=1e-12)
+    assert_close(schroeder_allpass(jnp.asarray(x), D, g), scipy.signal.lfilter(b, a, x))
+    assert_close(zf[0], np.concatenate([x[::-1], zi[0]])[:D])
+    assert_close(zf[1], np.concatenate([ref[::-1], zi[1]])[:D])
+
+
+def test_schroeder_allpass_has_unit_magnitude():
+    # |H| = 1 at every frequency: the impulse response's spectrum.
+    x = np.zeros(4096)
+    x[0] = 1.0
+    h = schroeder_allpass(jnp.asarray(x), 5, 0.7)
+    assert_close(np.abs(np.fft.rfft(np.asarray(h))), np.ones(2049), rtol=1e-9)
+
+
+def test_per_sample_gain_equals_loop():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(40)
+    g = rng.uniform(-0.95, 0.95, 40)
+    zi = rng.standard_normal((2, 6))
+    y = comb(jnp.asarray(x), 6, jnp.asarray(g), zi=jnp.asarray(zi[1]))
+    assert_close(y, np_comb(x, 6, g, zi[1]), rtol=1e-12)
+    y = schroeder_allpass(jnp.asarray(x), 6, jnp.asarray(g), zi=jnp.asarray(zi))
+    assert_close(y, np_allpass(x, 6, g, zi), rtol=1e-12)
+
+
+def test_associative_method_equals_sequential():
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal(45))
+    g = jnp.asarray(rng.uniform(-0.9, 0.9, 45))
+    zi = jnp.asarray(rng.standard_normal(4))
+    assert_close(
+        comb(x, 4, g, zi=zi, method="associative"), comb(x, 4, g, zi=zi), rtol=1e-12
+    )
+
+
+@pytest.mark.parametrize("interpolation", ["linear", "lagrange3"])
+def test_integer_delay_is_an_exact_shift(interpolation):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(30)
+    for n in (0, 1, 2, 5):
+        y = delay(jnp.asarray(x), float(n), interpolation=interpolation)
+        np.testing.assert_array_equal(y, np.concatenate([np.zeros(n), x[: 30 - n]]))
+    # per-sample integer delays, reading the history zi
+    zi = rng.standard_normal(9)
+    d = rng.integers(0, 8, 30).astype(float)
+    y = delay(jnp.asarray(x), jnp.asarray(d), zi=jnp.asarray(zi),
+              interpolation=interpolation)  # fmt: skip
+    full = np.concatenate([zi[::-1], x])
+    np.testing.assert_array_equal(y, full[9 + np.arange(30) - d.astype(int)])
+
+
+@pytest.mark.parametrize("interpolation", ["linear", "lagrange3"])
+def test_fractional_delay_equals_closed_form(interpolation):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(40)
+    zi = rng.standard_normal(12)
+    d = rng.uniform(0.0, 10.0, 40)  # both sides of d = 1 for lagrange3
+    y = delay(jnp.asarray(x), jnp.asarray(d), zi=jnp.asarray(zi),
+              interpolation=interpolation)  # fmt: skip
+    assert_close(y, np_delay(x, d, zi, interpolation), rtol=1e-12)
+    for dc in (0.3, 2.75):  # constant delays, zero history
+        y = delay(jnp.asarray(x), dc, interpolation=interpolation)
+        assert_close(y, np_delay(x, dc, [], interpolation), rtol=1e-12)
+
+
+def test_lagrange3_is_closer_to_a_band_limited_delay():
+    # A slow sinusoid delayed by a fraction of a sample: the cubic's error is
+    # far below the linear one's (order w^4 against w^2).
+    t = np.arange(200)
+    w = 0.2 * np.pi
+    x = jnp.asarray(np.sin(w * t))
+    exact = np.sin(w * (t - 3.4))
+    err = {
+        i: np.max(np.abs(np.asarray(delay(x, 3.4, interpolation=i)) - exact)[10:])
+        for i in ("linear", "lagrange3")
+    }
+    assert err["lagrange3"] < 0.1 * err["linear"], err
+
+
+# --- streaming, vmap, float32 ------------------------------------------------
+
+
+def _blocks(op, x, args, zi, cuts, **kwargs):
+    out, state = [], zi
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+        block_args = [a[lo:hi] if np.ndim(a) == 1 else a for a in args]
+        y, state = op(x[lo:hi], *block_args, zi=state, return_zf=True, **kwargs)
+        out.append(y)
+    return jnp.concatenate(out), state
+
+
+def test_streaming_equals_one_call():
+    rng = np.random.default_rng(5)
+    T = 40
+    x = jnp.asarray(rng.standard_normal(T))
+    g = jnp.asarray(rng.uniform(-0.9, 0.9, T))
+    d = jnp.asarray(rng.uniform(0.0, 6.0, T))
+    cuts = [0, 3, 4, 17, 40]  # blocks shorter and longer than the delays
+    whole, zf = comb(x, 5, g, return_zf=True)
+    y, state = _blocks(comb, x, (5, g), jnp.zeros(5), cuts)
+    assert_close(y, whole)
+    assert_close(state, zf)
+    whole, zf = schroeder_allpass(x, 5, g, return_zf=True)
+    y, state = _blocks(schroeder_allpass, x, (5, g), jnp.zeros((2, 5)), cuts)
+    assert_close(y, whole)
+    assert_close(state, zf)
+    for interpolation in ("linear", "lagrange3"):
+        whole, zf = delay(x, d, max_delay=6, interpolation=interpolation,
+                          return_zf=True)  # fmt: skip
+        zi = jnp.zeros(zf.shape)
+        y, state = _blocks(delay, x, (d,), zi, cuts, interpolation=interpolation)
+        assert_close(y, whole)
+        assert_close(state, zf)
+
+
+def test_vmap_over_a_batch():
+    rng = np.random.default_rng(6)
+    x = jnp.asarray(rng.standard_normal((3, 30)))
+    g = jnp.asarray(rng.uniform(-0.9, 0.9, (3, 30)))
+    d = jnp.asarray(rng.uniform(0.0, 4.0, (3, 30)))
+    cases = [
+        (lambda x, g, d: comb(x, 4, g), "comb"),
+        (lambda x, g, d: schroeder_allpass(x, 4, g), "allpass"),
+        (lambda x, g, d: delay(x, d, max_delay=4, interpolation="lagrange3"), "delay"),
+    ]
+    for f, _ in cases:
+        batched = jax.vmap(f)(x, g, d)
+        rows = jnp.stack([f(x[i], g[i], d[i]) for i in range(3)])
+        assert_close(batched, rows)
+
+
+def test_float32():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(64)
+    g = rng.uniform(-0.9, 0.9, 64)
+    d = rng.uniform(0.0, 5.0, 64)
+    cases = [
+        (lambda x, g, d: comb(x, 3, g), np_comb(x, 3, g, np.zeros(3))),
+        (lambda x, g, d: schroeder_allpass(x, 3, g),
+         np_allpass(x, 3, g, np.zeros((2, 3)))),
+        (lambda x, g, d: delay(x, d), np_delay(x, d, [], "linear")),
+        (lambda x, g, d: delay(x, d, interpolation="lagrange3"),
+         np_delay(x, d, [], "lagrange3")),
+    ]  # fmt: skip
+    args32 = [jnp.asarray(v, jnp.float32) for v in (x, g, d)]
+    for f, ref in cases:
+        y = f(*args32)
+        assert y.dtype == jnp.float32
+        assert_close(y, ref, rtol=1e-5)
+        grad = jax.grad(lambda *a, f=f: jnp.sum(f(*a) ** 2), argnums=(0, 1, 2))(*args32)
+        assert all(v.dtype == jnp.float32 for v in grad)
+
+
+# --- derivatives -------------------------------------------------------------
+
+
+def test_comb_derivatives():
+    rng = np.random.default_rng(8)
+    x = jnp.asarray(rng.standard_normal(12))
+    g = jnp.asarray(rng.uniform(-0.8, 0.8, 12))
+    zi = jnp.asarray(rng.standard_normal(3))
+    check_grads(lambda x, g, zi: comb(x, 3, g, zi=zi), (x, g, zi))
+    check_grads(lambda x, g: comb(x, 5, g), (x, jnp.asarray(0.6)))
+
+
+def test_schroeder_allpass_derivatives():
+    rng = np.random.default_rng(9)
+    x = jnp.asarray(rng.standard_normal(12))
+    g = jnp.asarray(rng.uniform(-0.8, 0.8, 12))
+    zi = jnp.asarray(rng.standard_normal((2, 3)))
+    check_grads(lambda x, g, zi: schroeder_allpass(x, 3, g, zi=zi), (x, g, zi))
+
+
+@pytest.mark.parametrize("interpolation", ["linear", "lagrange3"])
+def test_delay_derivatives(interpolation):
+    rng = np.random.default_rng(10)
+    x = jnp.asarray(rng.standard_normal(12))
+    # away from integers (the interpolators' kinks), below and above 1
+    d = jnp.asarray(rng.integers(0, 4, 12) + rng.uniform(0.1, 0.9, 12))
+    zi = jnp.asarray(rng.standard_normal(6))
+
+    def f(x, d, zi):
+        return delay(x, d, zi=zi, interpolation=interpolation)
+
+    check_grads(f, (x, d, zi))
+
+
+def _recurrences(jaxpr):
+    return sorted(eqn.params["reverse"] for eqn in scans_in(jaxpr))
+
+
+def test_comb_gradient_is_the_adjoint_recursion():
+    # One forward and one reversed scan on the core, each carrying the D
+    # lagged outputs only: no per-sample loop with its own gradient.
+    rng = np.random.default_rng(11)
+    x = jnp.asarray(rng.standard_normal(100))
+    g = jnp.asarray(rng.uniform(-0.9, 0.9, 100))
+    zi = jnp.zeros(7)
+    for op, zi_ in ((comb, zi), (schroeder_allpass, jnp.zeros((2, 7)))):
+
+        def loss(x, g, zi, op=op):
+            return jnp.sum(jnp.sin(op(x, 7, g, zi=zi)))
+
+        jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(x, g, zi_).jaxpr
+        assert _recurrences(jaxpr) == [False, True]
+        for eqn in scans_in(jaxpr):
+            carry = eqn.params["jaxpr"].in_avals[: eqn.params["num_carry"]]
+            assert sum(int(np.prod(v.shape)) for v in carry) == 7
+            assert eqn.params["length"] == 15  # ceil(100 / 7) blocks
+        batched = jax.make_jaxpr(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))))(
+            x[None].repeat(3, 0), g[None].repeat(3, 0), zi_[None].repeat(3, 0)
+        )
+        assert _recurrences(batched.jaxpr) == [False, True]
+
+
+# --- bad parameters ----------------------------------------------------------
+
+
+def test_bad_delay_lengths():
+    x = jnp.ones(10)
+    for bad in (0, -2, 1.5, 2.0, True, None):
+        with pytest.raises(ValueError, match="`delay` must be a Python int >= 1"):
+            unchecked(comb)(x, bad, 0.5)
+        with pytest.raises(ValueError, match="`delay` must be a Python int >= 1"):
+            unchecked(schroeder_allpass)(x, bad, 0.5)
+    with pytest.raises(ValueError, match="`delay` must be a Python int >= 1"):
+        jax.jit(unchecked(comb))(x, 3, 0.5)  # a traced delay
+
+
+@pytest.mark.parametrize("op", [comb, schroeder_allpass])
+def test_unstable_or_non_finite_gains_raise(op):
+    x = jnp.ones(10)
+    match = r"`g` must be finite with \|g\| < 1"
+    for g in (1.0, -1.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=match):
+            op(x, 3, g)  # a Python number: at once
+        raises_eagerly_and_under_jit(
+            lambda x, g: op(x, 3, g), x, jnp.asarray(g), match=match
+        )
+    per_sample = jnp.full(10, 0.5).at[7].set(1.0)
+    raises_eagerly_and_under_jit(lambda x, g: op(x, 3, g), x, per_sample, match=match)
+    raises_eagerly_and_under_jit(
+        lambda x, g: op(x, 3, g), x, per_sample.at[7].set(jnp.inf), match=match
+    )
+    # and inside a gradient
+    with pytest.raises(Exception, match=match):
+        jax.jit(jax.grad(lambda g: jnp.sum(op(x, 3, g))))(per_sample)
+
+
+def test_comb_and_allpass_shapes():
+    x = jnp.ones(10)
+    with pytest.raises(ValueError, match="`zi` must be the last 3 outputs"):
+        unchecked(comb)(x, 3, 0.5, zi=jnp.zeros(4))
+    with pytest.raises(ValueError, match="`zi` must be the last 3 inputs and outputs"):
+        unchecked(schroeder_allpass)(x, 3, 0.5, zi=jnp.zeros(3))
+    with pytest.raises(ValueError, match="`g` must be a scalar or have one value"):
+        unchecked(comb)(x, 3, jnp.full(9, 0.5))
+    with pytest.raises(TypeError, match="`x` must be real"):
+        comb(x.astype(jnp.complex128), 3, 0.5)
+
+
+def test_bad_delays_raise():
+    x = jnp.ones(10)
+    match = "`d` must be a finite delay >= 0"
+    for d in (-0.5, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match=match):
+            delay(x, d)
+        raises_eagerly_and_under_jit(lambda x, d: delay(x, d), x, jnp.asarray(d),
+                                     match=match)  # fmt: skip
+    per_sample = jnp.full(10, 2.5).at[4].set(-1.0)
+    raises_eagerly_and_under_jit(lambda x, d: delay(x, d), x, per_sample, match=match)
+
+
+def test_delay_longer_than_the_history_raises():
+    x = jnp.ones(10)
+    match = "`d` must be at most `max_delay` = 4.0"
+    with pytest.raises(ValueError, match=match):
+        delay(x, 4.5, max_delay=4)
+    per_sample = jnp.full(10, 2.5).at[4].set(4.01)
+    raises_eagerly_and_under_jit(
+        lambda x, d: delay(x, d, max_delay=4), x, per_sample, match=match
+    )
+    # the history a zi holds: 5 samples support delays up to 4 (linear) or 3
+    raises_eagerly_and_under_jit(
+        lambda x, d: delay(x, d, zi=jnp.zeros(5)), x, per_sample, match=match
+    )
+    with pytest.raises(ValueError, match="`d` must be at most `max_delay` = 3.0"):
+        delay(x, 3.5, zi=jnp.zeros(5), interpolation="lagrange3")
+    assert delay(x, 4.0, zi=jnp.zeros(5)).shape == (10,)  # the bound is allowed
+
+
+def test_delay_bad_arguments():
+    x = jnp.ones(10)
+    with pytest.raises(ValueError, match="`interpolation` must be one of"):
+        delay(x, 1.0, interpolation="cubic")
+    with pytest.raises(ValueError, match="`max_delay` must be a finite number >= 0"):
+        delay(x, 1.0, max_delay=-1)
+    with pytest.raises(TypeError, match="`max_delay` is fixed when the program"):
+        jax.jit(lambda m: unchecked(delay)(x, 1.0, max_delay=m))(4.0)
+    with pytest.raises(ValueError, match=r"`zi` must be the last 5 inputs .* \(5,\)"):
+        delay(x, 1.0, max_delay=4, zi=jnp.zeros(4))
+    with pytest.raises(ValueError, match=r"H >= 3 for 'lagrange3'"):
+        delay(x, 1.0, zi=jnp.zeros(2), interpolation="lagrange3")
+    with pytest.raises(ValueError, match="`return_zf=True` needs a bounded history"):
+        delay(x, 1.0, return_zf=True)
+    with pytest.raises(ValueError, match="`d` must be a scalar or have one value"):
+        unchecked(delay)(x, jnp.ones(9))
