@@ -199,37 +199,35 @@ def test_lagrange3_is_closer_to_a_band_limited_delay():
 # --- streaming, vmap, float32 ------------------------------------------------
 
 
-def _blocks(op, x, args, zi, cuts, **kwargs):
-    out, state = [], zi
-    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
-        block_args = [a[lo:hi] if np.ndim(a) == 1 else a for a in args]
-        y, state = op(x[lo:hi], *block_args, zi=state, return_zf=True, **kwargs)
-        out.append(y)
-    return jnp.concatenate(out), state
-
-
 def test_streaming_equals_one_call():
     rng = np.random.default_rng(5)
     T = 40
     x = jnp.asarray(rng.standard_normal(T))
     g = jnp.asarray(rng.uniform(-0.9, 0.9, T))
     d = jnp.asarray(rng.uniform(0.0, 6.0, T))
-    cuts = [0, 3, 4, 17, 40]  # blocks shorter and longer than the delays
-    whole, zf = comb(x, 5, g, return_zf=True)
-    y, state = _blocks(comb, x, (5, g), jnp.zeros(5), cuts)
-    assert_close(y, whole)
-    assert_close(state, zf)
-    whole, zf = schroeder_allpass(x, 5, g, return_zf=True)
-    y, state = _blocks(schroeder_allpass, x, (5, g), jnp.zeros((2, 5)), cuts)
-    assert_close(y, whole)
-    assert_close(state, zf)
-    for interpolation in ("linear", "lagrange3"):
-        whole, zf = delay(x, d, max_delay=6, interpolation=interpolation,
-                          return_zf=True)  # fmt: skip
-        zi = jnp.zeros(zf.shape)
-        y, state = _blocks(delay, x, (d,), zi, cuts, interpolation=interpolation)
-        assert_close(y, whole)
-        assert_close(state, zf)
+
+    @jax.jit  # every op at once: one compilation per block length
+    def ops(x, g, d, zi):
+        outs = [
+            comb(x, 5, g, zi=zi[0], return_zf=True),
+            schroeder_allpass(x, 5, g, zi=zi[1], return_zf=True),
+            delay(x, d, zi=zi[2], return_zf=True),
+            delay(x, d, zi=zi[3], interpolation="lagrange3", return_zf=True),
+        ]
+        return [y for y, _ in outs], [zf for _, zf in outs]
+
+    # histories for delays up to 6 samples
+    zi = [jnp.zeros(5), jnp.zeros((2, 5)), jnp.zeros(7), jnp.zeros(8)]
+    whole, zf = ops(x, g, d, zi)
+    ys, state = [], zi
+    for lo, hi in [(0, 3), (3, 20), (20, 40)]:  # shorter and longer than 5
+        y, state = ops(x[lo:hi], g[lo:hi], d[lo:hi], state)
+        ys.append(y)
+    for i in range(4):
+        assert_close(jnp.concatenate([y[i] for y in ys]), whole[i])
+        assert_close(state[i], zf[i])
+    # the same final state when the history comes from `max_delay`
+    assert_close(delay(x, d, max_delay=6, return_zf=True)[1], zf[2])
 
 
 def test_vmap_over_a_batch():
@@ -237,15 +235,18 @@ def test_vmap_over_a_batch():
     x = jnp.asarray(rng.standard_normal((3, 30)))
     g = jnp.asarray(rng.uniform(-0.9, 0.9, (3, 30)))
     d = jnp.asarray(rng.uniform(0.0, 4.0, (3, 30)))
-    cases = [
-        (lambda x, g, d: comb(x, 4, g), "comb"),
-        (lambda x, g, d: schroeder_allpass(x, 4, g), "allpass"),
-        (lambda x, g, d: delay(x, d, max_delay=4, interpolation="lagrange3"), "delay"),
-    ]
-    for f, _ in cases:
-        batched = jax.vmap(f)(x, g, d)
-        rows = jnp.stack([f(x[i], g[i], d[i]) for i in range(3)])
-        assert_close(batched, rows)
+
+    def ops(x, g, d):
+        return jnp.stack([
+            comb(x, 4, g),
+            schroeder_allpass(x, 4, g),
+            delay(x, d, max_delay=4, interpolation="lagrange3"),
+        ])  # fmt: skip
+
+    batched = jax.jit(jax.vmap(ops))(x, g, d)
+    one = jax.jit(ops)
+    for i in range(3):
+        assert_close(batched[i], one(x[i], g[i], d[i]))
 
 
 def test_float32():
@@ -253,55 +254,65 @@ def test_float32():
     x = rng.standard_normal(64)
     g = rng.uniform(-0.9, 0.9, 64)
     d = rng.uniform(0.0, 5.0, 64)
-    cases = [
-        (lambda x, g, d: comb(x, 3, g), np_comb(x, 3, g, np.zeros(3))),
-        (lambda x, g, d: schroeder_allpass(x, 3, g),
-         np_allpass(x, 3, g, np.zeros((2, 3)))),
-        (lambda x, g, d: delay(x, d), np_delay(x, d, [], "linear")),
-        (lambda x, g, d: delay(x, d, interpolation="lagrange3"),
-         np_delay(x, d, [], "lagrange3")),
-    ]  # fmt: skip
+
+    def ops(x, g, d):
+        return jnp.stack([
+            comb(x, 3, g),
+            schroeder_allpass(x, 3, g),
+            delay(x, d),
+            delay(x, d, interpolation="lagrange3"),
+        ])  # fmt: skip
+
+    refs = [
+        np_comb(x, 3, g, np.zeros(3)),
+        np_allpass(x, 3, g, np.zeros((2, 3))),
+        np_delay(x, d, [], "linear"),
+        np_delay(x, d, [], "lagrange3"),
+    ]
     args32 = [jnp.asarray(v, jnp.float32) for v in (x, g, d)]
-    for f, ref in cases:
-        y = f(*args32)
-        assert y.dtype == jnp.float32
-        assert_close(y, ref, rtol=1e-5)
-        grad = jax.grad(lambda *a, f=f: jnp.sum(f(*a) ** 2), argnums=(0, 1, 2))(*args32)
-        assert all(v.dtype == jnp.float32 for v in grad)
+    y = jax.jit(ops)(*args32)
+    assert y.dtype == jnp.float32
+    for row, ref in zip(y, refs, strict=True):
+        assert_close(row, ref, rtol=1e-5)
+    loss = jax.jit(jax.grad(lambda *a: jnp.sum(ops(*a) ** 2), argnums=(0, 1, 2)))
+    assert all(v.dtype == jnp.float32 for v in loss(*args32))
 
 
 # --- derivatives -------------------------------------------------------------
+# One `check_grads` per function of several ops (it compiles dozens of
+# derivative programs, whatever the function holds).
 
 
-def test_comb_derivatives():
+def test_comb_and_allpass_derivatives():
     rng = np.random.default_rng(8)
     x = jnp.asarray(rng.standard_normal(12))
     g = jnp.asarray(rng.uniform(-0.8, 0.8, 12))
-    zi = jnp.asarray(rng.standard_normal(3))
-    check_grads(lambda x, g, zi: comb(x, 3, g, zi=zi), (x, g, zi))
-    check_grads(lambda x, g: comb(x, 5, g), (x, jnp.asarray(0.6)))
-
-
-def test_schroeder_allpass_derivatives():
-    rng = np.random.default_rng(9)
-    x = jnp.asarray(rng.standard_normal(12))
-    g = jnp.asarray(rng.uniform(-0.8, 0.8, 12))
     zi = jnp.asarray(rng.standard_normal((2, 3)))
-    check_grads(lambda x, g, zi: schroeder_allpass(x, 3, g, zi=zi), (x, g, zi))
+
+    def f(x, g, g0, zi):
+        return jnp.concatenate([
+            comb(x, 3, g, zi=zi[1]),
+            comb(x, 5, g0),  # a constant gain
+            schroeder_allpass(x, 3, g, zi=zi),
+        ])  # fmt: skip
+
+    check_grads(f, (x, g, jnp.asarray(0.6), zi))
 
 
-@pytest.mark.parametrize("interpolation", ["linear", "lagrange3"])
-def test_delay_derivatives(interpolation):
+def test_delay_derivatives():
     rng = np.random.default_rng(10)
     x = jnp.asarray(rng.standard_normal(12))
     # away from integers (the interpolators' kinks), below and above 1
     d = jnp.asarray(rng.integers(0, 4, 12) + rng.uniform(0.1, 0.9, 12))
     zi = jnp.asarray(rng.standard_normal(6))
 
-    def f(x, d, zi):
-        return delay(x, d, zi=zi, interpolation=interpolation)
+    def f(x, d, d0, zi):
+        return jnp.concatenate([
+            delay(x, d, zi=zi, interpolation="lagrange3"),
+            delay(x, d0),  # a constant delay, linear
+        ])  # fmt: skip
 
-    check_grads(f, (x, d, zi))
+    check_grads(f, (x, d, jnp.asarray(2.3), zi))
 
 
 def _recurrences(jaxpr):
@@ -350,17 +361,17 @@ def test_bad_delay_lengths():
 def test_unstable_or_non_finite_gains_raise(op):
     x = jnp.ones(10)
     match = r"`g` must be finite with \|g\| < 1"
+
+    def f(x, g):  # one function, so that `jit` compiles it once per shape
+        return op(x, 3, g)
+
     for g in (1.0, -1.0, 1.5, float("nan")):
         with pytest.raises(ValueError, match=match):
             op(x, 3, g)  # a Python number: at once
-        raises_eagerly_and_under_jit(
-            lambda x, g: op(x, 3, g), x, jnp.asarray(g), match=match
-        )
+        raises_eagerly_and_under_jit(f, x, jnp.asarray(g), match=match)
     per_sample = jnp.full(10, 0.5).at[7].set(1.0)
-    raises_eagerly_and_under_jit(lambda x, g: op(x, 3, g), x, per_sample, match=match)
-    raises_eagerly_and_under_jit(
-        lambda x, g: op(x, 3, g), x, per_sample.at[7].set(jnp.inf), match=match
-    )
+    raises_eagerly_and_under_jit(f, x, per_sample, match=match)
+    raises_eagerly_and_under_jit(f, x, per_sample.at[7].set(jnp.inf), match=match)
     # and inside a gradient
     with pytest.raises(Exception, match=match):
         jax.jit(jax.grad(lambda g: jnp.sum(op(x, 3, g))))(per_sample)
@@ -381,13 +392,16 @@ def test_comb_and_allpass_shapes():
 def test_bad_delays_raise():
     x = jnp.ones(10)
     match = "`d` must be a finite delay >= 0"
+
+    def f(x, d):
+        return delay(x, d)
+
     for d in (-0.5, float("inf"), float("nan")):
         with pytest.raises(ValueError, match=match):
             delay(x, d)
-        raises_eagerly_and_under_jit(lambda x, d: delay(x, d), x, jnp.asarray(d),
-                                     match=match)  # fmt: skip
+        raises_eagerly_and_under_jit(f, x, jnp.asarray(d), match=match)
     per_sample = jnp.full(10, 2.5).at[4].set(-1.0)
-    raises_eagerly_and_under_jit(lambda x, d: delay(x, d), x, per_sample, match=match)
+    raises_eagerly_and_under_jit(f, x, per_sample, match=match)
 
 
 def test_delay_longer_than_the_history_raises():

@@ -147,8 +147,9 @@ def comb(
     inputs (float32 or float64).
 
     A `delay` that is not an `int >= 1`, or a wrong `zi` shape, raise a
-    `ValueError` at once; a `g` that is not finite or has $|g_t| \ge 1$
-    raises at run time (also under `jax.jit`). Non-finite samples of `x` pass
+    `ValueError` at once. A `g` that is not finite or has $|g_t| \ge 1$
+    raises an error: a Python or NumPy `g` at once (`ValueError`), a JAX
+    array at run time (also under `jax.jit`). Non-finite samples of `x` pass
     through.
     """
     check_method(method)
@@ -213,8 +214,9 @@ def schroeder_allpass(
     the inputs (float32 or float64).
 
     Errors as for `comb`: `delay` not an `int >= 1` or a wrong `zi` shape
-    raise a `ValueError` at once; non-finite `g` or $|g_t| \ge 1$ raise at
-    run time (also under `jax.jit`).
+    raise a `ValueError` at once; a non-finite `g` or $|g_t| \ge 1$ raises
+    (a Python or NumPy `g` at once, a JAX array at run time, also under
+    `jax.jit`).
     """
     check_method(method)
     x, delay, g, zi = _prepare(

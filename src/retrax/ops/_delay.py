@@ -37,12 +37,6 @@ def supported_delay(interpolation: Interpolation, length: int) -> int:
     return length - 1 if interpolation == "linear" else length - 2
 
 
-def _read(full: Array, index: Array) -> Array:
-    """`full[index]`, zero where `index < 0` (the zero history before it)."""
-    safe = jnp.clip(index, 0, full.shape[0] - 1)
-    return jnp.where(index >= 0, full[safe], jnp.zeros((), full.dtype))
-
-
 def lagrange3_weights(p: Array) -> tuple[Array, Array, Array, Array]:
     """The third-order Lagrange weights of the nodes 0, 1, 2, 3 at `p`."""
     return (
@@ -57,23 +51,24 @@ def delay_apply(x: Array, d: Array, zi: Array, interpolation: Interpolation) -> 
     """$y_t = x(t - d_t)$ read from `zi` (newest first) followed by `x`, zero
     before the start of `zi`; inputs share a dtype."""
     length = x.shape[0]
-    full = jnp.concatenate([zi[::-1], x])
-    # `full[now[t]]` is `x[t]`.
-    now = zi.shape[0] + jnp.arange(length, dtype=jnp.int32)
+    # One zero in front stands for the (zero) history before `zi`: reads
+    # further back are clipped onto it. `full[now[t]]` is `x[t]`.
+    full = jnp.concatenate([jnp.zeros(1, x.dtype), zi[::-1], x])
+    now = 1 + zi.shape[0] + jnp.arange(length, dtype=jnp.int32)
+    d = jnp.broadcast_to(d, (length,))
     whole = jnp.floor(d)
     if interpolation == "linear":
         frac = d - whole
-        index = now - whole.astype(jnp.int32)
-        return (1 - frac) * _read(full, index) + frac * _read(full, index - 1)
-    # The cubic through x[t-m], ..., x[t-m-3], centred on the delay (m = n-1)
-    # except below one sample, where it cannot look ahead (m = 0).
-    start = jnp.maximum(whole - 1, 0)
-    index = now - start.astype(jnp.int32)
-    weights = lagrange3_weights(d - start)
-    y = weights[0] * _read(full, index)
-    for k in range(1, 4):
-        y = y + weights[k] * _read(full, index - k)
-    return y
+        start = whole
+        weights = jnp.stack([1 - frac, frac], axis=-1)
+    else:
+        # The cubic through x[t-m], ..., x[t-m-3], centred on the delay
+        # (m = n - 1) except below one sample, where it cannot look ahead.
+        start = jnp.maximum(whole - 1, 0)
+        weights = jnp.stack(lagrange3_weights(d - start), axis=-1)
+    taps = jnp.arange(weights.shape[-1], dtype=jnp.int32)
+    index = now[:, None] - start.astype(jnp.int32)[:, None] - taps
+    return jnp.sum(weights * full[jnp.clip(index, 0, None)], axis=-1)
 
 
 def delay(
