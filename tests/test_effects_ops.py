@@ -1,4 +1,5 @@
-"""The effects' ops: feedback comb, Schroeder allpass, fractional delay line.
+"""The effects' ops: feedback comb, Schroeder allpass, fractional delay line,
+feedback delay network.
 
 Values against scipy.signal.lfilter (constant gains) and plain numpy loops of
 the definitions (per-sample gains, the interpolators' closed forms);
@@ -20,7 +21,7 @@ from helpers import (
     scans_in,
     unchecked,
 )
-from retrax.ops import comb, delay, schroeder_allpass
+from retrax.ops import comb, delay, fdn, schroeder_allpass
 
 
 # --- references --------------------------------------------------------------
@@ -74,6 +75,31 @@ def np_delay(x, d, zi, interpolation):
             w = _lagrange3(d[t] - m)
             y[t] = sum(w[k] * at(t - m - k) for k in range(4))
     return y
+
+
+def np_fdn(x, delays, A, b, c, d, zi):
+    """The delay network as a plain sample loop: s_i[t] = b_i x[t] + sum_j
+    A[i, j] s_j[t - m_j], y[t] = sum_i c_i s_i[t - m_i] + d x[t], with
+    s_i[-k-1] = zi[i, k]; also the final state in that layout."""
+    lines, longest, length = len(delays), max(delays), len(x)
+    s = np.zeros((length, lines))
+    y = np.zeros(length)
+
+    def value(i, t):
+        return s[t, i] if t >= 0 else zi[i, -t - 1]
+
+    for t in range(length):
+        o = np.array([value(i, t - m) for i, m in enumerate(delays)])
+        s[t] = b * x[t] + A @ o
+        y[t] = c @ o + d * x[t]
+    zf = [[value(i, length - 1 - k) for k in range(longest)] for i in range(lines)]
+    return y, np.array(zf)
+
+
+def _fdn_case(rng, lines=4, gain=0.9):
+    A = gain * np.linalg.qr(rng.standard_normal((lines, lines)))[0]
+    b, c = rng.standard_normal(lines), rng.standard_normal(lines)
+    return A, b, c
 
 
 def _sparse(D, g):
@@ -196,6 +222,39 @@ def test_lagrange3_is_closer_to_a_band_limited_delay():
     assert err["lagrange3"] < 0.1 * err["linear"], err
 
 
+@pytest.mark.parametrize("delays", [(3, 5, 7, 11), (1, 4), (6,), (8, 2, 5)])
+def test_fdn_equals_loop(delays):
+    rng = np.random.default_rng(sum(delays))
+    A, b, c = _fdn_case(rng, len(delays))
+    x = rng.standard_normal(60)
+    zi = rng.standard_normal((len(delays), max(delays)))
+    y, zf = fdn(jnp.asarray(x), delays, A, b, c, 0.3, zi=jnp.asarray(zi),
+                return_zf=True)  # fmt: skip
+    ref, ref_zf = np_fdn(x, delays, A, b, c, 0.3, zi)
+    assert_close(y, ref, rtol=1e-10)
+    assert_close(zf, ref_zf, rtol=1e-10)
+    zero = np.zeros_like(zi)
+    assert_close(fdn(x, delays, A, b, c), np_fdn(x, delays, A, b, c, 0.0, zero)[0],
+                 rtol=1e-10)  # fmt: skip
+
+
+def test_lossless_fdn_keeps_its_energy():
+    # An orthogonal feedback matrix and delays filled with a state: the
+    # lines' energy is preserved sample after sample (no input).
+    rng = np.random.default_rng(12)
+    delays = (3, 4, 7)
+    A, _, _ = _fdn_case(rng, 3, gain=1.0)
+    zi = np.zeros((3, 7))
+    for i, m in enumerate(delays):
+        zi[i, :m] = rng.standard_normal(m)
+    _, zf = fdn(jnp.zeros(200), delays, A, np.zeros(3), np.zeros(3),
+                zi=jnp.asarray(zi), return_zf=True)  # fmt: skip
+    energy = lambda z: sum(
+        np.sum(np.asarray(z)[i, :m] ** 2) for i, m in enumerate(delays)
+    )  # noqa: E501, E731
+    assert abs(energy(zf) - energy(zi)) <= 1e-12 * energy(zi)
+
+
 # --- streaming, vmap, float32 ------------------------------------------------
 
 
@@ -205,6 +264,7 @@ def test_streaming_equals_one_call():
     x = jnp.asarray(rng.standard_normal(T))
     g = jnp.asarray(rng.uniform(-0.9, 0.9, T))
     d = jnp.asarray(rng.uniform(0.0, 6.0, T))
+    A, fb, fc = (jnp.asarray(v) for v in _fdn_case(rng, 3))
 
     @jax.jit  # every op at once: one compilation per block length
     def ops(x, g, d, zi):
@@ -213,17 +273,19 @@ def test_streaming_equals_one_call():
             schroeder_allpass(x, 5, g, zi=zi[1], return_zf=True),
             delay(x, d, zi=zi[2], return_zf=True),
             delay(x, d, zi=zi[3], interpolation="lagrange3", return_zf=True),
+            fdn(x, (3, 4, 7), A, fb, fc, 0.2, zi=zi[4], return_zf=True),
         ]
         return [y for y, _ in outs], [zf for _, zf in outs]
 
-    # histories for delays up to 6 samples
+    # histories for delays up to 6 samples, and the network's lines
     zi = [jnp.zeros(5), jnp.zeros((2, 5)), jnp.zeros(7), jnp.zeros(8)]
+    zi.append(jnp.asarray(rng.standard_normal((3, 7))))
     whole, zf = ops(x, g, d, zi)
     ys, state = [], zi
     for lo, hi in [(0, 3), (3, 20), (20, 40)]:  # shorter and longer than 5
         y, state = ops(x[lo:hi], g[lo:hi], d[lo:hi], state)
         ys.append(y)
-    for i in range(4):
+    for i in range(5):
         assert_close(jnp.concatenate([y[i] for y in ys]), whole[i])
         assert_close(state[i], zf[i])
     # the same final state when the history comes from `max_delay`
@@ -241,8 +303,10 @@ def test_vmap_over_a_batch():
             comb(x, 4, g),
             schroeder_allpass(x, 4, g),
             delay(x, d, max_delay=4, interpolation="lagrange3"),
+            fdn(x, (2, 5), A, g[:2], g[2:4]),
         ])  # fmt: skip
 
+    A = jnp.asarray(_fdn_case(rng, 2)[0])
     batched = jax.jit(jax.vmap(ops))(x, g, d)
     one = jax.jit(ops)
     for i in range(3):
@@ -261,13 +325,16 @@ def test_float32():
             schroeder_allpass(x, 3, g),
             delay(x, d),
             delay(x, d, interpolation="lagrange3"),
+            fdn(x, (2, 3), A, g[:2], g[2:4]),
         ])  # fmt: skip
 
+    A = np.asarray(_fdn_case(rng, 2)[0], np.float32)
     refs = [
         np_comb(x, 3, g, np.zeros(3)),
         np_allpass(x, 3, g, np.zeros((2, 3))),
         np_delay(x, d, [], "linear"),
         np_delay(x, d, [], "lagrange3"),
+        np_fdn(x, (2, 3), A, g[:2], g[2:4], 0.0, np.zeros((2, 3)))[0],
     ]
     args32 = [jnp.asarray(v, jnp.float32) for v in (x, g, d)]
     y = jax.jit(ops)(*args32)
@@ -299,6 +366,18 @@ def test_comb_and_allpass_derivatives():
     check_grads(f, (x, g, jnp.asarray(0.6), zi))
 
 
+def test_fdn_derivatives():
+    rng = np.random.default_rng(13)
+    x = jnp.asarray(rng.standard_normal(12))
+    A, b, c = (jnp.asarray(v) for v in _fdn_case(rng, 3, gain=0.8))
+    zi = jnp.asarray(rng.standard_normal((3, 5)))
+
+    def f(x, A, b, c, d, zi):
+        return fdn(x, (2, 3, 5), A, b, c, d, zi=zi)
+
+    check_grads(f, (x, A, b, c, jnp.asarray(0.4), zi))
+
+
 def test_delay_derivatives():
     rng = np.random.default_rng(10)
     x = jnp.asarray(rng.standard_normal(12))
@@ -319,6 +398,12 @@ def _recurrences(jaxpr):
     return sorted(eqn.params["reverse"] for eqn in scans_in(jaxpr))
 
 
+def _carry(eqn):
+    """The shapes a scan carries from step to step."""
+    first = eqn.params["num_consts"]
+    return eqn.params["jaxpr"].in_avals[first : first + eqn.params["num_carry"]]
+
+
 def test_comb_gradient_is_the_adjoint_recursion():
     # One forward and one reversed scan on the core, each carrying the D
     # lagged outputs only: no per-sample loop with its own gradient.
@@ -334,13 +419,31 @@ def test_comb_gradient_is_the_adjoint_recursion():
         jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(x, g, zi_).jaxpr
         assert _recurrences(jaxpr) == [False, True]
         for eqn in scans_in(jaxpr):
-            carry = eqn.params["jaxpr"].in_avals[: eqn.params["num_carry"]]
+            carry = _carry(eqn)
             assert sum(int(np.prod(v.shape)) for v in carry) == 7
             assert eqn.params["length"] == 15  # ceil(100 / 7) blocks
         batched = jax.make_jaxpr(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))))(
             x[None].repeat(3, 0), g[None].repeat(3, 0), zi_[None].repeat(3, 0)
         )
         assert _recurrences(batched.jaxpr) == [False, True]
+
+
+def test_fdn_gradient_is_the_adjoint_recursion():
+    # One scan each way over blocks of the shortest line (3), each carrying
+    # the lines' last max(delays) = 7 values: N x 7 numbers.
+    rng = np.random.default_rng(14)
+    x = jnp.asarray(rng.standard_normal(100))
+    A, b, c = (jnp.asarray(v) for v in _fdn_case(rng, 3))
+
+    def loss(x, A, b, c):
+        return jnp.sum(jnp.sin(fdn(x, (3, 4, 7), A, b, c)))
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2, 3)))(x, A, b, c).jaxpr
+    assert _recurrences(jaxpr) == [False, True]
+    for eqn in scans_in(jaxpr):
+        carry = _carry(eqn)
+        assert sum(int(np.prod(v.shape)) for v in carry) == 3 * 7
+        assert eqn.params["length"] == 34  # ceil(100 / 3) blocks
 
 
 # --- bad parameters ----------------------------------------------------------
@@ -438,3 +541,29 @@ def test_delay_bad_arguments():
         delay(x, 1.0, return_zf=True)
     with pytest.raises(ValueError, match="`d` must be a scalar or have one value"):
         unchecked(delay)(x, jnp.ones(9))
+
+
+def test_fdn_bad_parameters():
+    rng = np.random.default_rng(15)
+    x = jnp.ones(10)
+    A, b, c = (jnp.asarray(v) for v in _fdn_case(rng, 3, gain=1.0))
+    match = "`A` must have spectral norm at most 1"
+
+    def f(x, A):
+        return fdn(x, (2, 3, 4), A, b, c)
+
+    assert f(x, A).shape == (10,)  # lossless (orthogonal) is allowed
+    with pytest.raises(ValueError, match=match):
+        fdn(x, (2, 3, 4), 1.01 * np.asarray(A), b, c)  # NumPy: at once
+    raises_eagerly_and_under_jit(f, x, 1.01 * A, match=match)
+    raises_eagerly_and_under_jit(f, x, A.at[0, 0].set(jnp.nan),
+                                 match="`A` has non-finite")  # fmt: skip
+    for bad in ((2, 0, 4), (2, 3.0, 4), ()):
+        with pytest.raises(ValueError, match="delay"):
+            unchecked(fdn)(x, bad, A, b, c)
+    with pytest.raises(ValueError, match=r"`b` must have shape \(3,\)"):
+        unchecked(fdn)(x, (2, 3, 4), A, b[:2], c)
+    with pytest.raises(ValueError, match=r"`A` must have shape \(2, 2\)"):
+        unchecked(fdn)(x, (2, 3), A, b, c)
+    with pytest.raises(ValueError, match=r"`zi` must be the last 4 values"):
+        unchecked(fdn)(x, (2, 3, 4), A, b, c, zi=jnp.zeros((3, 3)))
