@@ -55,8 +55,7 @@ def delay_apply(x: Array, d: Array, zi: Array, interpolation: Interpolation) -> 
     # further back are clipped onto it. `full[now[t]]` is `x[t]`.
     full = jnp.concatenate([jnp.zeros(1, x.dtype), zi[::-1], x])
     now = 1 + zi.shape[0] + jnp.arange(length, dtype=jnp.int32)
-    d = jnp.broadcast_to(d, (length,))
-    whole = jnp.floor(d)
+    whole = jnp.floor(d)  # a constant delay stays a scalar: weights computed once
     if interpolation == "linear":
         frac = d - whole
         start = whole
@@ -67,7 +66,7 @@ def delay_apply(x: Array, d: Array, zi: Array, interpolation: Interpolation) -> 
         start = jnp.maximum(whole - 1, 0)
         weights = jnp.stack(lagrange3_weights(d - start), axis=-1)
     taps = jnp.arange(weights.shape[-1], dtype=jnp.int32)
-    index = now[:, None] - start.astype(jnp.int32)[:, None] - taps
+    index = now[:, None] - jnp.expand_dims(start.astype(jnp.int32), -1) - taps
     return jnp.sum(weights * full[jnp.clip(index, 0, None)], axis=-1)
 
 
