@@ -4,11 +4,14 @@ feedback delay network.
 Values against scipy.signal.lfilter (constant gains) and plain numpy loops of
 the definitions (per-sample gains, the interpolators' closed forms);
 derivatives against finite differences; streaming, vmap, float32; the
-parameter errors eagerly and under `jit`; and the comb's gradient as one
-forward and one reversed recursion on the core.
+parameter errors eagerly and under `jit`; and the gradients of the comb, the
+allpass and the network as one forward and one reversed recursion on the core.
 """
 
+import re
+
 import jax
+import jax.ad_checkpoint
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -444,6 +447,28 @@ def test_fdn_gradient_is_the_adjoint_recursion():
         carry = _carry(eqn)
         assert sum(int(np.prod(v.shape)) for v in carry) == 3 * 7
         assert eqn.params["length"] == 34  # ceil(100 / 3) blocks
+
+
+def test_fdn_reverse_mode_saves_no_history_of_lines(capsys):
+    # What reverse mode keeps: the input, the (T, N) feedback reads and the
+    # lines' output, the matrix, the initial lines; never a (blocks, N, M)
+    # history of the carried delay lines.
+    length, lines = 100, 3
+    rng = np.random.default_rng(16)
+    x = jnp.asarray(rng.standard_normal(length))
+    A, b, c = (jnp.asarray(v) for v in _fdn_case(rng, lines))
+
+    def loss(x, A, b, c):
+        return jnp.sum(jnp.sin(fdn(x, (3, 4, 7), A, b, c)))
+
+    jax.ad_checkpoint.print_saved_residuals(loss, x, A, b, c)
+    shapes = []
+    for line in capsys.readouterr().out.splitlines():
+        match = re.match(r"\s*\w+\[([\d,]*)\]", line)
+        assert match, line
+        shapes.append(tuple(int(n) for n in match.group(1).split(",") if n))
+    assert all(len(s) <= 2 for s in shapes), shapes
+    assert sum(int(np.prod(s)) for s in shapes) <= 4 * length * lines + 2 * length
 
 
 # --- bad parameters ----------------------------------------------------------
