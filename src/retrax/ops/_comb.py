@@ -11,32 +11,13 @@ time, one scan each way.
 """
 
 import jax.numpy as jnp
-import numpy as np
 from jax import Array
 from jaxtyping import ArrayLike, Float, Shaped
 
 from .._misc import as_inexact, check_value, result_dtype
+from ._fir import fir_state
 from ._recurrence import DEFAULT_UNROLL, Method, check_method, recurrence
-from ._validate import check_signal, check_zi
-
-
-def check_delay(name: str, delay: object) -> int:
-    """An integer delay length in samples, a static Python `int` `>= 1`."""
-    if isinstance(delay, bool) or not isinstance(delay, (int, np.integer)) or delay < 1:
-        raise ValueError(
-            f"`{name}` must be a Python int >= 1 (a length in samples, fixed when "
-            f"the program is traced), got {delay!r}."
-        )
-    return int(delay)
-
-
-def real_array(name: str, value: ArrayLike) -> Array:
-    """`value` as a real inexact array (the effects are defined for real
-    signals and gains)."""
-    value = as_inexact(name, value)
-    if jnp.issubdtype(value.dtype, jnp.complexfloating):
-        raise TypeError(f"`{name}` must be real, got {value.dtype}.")
-    return value
+from ._validate import check_delay, check_signal, check_zi, real_array
 
 
 def check_gain(g: Array, length: int) -> None:
@@ -74,11 +55,6 @@ def comb_apply(x: Array, delay: int, g: Array, zi: Array, method: Method) -> Arr
     # Column j of the row before the first is y[j - D] = zi[D - 1 - j].
     h = recurrence("diagonal", DEFAULT_UNROLL, coeffs, u, zi[::-1], method)
     return h.reshape(-1)[:length]
-
-
-def history(signal: Array, zi: Array, size: int) -> Array:
-    """The last `size` samples of `signal` preceded by `zi`, newest first."""
-    return jnp.concatenate([signal[::-1], zi])[:size]
 
 
 def _prepare(x, delay, g, zi_shape, zi, meaning):
@@ -164,7 +140,7 @@ def comb(
     y = comb_apply(x, delay, g, zi, method)
     if not return_zf:
         return y
-    return y, history(y, zi, delay)
+    return y, fir_state(y, zi, delay)
 
 
 def schroeder_allpass(
@@ -235,4 +211,4 @@ def schroeder_allpass(
     y = comb_apply(lagged - g * x, delay, g, zi[1], method)
     if not return_zf:
         return y
-    return y, jnp.stack([history(x, zi[0], delay), history(y, zi[1], delay)])
+    return y, jnp.stack([fir_state(x, zi[0], delay), fir_state(y, zi[1], delay)])

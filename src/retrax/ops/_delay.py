@@ -15,8 +15,8 @@ from jax import Array
 from jaxtyping import ArrayLike, Float, Shaped
 
 from .._misc import check_value, result_dtype, static_float
-from ._comb import history, real_array
-from ._validate import check_signal
+from ._fir import fir_state
+from ._validate import check_signal, real_array
 
 
 Interpolation = Literal["linear", "lagrange3"]
@@ -214,4 +214,4 @@ def delay(
     y = delay_apply(x, d, zi, interpolation)
     if not return_zf:
         return y
-    return y, history(x, zi, size)
+    return y, fir_state(x, zi, size)

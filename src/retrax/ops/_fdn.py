@@ -6,9 +6,8 @@ from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._misc import as_inexact, check_value, result_dtype
-from ._comb import check_delay, real_array
 from ._recurrence import DEFAULT_UNROLL, DelayLines, delay_line_reads, recurrence
-from ._validate import check_signal
+from ._validate import check_delay, check_signal, real_array
 
 
 def _check_delays(delays) -> tuple[int, ...]:
