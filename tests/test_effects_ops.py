@@ -225,7 +225,7 @@ def test_lagrange3_is_closer_to_a_band_limited_delay():
     assert err["lagrange3"] < 0.1 * err["linear"], err
 
 
-@pytest.mark.parametrize("delays", [(3, 5, 7, 11), (1, 4), (6,), (8, 2, 5)])
+@pytest.mark.parametrize("delays", [(3, 5, 7, 11), (6,), (8, 1, 5)])
 def test_fdn_equals_loop(delays):
     rng = np.random.default_rng(sum(delays))
     A, b, c = _fdn_case(rng, len(delays))
@@ -285,7 +285,8 @@ def test_streaming_equals_one_call():
     zi.append(jnp.asarray(rng.standard_normal((3, 7))))
     whole, zf = ops(x, g, d, zi)
     ys, state = [], zi
-    for lo, hi in [(0, 3), (3, 20), (20, 40)]:  # shorter and longer than 5
+    # blocks shorter and longer than the delays, of two lengths (compilations)
+    for lo, hi in [(0, 3), (3, 20), (20, 37), (37, 40)]:
         y, state = ops(x[lo:hi], g[lo:hi], d[lo:hi], state)
         ys.append(y)
     for i in range(5):
