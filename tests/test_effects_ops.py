@@ -211,6 +211,27 @@ def test_fractional_delay_equals_closed_form(interpolation):
         assert_close(y, np_delay(x, dc, [], interpolation), rtol=1e-12)
 
 
+def test_interpolators_frequency_responses():
+    # The responses the docstring states: linear |H|^2 = 1 - 2f(1-f)(1 - cos w)
+    # with a zero at Nyquist at half a sample; the centred cubic never
+    # exceeds 1 and keeps -1 dB up to 0.49 pi at half a sample.
+    impulse = jnp.zeros(64).at[0].set(1.0)
+    w = np.linspace(0.0, np.pi, 33)
+    for d in (2.25, 2.5, 4.8):
+        f = d - np.floor(d)
+        h = np.asarray(delay(impulse, d))
+        response = np.abs(np.fft.rfft(h))
+        assert_close(response**2, 1 - 2 * f * (1 - f) * (1 - np.cos(w)), rtol=1e-12)
+    assert np.abs(np.fft.rfft(np.asarray(delay(impulse, 2.5))))[-1] < 1e-12
+    for d in (1.0, 1.3, 2.5, 3.75):
+        h = np.asarray(delay(impulse, d, interpolation="lagrange3"))
+        assert np.max(np.abs(np.fft.rfft(h, 1024))) <= 1 + 1e-12
+    h = np.asarray(delay(impulse, 2.5, interpolation="lagrange3"))
+    gain_db = 20 * np.log10(np.abs(np.fft.rfft(h, 1024))[:-1])  # Nyquist: a zero
+    assert gain_db[int(0.49 * 512)] >= -1.0
+    assert abs(gain_db[256] - (-1.07)) < 0.01  # at pi / 2
+
+
 def test_lagrange3_is_closer_to_a_band_limited_delay():
     # A slow sinusoid delayed by a fraction of a sample: the cubic's error is
     # far below the linear one's (order w^4 against w^2).
