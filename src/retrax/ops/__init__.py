@@ -2,6 +2,9 @@
 
 from ._allpole import allpole as allpole, linear_recurrence as linear_recurrence
 from ._ballistics import ballistics as ballistics
+from ._comb import comb as comb, schroeder_allpass as schroeder_allpass
+from ._delay import delay as delay
+from ._fdn import fdn as fdn
 from ._filtfilt import filtfilt as filtfilt, sosfiltfilt as sosfiltfilt
 from ._fir import fir as fir
 from ._freqz import freqz as freqz, freqz_sos as freqz_sos, sosfreqz as sosfreqz

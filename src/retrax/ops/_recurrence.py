@@ -4,12 +4,17 @@ A linear time-varying recursion of the form
 
 $$s_t = M(c_t)\\, s_{t-1} + u_t, \\qquad s_{-1} = z_i,$$
 
-with three static structures for the transition $M$:
+with four static structures for the transition $M$:
 
 - ``"allpole"``: a companion matrix, $y_t = u_t - \\sum_k a_{t,k} y_{t-k-1}$,
   state = the last $K$ outputs (newest first), output = $y$ of shape `(T,)`;
 - ``"diagonal"``: $h_t = a_t \\odot h_{t-1} + u_t$, output `(T, N)`;
-- ``"dense"``: $h_t = A_t h_{t-1} + u_t$, output `(T, N)`.
+- ``"dense"``: $h_t = A_t h_{t-1} + u_t$, output `(T, N)`;
+- `DelayLines(m)`: a feedback delay network,
+  $s_{t,i} = u_{t,i} + \\sum_j A_{ij}\\, s_{t-m_j,j}$ with constant $A$ and
+  static integer delays $m_i \\ge 1$, state = the last $\\max_i m_i$ values of
+  every line, output = $s$ of shape `(T, N)`. It steps over blocks of
+  $L = \\min_i m_i$ samples, all of whose feedback reads lie in the state.
 
 The derivative rule is a `jax.custom_jvp` whose tangent is the same recursion
 driven by the tangent input, $\\dot u_t + \\dot M(c_t) s_{t-1}$. JAX transposes
@@ -28,6 +33,7 @@ recursion uses the same method as the primal, so reverse mode is still the
 transpose of the tangent recursion.
 """
 
+import dataclasses
 import functools
 from typing import Literal
 
@@ -38,7 +44,14 @@ from jax import lax
 from .._errors import varying_axes as _varying_axes
 
 
-Structure = Literal["allpole", "diagonal", "dense"]
+@dataclasses.dataclass(frozen=True)
+class DelayLines:
+    """The static structure of a feedback delay network: the line lengths."""
+
+    delays: tuple[int, ...]
+
+
+Structure = Literal["allpole", "diagonal", "dense"] | DelayLines
 Method = Literal["sequential", "associative"]
 METHODS = ("sequential", "associative")
 
@@ -134,6 +147,29 @@ def _scan_dense(A, u, zi, unroll):
     return h
 
 
+def _scan_delay_lines(delays, A, u, zi, unroll):
+    # `zi[i, k] = s_i[-k-1]`; the carry keeps every line's last `longest`
+    # values oldest first, so that a line of length m reads its block of L
+    # feedback values at the static offset `longest - m`.
+    longest, block = max(delays), min(delays)
+    length = u.shape[0]
+    rows = -(-length // block)
+    u = jnp.pad(u, ((0, rows * block - length), (0, 0)))
+    u = u.reshape(rows, block, u.shape[-1])
+    buf = _varying_like(zi[:, ::-1], A, u)
+
+    def step(buf, ut):
+        reads = jnp.stack(
+            [buf[i, longest - m : longest - m + block] for i, m in enumerate(delays)],
+            axis=-1,
+        )
+        s = ut + reads @ A.T
+        return jnp.concatenate([buf[:, block:], s.T], axis=1), s
+
+    _, s = lax.scan(step, buf, u, unroll=unroll)
+    return s.reshape(-1, s.shape[-1])[:length]
+
+
 _SCANS = {"allpole": _scan_allpole, "diagonal": _scan_diagonal, "dense": _scan_dense}
 
 
@@ -210,8 +246,21 @@ def check_method(method: str) -> None:
         )
 
 
+def delay_line_reads(delays, s, zi):
+    """$s_{t-m_i,i}$ for every step and line, `(T, N)`, with `zi[i, k] = s_i[-k-1]`."""
+    longest, length = zi.shape[1], s.shape[0]
+    full = jnp.concatenate([zi[:, ::-1].T, s])  # full[longest + t] = s[t]
+    return jnp.stack(
+        [full[longest - m : longest - m + length, i] for i, m in enumerate(delays)],
+        axis=-1,
+    )
+
+
 def previous_states(structure: Structure, out, zi):
-    """The state $s_{t-1}$ seen at every step: `(T, K)` lags or `(T, N)` states."""
+    """The state $s_{t-1}$ seen at every step: `(T, K)` lags or `(T, N)` states
+    (for `DelayLines`, the `(T, N)` values $s_{t-m_i,i}$ the feedback reads)."""
+    if isinstance(structure, DelayLines):
+        return delay_line_reads(structure.delays, out, zi)
     if structure == "allpole":
         order = zi.shape[0]
         length = out.shape[0]
@@ -225,6 +274,8 @@ def previous_states(structure: Structure, out, zi):
 
 def _transition_tangent(structure: Structure, dcoeffs, prev):
     """$\\dot M(c_t) s_{t-1}$ for every step."""
+    if isinstance(structure, DelayLines):
+        return prev @ dcoeffs.T
     if structure == "allpole":
         if dcoeffs.ndim == 1:
             return -(prev @ dcoeffs)
@@ -247,6 +298,10 @@ def recurrence(
     `unroll` applies to the sequential method only.
     """
     check_method(method)
+    if isinstance(structure, DelayLines):
+        if method != "sequential":
+            raise ValueError("A delay network runs with `method='sequential'` only.")
+        return _scan_delay_lines(structure.delays, coeffs, u, zi, unroll)
     if method == "associative":
         return _ASSOCIATIVE[structure](coeffs, u, zi)
     return _SCANS[structure](coeffs, u, zi, unroll)

@@ -146,3 +146,22 @@ def check_rate(name: str, value: float | int) -> float:
     if not (np.isfinite(rate) and rate > 0):
         raise ValueError(f"`{name}` must be a positive, finite number, got {value!r}.")
     return rate
+
+
+def real_array(name: str, value: ArrayLike) -> Array:
+    """`value` as a real inexact array, for ops defined on real signals."""
+    value = as_inexact(name, value)
+    if jnp.issubdtype(value.dtype, jnp.complexfloating):
+        raise TypeError(f"`{name}` must be real, got {value.dtype}.")
+    return value
+
+
+def check_delay(name: str, delay: object) -> int:
+    """An integer delay length in samples, a static Python `int` `>= 1` (it
+    fixes shapes, so it is never traced)."""
+    if isinstance(delay, bool) or not isinstance(delay, (int, np.integer)) or delay < 1:
+        raise ValueError(
+            f"`{name}` must be a Python int >= 1 (a length in samples, fixed when "
+            f"the program is traced), got {delay!r}."
+        )
+    return int(delay)
