@@ -10,6 +10,7 @@ from . import (
     diffusion as diffusion,
     dynamics as dynamics,
     filters as filters,
+    losses as losses,
     ops as ops,
     synth as synth,
 )

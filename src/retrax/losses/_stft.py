@@ -1,0 +1,53 @@
+"""The magnitude spectrogram that the spectral losses compare."""
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+Window = Literal["hann_window", "hamming_window", "blackman_window", "bartlett_window"]
+WINDOWS = ("hann_window", "hamming_window", "blackman_window", "bartlett_window")
+
+
+def analysis_window(name: str, win_length: int, fft_size: int) -> np.ndarray:
+    """The periodic window `name` of `win_length` samples, zero-padded on both
+    sides to `fft_size` samples as `torch.stft` pads it (float64)."""
+    n = np.arange(win_length)
+    phase = 2 * np.pi * n / win_length
+    if win_length == 1:
+        w = np.ones(1)
+    elif name == "hann_window":
+        w = 0.5 - 0.5 * np.cos(phase)
+    elif name == "hamming_window":
+        w = 0.54 - 0.46 * np.cos(phase)
+    elif name == "blackman_window":
+        w = 0.42 - 0.5 * np.cos(phase) + 0.08 * np.cos(2 * phase)
+    elif name == "bartlett_window":
+        w = 1.0 - np.abs(2.0 * n / win_length - 1.0)
+    else:
+        raise ValueError(f"`window` must be one of {WINDOWS}, got {name!r}.")
+    left = (fft_size - win_length) // 2
+    return np.pad(w, (left, fft_size - win_length - left))
+
+
+def stft_magnitude(
+    x: jax.Array, fft_size: int, hop_size: int, window: np.ndarray, eps: float
+) -> jax.Array:
+    """`sqrt(max(|STFT(x)|^2, eps))` over the last axis, `(..., frames, bins)`.
+
+    The frames are those of `torch.stft(..., center=True, pad_mode="reflect")`:
+    the signal is reflected by `fft_size // 2` samples at both ends and frame
+    `m` starts at sample `m * hop_size` of the padded signal. The clamp at `eps`
+    keeps the logarithm and its derivative finite in silent bins.
+    """
+    pad = fft_size // 2
+    widths = [(0, 0)] * (x.ndim - 1) + [(pad, pad)]
+    padded = jnp.pad(x, widths, mode="reflect")
+    n_frames = 1 + (padded.shape[-1] - fft_size) // hop_size
+    index = np.arange(n_frames)[:, None] * hop_size + np.arange(fft_size)[None, :]
+    frames = padded[..., index] * jnp.asarray(window, x.dtype)
+    spectrum = jnp.fft.rfft(frames, axis=-1)
+    power = jnp.real(spectrum) ** 2 + jnp.imag(spectrum) ** 2
+    return jnp.sqrt(jnp.maximum(power, jnp.asarray(eps, x.dtype)))
