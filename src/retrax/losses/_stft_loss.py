@@ -92,7 +92,10 @@ def _norm(x: jax.Array) -> jax.Array:
 
 
 def _distance(x: jax.Array, y: jax.Array, kind: str, reduction: str) -> jax.Array:
-    d = jnp.abs(x - y) if kind == "L1" else (x - y) ** 2
+    d = x - y
+    # sign(d) * d is |d| with derivative sign(d): zero where the prediction
+    # meets its target (as in torch), where `jnp.abs` would give 1.
+    d = jnp.sign(d) * d if kind == "L1" else d * d
     return jnp.mean(d) if reduction == "mean" else jnp.sum(d)
 
 
