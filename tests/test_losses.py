@@ -51,8 +51,10 @@ def auraloss_reference():
     }
 
 
-@pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("dtype, rtol", [("float32", 1e-5), ("float64", 1e-12)])
+@pytest.mark.parametrize(
+    "name, dtype, rtol",
+    [(name, "float32", 1e-5) for name in CASES] + [("batch", "float64", 1e-12)],
+)
 def test_multi_resolution_matches_auraloss(auraloss_reference, name, dtype, rtol):
     pred, target = (a.astype(dtype) for a in CASES[name])
     out = jax.jit(MultiResolutionSTFTLoss())(pred, target)
@@ -98,7 +100,7 @@ def test_stft_loss_matches_numpy(window, red, dist):
     rng = np.random.default_rng(3)
     pred, target = rng.standard_normal((2, 2, 3, 100))
     settings = (64, 10, 50, window, 0.7, 1.3, 0.4, 1e-6, red, dist)
-    loss = STFTLoss(*settings)
+    loss = jax.jit(STFTLoss(*settings))
     assert_close(loss(pred, target), np_stft_loss(pred, target, *settings))
 
 
@@ -115,8 +117,8 @@ def test_windows_match_scipy():
 def test_batch_rule_is_auraloss():
     # Norms and means over the whole input: the layout of the examples does
     # not matter, and the batch loss is not the mean of the examples' losses.
-    pred, target = np.random.default_rng(4).standard_normal((2, 3, 2, 96))
-    loss = jax.jit(MultiResolutionSTFTLoss((64, 32), (16, 8), (64, 20)))
+    pred, target = np.random.default_rng(4).standard_normal((2, 3, 2, 40))
+    loss = jax.jit(MultiResolutionSTFTLoss((32,), (8,), (20,)))
     whole = loss(pred, target)
     assert_close(loss(pred.reshape(1, 6, -1), target.reshape(1, 6, -1)), whole)
     assert_close(loss(pred.reshape(6, -1), target.reshape(6, -1)), whole)
@@ -131,7 +133,7 @@ def test_gradients_small_resolutions():
     pred, target = rng.standard_normal((2, 2, 48))
     loss = MultiResolutionSTFTLoss((16, 32), (4, 8), (12, 32), w_lin_mag=0.5)
     jax.test_util.check_grads(
-        jax.jit(loss), (pred, target), order=1, modes=("fwd", "rev"), eps=1e-6
+        jax.jit(loss), (pred, target), order=1, modes=("rev",), eps=1e-6
     )
 
 
@@ -145,8 +147,8 @@ def test_gradient_default_settings():
 
 
 def test_dtypes():
-    pred, target = CASES["stereo"]
-    loss = jax.jit(STFTLoss(512, 128, 512))
+    pred, target = np.random.default_rng(7).standard_normal((2, 2, 32))
+    loss = jax.jit(STFTLoss(32, 8, 32))
     assert loss(pred.astype(np.float32), target.astype(np.float32)).dtype == jnp.float32
     assert loss(pred, target).dtype == jnp.float64
     assert loss(pred.astype(np.float32), target).dtype == jnp.float64
