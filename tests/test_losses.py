@@ -12,7 +12,13 @@ import pytest
 import scipy.signal
 
 from helpers import assert_close, raises_eagerly_and_under_jit
-from retrax.losses import MultiResolutionSTFTLoss, STFTLoss, multi_resolution_stft_loss
+from retrax.losses import (
+    MelBandEnergyLoss,
+    MultiResolutionSTFTLoss,
+    STFTLoss,
+    mel_filterbank,
+    multi_resolution_stft_loss,
+)
 
 
 DATA = pathlib.Path(__file__).parent / "data"
@@ -193,3 +199,53 @@ def test_bad_signals():
     inf_target = target.copy()
     inf_target[0, 0] = np.inf
     raises_eagerly_and_under_jit(loss, pred, inf_target, match="`target` contains")
+
+
+def test_mel_filterbank_matches_librosa():
+    if importlib.util.find_spec("librosa") is not None:
+        expected = reference.librosa_mel_filterbanks()
+    else:
+        expected = STORED["mel_filterbanks"]
+    for settings, bank in zip(reference.MEL_SETTINGS, expected, strict=True):
+        out = mel_filterbank(
+            settings["sr"],
+            settings["n_fft"],
+            settings["n_mels"],
+            settings["fmin"],
+            settings["fmax"],
+        )
+        assert_close(out, np.asarray(bank))
+
+
+def test_mel_band_energy_loss():
+    rng = np.random.default_rng(8)
+    pred, target = rng.standard_normal((2, 2, 80))
+    loss = MelBandEnergyLoss(16000, 64, 16, 48, n_mels=8, f_min=30.0, eps=1e-6)
+    w = np.pad(scipy.signal.get_window("hann", 48, fftbins=True), (8, 8))
+    bank = mel_filterbank(16000, 64, 8, 30.0)
+
+    def energies(x):
+        x = np.pad(x, [(0, 0), (32, 32)], "reflect")
+        frames = [x[:, m : m + 64] * w for m in range(0, x.shape[-1] - 64 + 1, 16)]
+        return np.abs(np.fft.rfft(np.stack(frames, axis=1), axis=-1)) ** 2 @ bank.T
+
+    expected = np.mean(
+        np.abs(np.log(energies(pred) + 1e-6) - np.log(energies(target) + 1e-6))
+    )
+    f = jax.jit(loss)
+    assert_close(f(pred, target), expected)
+    jax.test_util.check_grads(
+        lambda p: f(p, target), (pred,), order=1, modes=("rev",), eps=1e-6
+    )
+    assert np.all(np.asarray(jax.grad(lambda p: f(p, target))(target)) == 0)
+    for settings, name in [
+        (dict(sample_rate=0), "sample_rate"),
+        (dict(sample_rate=16000, n_mels=0), "n_mels"),
+        (dict(sample_rate=16000, f_min=9000.0), "f_min"),
+        (dict(sample_rate=16000, hop_size=0), "hop_size"),
+        (dict(sample_rate=16000, win_length=4096), "win_length"),
+        (dict(sample_rate=16000, eps=-1.0), "eps"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match=name):
+            MelBandEnergyLoss(**settings)
+    raises_eagerly_and_under_jit(loss, pred[:, :63], target[:, :63], match="fewer")

@@ -1,9 +1,11 @@
-"""Reference values of auraloss's `MultiResolutionSTFTLoss` for the tests.
+"""Reference values of auraloss's `MultiResolutionSTFTLoss` (and librosa's mel
+filterbank) for the tests.
 
 `tests/test_losses.py` compares `retrax.losses.MultiResolutionSTFTLoss` with
 auraloss directly when auraloss is importable, and otherwise with the values
-this script stored in `stft_loss_reference.json`. Regenerate them with a
-Python that has numpy, torch and auraloss installed:
+this script stored in `stft_loss_reference.json`; likewise for
+`librosa.filters.mel`. Regenerate them with a Python that has numpy, torch,
+auraloss and librosa installed:
 
     python tests/data/stft_loss_reference.py
 
@@ -64,6 +66,22 @@ def auraloss_values(cases, dtype: str) -> dict[str, float]:
     return out
 
 
+MEL_SETTINGS = [
+    dict(sr=16000, n_fft=64, n_mels=8, fmin=0.0, fmax=None),
+    dict(sr=44100, n_fft=128, n_mels=10, fmin=50.0, fmax=12000.0),
+]
+
+
+def librosa_mel_filterbanks() -> list[list[list[float]]]:
+    """`librosa.filters.mel` at `MEL_SETTINGS`, in float64."""
+    import librosa
+
+    return [
+        librosa.filters.mel(**settings, dtype=np.float64).tolist()
+        for settings in MEL_SETTINGS
+    ]
+
+
 def main() -> None:
     import importlib.metadata
 
@@ -86,6 +104,8 @@ def main() -> None:
     for dtype in ("float32", "float64"):
         for name, value in auraloss_values(cases, dtype).items():
             record["cases"][name][dtype] = value
+    record["librosa"] = importlib.metadata.version("librosa")
+    record["mel_filterbanks"] = librosa_mel_filterbanks()
     PATH.write_text(json.dumps(record, indent=2) + "\n")
 
 

@@ -32,15 +32,14 @@ def analysis_window(name: str, win_length: int, fft_size: int) -> np.ndarray:
     return np.pad(w, (left, fft_size - win_length - left))
 
 
-def stft_magnitude(
-    x: jax.Array, fft_size: int, hop_size: int, window: np.ndarray, eps: float
+def stft_power(
+    x: jax.Array, fft_size: int, hop_size: int, window: np.ndarray
 ) -> jax.Array:
-    """`sqrt(max(|STFT(x)|^2, eps))` over the last axis, `(..., frames, bins)`.
+    """`|STFT(x)|^2` over the last axis, `(..., frames, fft_size // 2 + 1)`.
 
     The frames are those of `torch.stft(..., center=True, pad_mode="reflect")`:
     the signal is reflected by `fft_size // 2` samples at both ends and frame
-    `m` starts at sample `m * hop_size` of the padded signal. The clamp at `eps`
-    keeps the logarithm and its derivative finite in silent bins.
+    `m` starts at sample `m * hop_size` of the padded signal.
     """
     pad = fft_size // 2
     widths = [(0, 0)] * (x.ndim - 1) + [(pad, pad)]
@@ -49,5 +48,14 @@ def stft_magnitude(
     index = np.arange(n_frames)[:, None] * hop_size + np.arange(fft_size)[None, :]
     frames = padded[..., index] * jnp.asarray(window, x.dtype)
     spectrum = jnp.fft.rfft(frames, axis=-1)
-    power = jnp.real(spectrum) ** 2 + jnp.imag(spectrum) ** 2
+    return jnp.real(spectrum) ** 2 + jnp.imag(spectrum) ** 2
+
+
+def stft_magnitude(
+    x: jax.Array, fft_size: int, hop_size: int, window: np.ndarray, eps: float
+) -> jax.Array:
+    """`sqrt(max(|STFT(x)|^2, eps))`, `(..., frames, bins)`, with `stft_power`'s
+    frames. The clamp at `eps` keeps the logarithm and its derivative finite
+    in silent bins."""
+    power = stft_power(x, fft_size, hop_size, window)
     return jnp.sqrt(jnp.maximum(power, jnp.asarray(eps, x.dtype)))
