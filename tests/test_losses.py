@@ -249,3 +249,15 @@ def test_mel_band_energy_loss():
         with pytest.raises((ValueError, TypeError), match=name):
             MelBandEnergyLoss(**settings)
     raises_eagerly_and_under_jit(loss, pred[:, :63], target[:, :63], match="fewer")
+
+
+@pytest.mark.float32
+def test_float32_process_matches_auraloss(auraloss_reference):
+    # With x64 off, as users run: float64 NumPy input becomes float32.
+    pred, target = CASES["stereo"]
+    loss = jax.jit(MultiResolutionSTFTLoss())
+    out = loss(pred, target)
+    assert out.dtype == jnp.float32
+    assert_close(out, auraloss_reference["float32"]["stereo"], rtol=1e-5)
+    grad = jax.grad(loss)(pred, target)
+    assert grad.dtype == jnp.float32 and np.all(np.isfinite(grad))
