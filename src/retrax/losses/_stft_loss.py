@@ -195,8 +195,9 @@ class STFTLoss(eqx.Module):
         window = analysis_window(self.window, self.win_length, self.fft_size)
         return stft_magnitude(x, self.fft_size, self.hop_size, window, self.eps)
 
-    def loss(self, pred: jax.Array, target: jax.Array) -> jax.Array:
-        """The loss of signals already checked by `__call__`'s rules."""
+    def unchecked_loss(self, pred: jax.Array, target: jax.Array) -> jax.Array:
+        """The loss without `__call__`'s checks, for signals already checked
+        (as `MultiResolutionSTFTLoss` does once for all its resolutions)."""
         x = self.magnitudes(pred)
         y = self.magnitudes(target)
         total = jnp.zeros((), x.dtype)
@@ -229,4 +230,4 @@ class STFTLoss(eqx.Module):
         short or non-finite signals raise an error naming the argument.
         """
         pred, target = check_signals(pred, target, self.fft_size)
-        return self.loss(pred, target)
+        return self.unchecked_loss(pred, target)
