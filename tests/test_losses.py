@@ -139,7 +139,7 @@ def test_gradients_small_resolutions():
     pred, target = rng.standard_normal((2, 2, 48))
     loss = MultiResolutionSTFTLoss((16, 32), (4, 8), (12, 32), w_lin_mag=0.5)
     jax.test_util.check_grads(
-        jax.jit(loss), (pred, target), order=1, modes=("rev",), eps=1e-6
+        jax.jit(loss), (pred, target), order=1, modes=("fwd", "rev"), eps=1e-6
     )
 
 
