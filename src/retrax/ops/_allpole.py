@@ -5,7 +5,13 @@ from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._misc import as_inexact, result_dtype
 from ._recurrence import DEFAULT_UNROLL, Method, check_method, recurrence
-from ._validate import check_coeff_rank, check_finite, check_signal, check_zi
+from ._validate import (
+    check_coeff_rank,
+    check_finite,
+    check_finite_by_output,
+    check_signal,
+    check_zi,
+)
 
 
 def allpole(
@@ -64,9 +70,13 @@ def allpole(
     Non-finite coefficients raise an error (also under `jax.jit`); non-finite
     samples of `x` (or `zi`) pass through, as in `scipy.signal.lfilter`.
     """
+    return _allpole(x, a, zi, return_zf, method, "a")
+
+
+def _allpole(x, a, zi, return_zf: bool, method: Method, a_name: str):
     check_method(method)
     x = as_inexact("x", x)
-    a = as_inexact("a", a)
+    a = as_inexact(a_name, a)
     check_signal("x", x)
     check_coeff_rank("a", a, x.shape[0], "order")
     order = a.shape[-1]
@@ -75,9 +85,16 @@ def allpole(
     zi = check_zi(zi, (order,), f"the last {order} outputs")
     dtype = result_dtype(x, a, zi)
     x = x.astype(dtype)
-    a = check_finite("a", a.astype(dtype))
+    a = a.astype(dtype)
+    # per-sample coefficients of the sequential loop are checked through its
+    # output, which costs nothing when it is finite (see the helper)
+    by_output = a.ndim == 2 and method == "sequential"
+    if not by_output:
+        a = check_finite(a_name, a)
     zi = jnp.zeros(order, dtype) if zi is None else zi.astype(dtype)
     y = recurrence("allpole", DEFAULT_UNROLL, a, x, zi, method)
+    if by_output:
+        y = check_finite_by_output(a_name, a, y)
     if not return_zf:
         return y
     zf = jnp.concatenate([y[::-1], zi])[:order]
@@ -114,7 +131,7 @@ def linear_recurrence(
 
     A non-finite `decay` raises an error (also under `jax.jit`).
     """
-    decay = check_finite("decay", as_inexact("decay", decay))
+    decay = as_inexact("decay", decay)
     x = as_inexact("x", x)
     check_signal("x", x)
     if decay.ndim > 1 or (decay.ndim == 1 and decay.shape != x.shape):
@@ -127,7 +144,7 @@ def linear_recurrence(
         if zi.ndim != 0:
             raise ValueError(f"`zi` must be a scalar, got shape {zi.shape}.")
         zi = zi[None]
-    out = allpole(x, -decay[..., None], zi, return_zf=return_zf, method=method)
+    out = _allpole(x, -decay[..., None], zi, return_zf, method, "decay")
     if not return_zf:
         return out
     y, zf = out

@@ -1,9 +1,10 @@
 """Private input checks shared by the filter ops."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import Array
+from jax import Array, lax
 from jaxtyping import ArrayLike
 
 from .._errors import error_if
@@ -30,6 +31,33 @@ def check_finite(name: str, value: Array) -> Array:
         ~jnp.all(jnp.isfinite(value)),
         f"`{name}` has non-finite (nan or inf) entries.",
     )
+
+
+def check_finite_by_output(name: str, coeffs: Array, y: Array) -> Array:
+    """`check_finite(name, coeffs)` for the per-sample coefficients of a
+    sequential linear recursion with output `y` (time first); returns `y`.
+
+    A non-finite coefficient makes the output non-finite from its sample to
+    the end: NaN and inf never leave a linear recursion (`0 * inf` is NaN).
+    So only when the last output is not finite (a bad coefficient, or a
+    non-finite or overflowing signal, which pass through) are the
+    coefficients scanned. The scan is a reduction, which costs about as much
+    as the recursion itself on a CPU; the last output is one number.
+    """
+    if y.shape[0] == 0:
+        return y
+    suspect = eqx.internal.unvmap_any(~jnp.all(jnp.isfinite(y[-1])))
+
+    def scan(c):
+        return ~jnp.all(jnp.isfinite(c))
+
+    def skip(c):
+        # `False`, typed like `scan`'s result (varying over the same manual
+        # mesh axes inside `shard_map`, which `lax.cond` requires)
+        return jnp.isnan(c.ravel()[0].real) & False
+
+    bad = lax.cond(suspect, scan, skip, coeffs)
+    return error_if(y, bad, f"`{name}` has non-finite (nan or inf) entries.")
 
 
 def check_coeff_rank(name: str, c: Array, length: int, what: str) -> None:
