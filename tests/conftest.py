@@ -27,11 +27,6 @@ def pytest_configure(config):
         "float32: runs only in the float32 session (RETRAX_TEST_FLOAT32=1), "
         "where x64 is off",
     )
-    config.addinivalue_line(
-        "markers",
-        "float64_example: an example script that enables x64 itself (the other "
-        "examples run with x64 off, as users run them)",
-    )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,6 +3,7 @@
 import importlib.util
 import pathlib
 
+import jax
 import numpy as np
 import pytest
 
@@ -11,27 +12,32 @@ EXAMPLES = pathlib.Path(__file__).parent.parent / "examples"
 
 
 def load_example(relative: str):
+    """The example as a module, whose `main` runs as a user runs the script:
+    in JAX's default precision (x64 off, so float32) whatever this session
+    enables, unless the script switches x64 on itself."""
     path = EXAMPLES / relative
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    if 'jax.config.update("jax_enable_x64", True)' in path.read_text():
+        spec.loader.exec_module(module)
+    else:
+        with jax.enable_x64(False):  # module-level arrays too
+            spec.loader.exec_module(module)
+        main = module.main
+
+        def main_in_default_precision(*args, **kwargs):
+            with jax.enable_x64(False):
+                return main(*args, **kwargs)
+
+        module.main = main_in_default_precision
     return module
 
 
 @pytest.fixture(autouse=True)
-def _users_defaults(request):
-    # Examples are user code: they run as a user runs them, in JAX's default
-    # precision (x64 off, so float32) and promotion rules, whatever this test
-    # session enables. The scripts that switch x64 on themselves are marked
-    # `float64_example` and keep the session's setting (x64 on).
-    import jax
-
+def _standard_promotion():
+    # Examples are user code: they run under JAX's default promotion rules.
     with jax.numpy_dtype_promotion("standard"):
-        if request.node.get_closest_marker("float64_example") is not None:
-            yield
-        else:
-            with jax.enable_x64(False):
-                yield
+        yield
 
 
 def test_quickstart_smoke(capsys):
@@ -125,7 +131,6 @@ def test_fit_svf_smoke(capsys):
     assert result["q_error"] < 0.5 * result["initial_q_error"]
 
 
-@pytest.mark.float64_example
 def test_fit_state_space_filter_smoke(capsys):
     result = load_example("parameter_estimation/fit_state_space_filter.py").main(
         smoke=True
@@ -160,7 +165,6 @@ def test_fit_parametric_eq_smoke(capsys):
     assert errors["gain_db"] < 0.25 * initial["gain_db"]
 
 
-@pytest.mark.float64_example
 def test_two_relations_smoke(capsys, tmp_path):
     plot = tmp_path / "two_relations.png"
     result = load_example("two_relations.py").main(smoke=True, plot_path=str(plot))
@@ -194,7 +198,6 @@ def test_fit_svf_full_run(capsys):
     assert result["cutoff_error"] <= 3e-5 and result["q_error"] <= 3e-5
 
 
-@pytest.mark.float64_example
 @pytest.mark.slow
 def test_fit_state_space_filter_full_run(capsys):
     result = load_example("parameter_estimation/fit_state_space_filter.py").main()
@@ -222,7 +225,6 @@ def test_fit_parametric_eq_full_run(capsys):
     assert round(errors["gain_db"], 3) <= 0.015, errors
 
 
-@pytest.mark.float64_example
 @pytest.mark.slow
 def test_two_relations_full_run(capsys, tmp_path):
     plot = tmp_path / "two_relations.png"

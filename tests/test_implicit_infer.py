@@ -406,6 +406,7 @@ def test_matrix_free_matches_dense(twisted):
     assert_close(free[0].pred.mix.means, dense[0].pred.mix.means, rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_matrix_free_larger_space_and_saddle_escape():
     # A 10-dimensional two-component mixture, 3 coordinates clamped: the free
     # start between the components sits near the saddle.

@@ -219,8 +219,17 @@ def test_bad_input():
         state_space(A, B, C, np.full((1, 2), np.nan), x)
 
 
-@pytest.mark.parametrize("op", ["dense", "diag"])
-@pytest.mark.parametrize("time_varying", [False, True])
+# One cell in the default run, the other three (each an order-2 derivative
+# check through blocks) in the slow set.
+@pytest.mark.parametrize(
+    "op, time_varying",
+    [
+        ("dense", True),
+        pytest.param("dense", False, marks=pytest.mark.slow),
+        pytest.param("diag", False, marks=pytest.mark.slow),
+        pytest.param("diag", True, marks=pytest.mark.slow),
+    ],
+)
 def test_blocked_evaluation(monkeypatch, op, time_varying):
     # long signals run in blocks; force short blocks, with a remainder
     import retrax.ops._state_space as module
