@@ -11,6 +11,10 @@ import pytest
 FLOAT32_SESSION = os.environ.get("RETRAX_TEST_FLOAT32", "0") == "1"
 if not FLOAT32_SESSION:
     jax.config.update("jax_enable_x64", True)
+    # Thousands of small programs, each run a few times: XLA's optimisation
+    # passes cost more than they save here (about a third of the suite's CPU
+    # time). The float32 session keeps the users' defaults, optimised.
+    jax.config.update("jax_disable_most_optimizations", True)
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update(
     "jax_compilation_cache_dir",

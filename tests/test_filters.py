@@ -164,6 +164,7 @@ def test_modules_train_with_optax(getkey):
     assert float(bq.radius) < 0.999
 
 
+@pytest.mark.slow
 def test_compressor_and_state_space_modules(getkey):
     x = jax.random.normal(getkey(), (256,)) * jnp.linspace(0.01, 1.0, 256)
     comp = Compressor(threshold_db=-20.0, ratio=4.0, sample_rate=8_000.0)

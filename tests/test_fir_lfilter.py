@@ -244,6 +244,7 @@ def test_lfilter_tv_grads(time_varying):
     check_grads(jax.jit(f), tuple(jnp.asarray(v) for v in (b, a, x, zi)), eps=1e-5)
 
 
+@pytest.mark.slow
 def test_lfilter_tv_hessian_matches_naive_autodiff():
     rng = np.random.default_rng(10)
     a, b = jnp.asarray(stable_poly(rng, 2)), jnp.asarray(rng.normal(size=3))

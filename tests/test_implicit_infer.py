@@ -616,6 +616,7 @@ def test_pullback_detects_a_singular_jacobian():
     assert bool(jnp.all(jnp.isfinite(cotangents[1])))
 
 
+@pytest.mark.slow
 def test_implicit_roots_failed_and_duplicate_slots():
     model = ring_model()
     z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])

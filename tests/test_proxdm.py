@@ -374,6 +374,7 @@ def test_mixture_prox_failure_has_a_result_and_nan_derivatives():
     assert net.prox_result(V[:2], 0.1, 0.5)[1] == rd.RESULTS.successful
 
 
+@pytest.mark.slow
 def test_prox_failure_reaches_prox_infer_and_proxdm_sample(getkey):
     short = rd.MixtureProx(mixture(), steps=1)
     rho = jnp.array([jnp.inf, 0.0, 0.0])

@@ -329,6 +329,7 @@ class _QuadraticEnergy(eqx.Module):
         return bowl + 0.1 * jnp.tanh(self.mlp(x, t)[0])
 
 
+@pytest.mark.slow
 def test_energy_network_symmetric_adjoint():
     mlp = rd.TimeMLP(2, out_size=1, hidden=8, key=jax.random.key(2), dtype=jnp.float64)
     net = _QuadraticEnergy(jnp.array([0.3, -0.2]), mlp)

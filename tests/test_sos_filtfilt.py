@@ -18,6 +18,7 @@ def designs():
         yield ss.cheby2(order, 40.0, 0.25, output="sos")
 
 
+@pytest.mark.slow
 def test_sosfilt_matches_scipy_designs():
     rng = np.random.default_rng(0)
     x = rng.normal(size=256)
