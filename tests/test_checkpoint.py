@@ -238,6 +238,10 @@ def test_killed_subprocess_resumes_bit_for_bit(tmp_path, script, reference):
         [str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])]
     )
     env["JAX_PLATFORMS"] = "cpu"
+    # bit-for-bit against this process's run: compile as this process does
+    env["JAX_DISABLE_MOST_OPTIMIZATIONS"] = str(
+        int(jax.config.read("jax_disable_most_optimizations"))
+    )
     directory, flag = tmp_path / "ckpt", tmp_path / "between-checkpoints"
     out, log = tmp_path / "out.npz", tmp_path / "log.txt"
 
