@@ -1,5 +1,6 @@
 """Every example script runs in a short smoke mode and does what it claims."""
 
+import contextlib
 import importlib.util
 import pathlib
 
@@ -13,23 +14,27 @@ EXAMPLES = pathlib.Path(__file__).parent.parent / "examples"
 
 def load_example(relative: str):
     """The example as a module, whose `main` runs as a user runs the script:
-    in JAX's default precision (x64 off, so float32) whatever this session
-    enables, unless the script switches x64 on itself."""
+    with XLA's optimisations (which the x64 sessions turn off) and in JAX's
+    default precision (x64 off, so float32) whatever this session enables,
+    unless the script switches x64 on itself."""
     path = EXAMPLES / relative
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
-    if 'jax.config.update("jax_enable_x64", True)' in path.read_text():
-        spec.loader.exec_module(module)
-    else:
-        with jax.enable_x64(False):  # module-level arrays too
-            spec.loader.exec_module(module)
-        main = module.main
+    sets_x64 = 'jax.config.update("jax_enable_x64", True)' in path.read_text()
+    with contextlib.nullcontext() if sets_x64 else jax.enable_x64(False):
+        spec.loader.exec_module(module)  # module-level arrays too
+    main = module.main
 
-        def main_in_default_precision(*args, **kwargs):
-            with jax.enable_x64(False):
+    def main_as_users_run_it(*args, **kwargs):
+        disabled = jax.config.read("jax_disable_most_optimizations")
+        jax.config.update("jax_disable_most_optimizations", False)
+        try:
+            with contextlib.nullcontext() if sets_x64 else jax.enable_x64(False):
                 return main(*args, **kwargs)
+        finally:
+            jax.config.update("jax_disable_most_optimizations", disabled)
 
-        module.main = main_in_default_precision
+    module.main = main_as_users_run_it
     return module
 
 
