@@ -43,6 +43,13 @@ class Twisted(rd.AbstractPredictor):
     omega: float
     schedule: rd.AbstractNoiseSchedule
 
+    @property
+    def conservative(self):
+        return False
+
+    def potential(self, x, t):
+        raise TypeError("Twisted has no potential.")
+
     def epsilon(self, x, t):
         a = jnp.array([[0.0, -1.0, 0.5], [1.0, 0.0, -0.3], [-0.5, 0.3, 0.0]], x.dtype)
         sigma = self.schedule.sigma(t).astype(x.dtype)

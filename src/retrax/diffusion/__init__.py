@@ -12,36 +12,34 @@
   and `log_likelihood`.
 """
 
+from ._belief import (
+    LaplaceBelief as LaplaceBelief,
+    MixtureBelief as MixtureBelief,
+    implicit_laplace as implicit_laplace,
+    implicit_mixture as implicit_mixture,
+    laplace_belief as laplace_belief,
+)
 from ._checkpoint import (
     Checkpoint as Checkpoint,
     load_checkpoint as load_checkpoint,
     save_checkpoint as save_checkpoint,
 )
 from ._energy import EnergyNetwork as EnergyNetwork
-from ._field import (
-    AbstractImplicitRelation as AbstractImplicitRelation,
-    ImplicitDiffusion as ImplicitDiffusion,
-)
+from ._field import ImplicitDiffusion as ImplicitDiffusion
 from ._infer import (
-    ImplicitRoots as ImplicitRoots,
-    LaplaceBelief as LaplaceBelief,
-    MixtureBelief as MixtureBelief,
-    implicit_energy as implicit_energy,
     implicit_infer as implicit_infer,
-    implicit_laplace as implicit_laplace,
-    implicit_mixture as implicit_mixture,
     implicit_pullback as implicit_pullback,
-    implicit_roots as implicit_roots,
-    laplace_belief as laplace_belief,
-    roots_by_energy as roots_by_energy,
 )
-from ._mixture import (
-    GaussianMixtureEps as GaussianMixtureEps,
+from ._kde import (
     OnlineKDE as OnlineKDE,
     kde_bandwidth as kde_bandwidth,
     kde_predictor as kde_predictor,
+)
+from ._mixture import (
+    GaussianMixtureEps as GaussianMixtureEps,
     mixture_logdensity as mixture_logdensity,
 )
+from ._mixture_prox import MixtureProx as MixtureProx
 from ._models import (
     ChannelTransformer as ChannelTransformer,
     FiLMResidualMLP as FiLMResidualMLP,
@@ -55,6 +53,8 @@ from ._nodes import (
     field_nodes as field_nodes,
     noisefree_nodes as noisefree_nodes,
 )
+from ._ode import log_likelihood as log_likelihood, sample_ode as sample_ode
+from ._potential import implicit_energy as implicit_energy
 from ._predictor import (
     AbstractExactPredictor as AbstractExactPredictor,
     AbstractPredictor as AbstractPredictor,
@@ -63,17 +63,14 @@ from ._predictor import (
     epsilon_jacobian as epsilon_jacobian,
     epsilon_vjp_params as epsilon_vjp_params,
 )
-from ._proxdm import (
+from ._prox import (
     AbstractProximalPredictor as AbstractProximalPredictor,
-    MixtureProx as MixtureProx,
     ProxNetwork as ProxNetwork,
-    ProxSample as ProxSample,
-    ProxSolution as ProxSolution,
     default_prox_input as default_prox_input,
-    prox_infer as prox_infer,
-    proxdm_sample as proxdm_sample,
     proximal_matching_loss as proximal_matching_loss,
 )
+from ._prox_infer import ProxSolution as ProxSolution, prox_infer as prox_infer
+from ._prox_sample import ProxSample as ProxSample, proxdm_sample as proxdm_sample
 from ._reddiff import (
     REDDiff as REDDiff,
     REDDiffSolution as REDDiffSolution,
@@ -82,6 +79,7 @@ from ._reddiff import (
     reddiff_weight as reddiff_weight,
     regulariser_gradient as regulariser_gradient,
 )
+from ._relation import AbstractImplicitRelation as AbstractImplicitRelation
 from ._relations import (
     IndexedRelation as IndexedRelation,
     ProductRelation as ProductRelation,
@@ -89,13 +87,16 @@ from ._relations import (
     blockranges as blockranges,
     named_relation as named_relation,
 )
+from ._roots import (
+    ImplicitRoots as ImplicitRoots,
+    implicit_roots as implicit_roots,
+    roots_by_energy as roots_by_energy,
+)
 from ._sample import (
-    log_likelihood as log_likelihood,
     sample_ancestral as sample_ancestral,
     sample_conditional as sample_conditional,
     sample_ddim as sample_ddim,
     sample_euler_maruyama as sample_euler_maruyama,
-    sample_ode as sample_ode,
 )
 from ._schedule import VPSDE as VPSDE, AbstractNoiseSchedule as AbstractNoiseSchedule
 from ._solution import RESULTS as RESULTS, ImplicitSolution as ImplicitSolution

@@ -56,6 +56,17 @@ class EnergyNetwork(AbstractExactPredictor):
             )
         return jnp.reshape(out, ()).astype(x.dtype)
 
+    @property
+    def conservative(self) -> bool:
+        r"""True: the predicted noise is $\sigma_t\nabla_x E$."""
+        return True
+
+    def potential(
+        self, x: Float[ArrayLike, " n"], t: Float[ArrayLike, ""] | float
+    ) -> Float[Array, ""]:
+        """The network's energy $E(x, t)$ (see `energy`)."""
+        return self.energy(x, t)
+
     def epsilon(
         self, x: Float[ArrayLike, " n"], t: Float[ArrayLike, ""] | float
     ) -> Float[Array, " n"]:

@@ -1,8 +1,33 @@
-"""Derivatives that are never a silent number: NaN where a solve failed."""
+"""Numbers from a failed solve are never silent: one gating rule for all of them.
+
+A quantity computed from a solve that did not succeed is NaN: its derivatives
+when the quantity itself is the solve's answer (`never_silent`, for answers
+that autodiff differentiates), and its value when the quantity is already a
+derivative or a derived statistic given by an explicit formula (`nan_unless`,
+for adjoint cotangents and Laplace covariances). Both scale by the same
+factor: 1 where the solve succeeded, NaN where it did not.
+"""
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Bool, PyTree
+
+
+def _factor(ok: Bool[Array, ""], dtype) -> Array:
+    """1 where `ok`, NaN where not, of `dtype`."""
+    return jnp.where(ok, jnp.ones((), dtype), jnp.array(jnp.nan, dtype))
+
+
+def nan_unless(ok: Bool[Array, ""], tree: PyTree) -> PyTree:
+    """`tree` with every inexact array leaf NaN unless `ok` (other leaves kept)."""
+
+    def gate(x):
+        if not eqx.is_inexact_array(x):
+            return x
+        return jnp.where(ok, x, jnp.array(jnp.nan, x.dtype))
+
+    return jax.tree.map(gate, tree)
 
 
 @jax.custom_jvp
@@ -27,7 +52,7 @@ def never_silent(z, inputs, converged):
     """
     dtype = z.dtype
     one = jnp.where(converged, jnp.ones((), dtype), jnp.zeros((), dtype))
-    nan = jnp.where(converged, jnp.zeros((), dtype), jnp.array(jnp.nan, dtype))
+    nan = _factor(converged, dtype) - 1
     leaves = [x for x in jax.tree.leaves(inputs) if eqx.is_inexact_array(x)]
     if not leaves:
         return _gate(z, one)

@@ -64,10 +64,39 @@ class AbstractPredictor(eqx.Module):
     score and the posterior mean of $x_0$ follow from it. Works on one example
     (any shape); batch with `jax.vmap`.
 
-    Subclasses define `epsilon` and the field `schedule`.
+    Subclasses define `epsilon`, the field `schedule`, and whether the
+    predicted noise is the gradient of a known potential (`conservative` and
+    `potential`), so that a relation built on it knows whether its field is a
+    gradient without asking which predictor it holds.
     """
 
     schedule: eqx.AbstractVar[AbstractNoiseSchedule]
+
+    @property
+    @abc.abstractmethod
+    def conservative(self) -> bool:
+        r"""Whether $\hat\epsilon = \sigma_t\nabla_x E_t$ for the known potential
+        `potential` (a closed-form density or an energy network)."""
+
+    @abc.abstractmethod
+    def potential(
+        self, x: Float[ArrayLike, " n"], t: Float[ArrayLike, ""] | float
+    ) -> Float[Array, ""]:
+        r"""The potential $E_t(x)$ with $\hat\epsilon = \sigma_t\nabla_x E_t$.
+
+        $-\log p_t$ for a closed-form density, the network's energy for an
+        energy network (both up to a constant). Predictors that are not
+        `conservative` raise `TypeError`.
+
+        **Arguments:**
+
+        - `x`: one noisy example, a vector of length `n`.
+        - `t`: its scalar diffusion time.
+
+        **Returns:**
+
+        The scalar potential.
+        """
 
     @abc.abstractmethod
     def epsilon(
@@ -209,6 +238,20 @@ class NoisePredictor(AbstractPredictor):
                 f"{getattr(out, 'shape', type(out))}. Check the model's output size."
             )
         return out.astype(x.dtype)
+
+    @property
+    def conservative(self) -> bool:
+        """False: a learned noise field is not a gradient in general."""
+        return False
+
+    def potential(
+        self, x: Float[ArrayLike, " n"], t: Float[ArrayLike, ""] | float
+    ) -> Float[Array, ""]:
+        """Not defined: a `NoisePredictor` has no known potential (raises)."""
+        raise TypeError(
+            "a NoisePredictor has no known potential; use an EnergyNetwork (or a "
+            "GaussianMixtureEps) for a conservative field."
+        )
 
 
 class AbstractExactPredictor(AbstractPredictor):

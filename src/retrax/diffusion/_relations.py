@@ -10,7 +10,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._errors import error_if
 from .._misc import check_value
-from ._field import AbstractImplicitRelation
+from ._relation import AbstractImplicitRelation
 
 
 def blockranges(blocks: Mapping[str, int]) -> dict[str, range]:
@@ -281,7 +281,11 @@ class ProductRelation(AbstractImplicitRelation):
         r"""$\sum_i w_i U_i(z)$, for products of conservative relations."""
         z = self.check_point("z", z)
         if not self.conservative:
-            return super().energy(z)
+            raise TypeError(
+                "this ProductRelation has no known potential: `energy` needs every "
+                "member to be conservative (GaussianMixtureEps or EnergyNetwork "
+                "predictors, or products and restrictions of those)."
+            )
         w = self.weights.astype(z.dtype)
         return sum(w[i] * r.energy(z) for i, r in enumerate(self.relations))
 
