@@ -19,12 +19,25 @@ from ._belief import (
     implicit_mixture as implicit_mixture,
     laplace_belief as laplace_belief,
 )
+from ._channel import (
+    AbstractChannel as AbstractChannel,
+    Latent as Latent,
+    Observed as Observed,
+    Unobserved as Unobserved,
+)
 from ._checkpoint import (
     Checkpoint as Checkpoint,
     load_checkpoint as load_checkpoint,
     save_checkpoint as save_checkpoint,
 )
 from ._energy import EnergyNetwork as EnergyNetwork
+from ._factor import (
+    Factor as Factor,
+    assemble_state as assemble_state,
+    blockranges as blockranges,
+    factor_infer as factor_infer,
+    factor_pullback as factor_pullback,
+)
 from ._field import ImplicitDiffusion as ImplicitDiffusion
 from ._infer import (
     implicit_infer as implicit_infer,
@@ -83,8 +96,6 @@ from ._relation import AbstractImplicitRelation as AbstractImplicitRelation
 from ._relations import (
     IndexedRelation as IndexedRelation,
     ProductRelation as ProductRelation,
-    assemble_state as assemble_state,
-    blockranges as blockranges,
     named_relation as named_relation,
 )
 from ._roots import (

@@ -10,78 +10,8 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._errors import error_if
 from .._misc import check_value
+from ._factor import blockranges
 from ._relation import AbstractImplicitRelation
-
-
-def blockranges(blocks: Mapping[str, int]) -> dict[str, range]:
-    """The coordinate ranges of named variable blocks in a joint state.
-
-    Blocks are laid out in the mapping's order: `{"x": 1, "y": 2, "z": 1}`
-    gives `{"x": range(0, 1), "y": range(1, 3), "z": range(3, 4)}`.
-
-    **Arguments:**
-
-    - `blocks`: the variables' names and sizes (positive integers), in order.
-
-    **Returns:**
-
-    A dict from each name to its `range` of joint coordinates.
-    """
-    out, start = {}, 0
-    for name, size in blocks.items():
-        if not (isinstance(size, (int, np.integer)) and size >= 1):
-            raise ValueError(
-                f"block {name!r} must have a positive integer size, got {size!r}."
-            )
-        out[name] = range(start, start + int(size))
-        start += int(size)
-    return out
-
-
-def assemble_state(
-    blocks: Mapping[str, int], values: Mapping[str, ArrayLike], fill: float = 0.0
-) -> Float[Array, " n"]:
-    """Lay out named variable values as one joint state vector.
-
-    **Arguments:**
-
-    - `blocks`: the variables' names and sizes, as in
-      [`retrax.diffusion.blockranges`][].
-    - `values`: values for some of the variables (a scalar or a vector of the
-      block's size each); unknown names are an error.
-    - `fill`: the value of the coordinates of variables not in `values` (e.g.
-      `0.0` for a start, `jnp.inf` for a stiffness that clamps).
-
-    **Returns:**
-
-    The joint state, shape `(n,)` with `n = sum(blocks.values())`.
-    """
-    ranges = blockranges(blocks)
-    unknown = set(values) - set(ranges)
-    if unknown:
-        raise ValueError(
-            f"unknown variables {sorted(unknown)}; the blocks are {list(ranges)}."
-        )
-    leaves = [jnp.asarray(v) for v in values.values()]
-    dtype = (
-        jnp.result_type(
-            *[v.dtype for v in leaves if jnp.issubdtype(v.dtype, jnp.inexact)]
-        )
-        if any(jnp.issubdtype(v.dtype, jnp.inexact) for v in leaves)
-        else jnp.asarray(1.0).dtype
-    )
-    n = sum(len(r) for r in ranges.values())
-    state = jnp.full((n,), fill, dtype)
-    for name, value in values.items():
-        r = ranges[name]
-        value = jnp.asarray(value).astype(dtype)
-        if value.shape not in ((), (len(r),)):
-            raise ValueError(
-                f"variable {name!r} has size {len(r)}, got a value of shape "
-                f"{value.shape}."
-            )
-        state = state.at[r.start : r.stop].set(value)
-    return state
 
 
 class IndexedRelation(AbstractImplicitRelation):

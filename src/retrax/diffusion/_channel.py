@@ -1,0 +1,150 @@
+"""The marks of a factor's channels in a query: observed (a hard clamp),
+unobserved (soft, with a precision) or latent (free)."""
+
+import abc
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
+
+from .._errors import error_if
+from ._predictor import as_state
+
+
+def _block(name: str, what: str, x, size: int, dtype) -> Float[Array, " size"]:
+    x = as_state(f"{name}.{what}", x).astype(dtype)
+    if x.shape not in ((), (size,)):
+        raise ValueError(
+            f"channel {name!r} has size {size}; its `{what}` must be a scalar or "
+            f"have shape ({size},), got shape {x.shape}."
+        )
+    return jnp.broadcast_to(x, (size,))
+
+
+class AbstractChannel(eqx.Module):
+    """How a query treats one channel (a named block) of a factor.
+
+    Each channel answers `query`: the values and stiffnesses of its block in
+    the query vectors `z0` and `rho` of
+    [`retrax.diffusion.implicit_infer`][]. Implementations:
+    [`retrax.diffusion.Observed`][] (a hard clamp),
+    [`retrax.diffusion.Unobserved`][] (a soft input with a precision) and
+    [`retrax.diffusion.Latent`][] (free).
+    """
+
+    @property
+    @abc.abstractmethod
+    def clamped(self) -> bool:
+        """Whether the channel is held exactly (no belief or message to it)."""
+
+    @abc.abstractmethod
+    def query(
+        self, name: str, size: int, dtype, lam_eff: Float[Array, ""]
+    ) -> tuple[Float[Array, " size"], Float[Array, " size"]]:
+        r"""The channel's block of `(z0, rho)`.
+
+        **Arguments:**
+
+        - `name`: the channel's name (for error messages).
+        - `size`: the block's size.
+        - `dtype`: the query's floating dtype.
+        - `lam_eff`: the relation's $\lambda_{\mathrm{eff}}$ (see
+          [`retrax.diffusion.AbstractImplicitRelation.effective_lambda`][]),
+          which converts a precision in data units into a stiffness.
+
+        **Returns:**
+
+        A tuple `(z0, rho)` of two `(size,)` vectors.
+        """
+
+
+class Observed(AbstractChannel):
+    """A channel known exactly: a hard clamp (`rho = inf`).
+
+    **Arguments:**
+
+    - `value`: the observed value, a scalar or a vector of the channel's size.
+    """
+
+    value: Float[ArrayLike, "..."]
+
+    @property
+    def clamped(self) -> bool:
+        return True
+
+    def query(self, name, size, dtype, lam_eff):
+        value = _block(name, "value", self.value, size, dtype)
+        value = error_if(
+            value,
+            jnp.any(~jnp.isfinite(value)),
+            f"the observed value of channel {name!r} must be finite.",
+        )
+        return value, jnp.full((size,), jnp.inf, dtype)
+
+
+class Unobserved(AbstractChannel):
+    r"""A channel known up to Gaussian noise: a soft input with a precision.
+
+    The query adds $\tfrac12\,\mathrm{precision}\,(z - \mathrm{value})^2$ to
+    the relation's potential (in data units: the stiffness is
+    $\rho = \sqrt{\lambda_{\mathrm{eff}}\,\mathrm{precision}}$, so that the
+    answer's Laplace belief is the relation's density times the Gaussian
+    $N(\mathrm{value}, \mathrm{precision}^{-1})$). A small precision is an
+    anchor that selects a branch; an incoming Gaussian message of a factor
+    graph enters as one.
+
+    **Arguments:**
+
+    - `value`: the mean of the evidence, a scalar or a vector of the
+      channel's size.
+    - `precision`: its precision (inverse variance), positive and finite, a
+      scalar or a vector of the channel's size.
+    """
+
+    value: Float[ArrayLike, "..."]
+    precision: Float[ArrayLike, "..."]
+
+    @property
+    def clamped(self) -> bool:
+        return False
+
+    def query(self, name, size, dtype, lam_eff):
+        value = _block(name, "value", self.value, size, dtype)
+        precision = _block(name, "precision", self.precision, size, dtype)
+        value = error_if(
+            value,
+            jnp.any(~jnp.isfinite(value)),
+            f"the value of the unobserved channel {name!r} must be finite.",
+        )
+        precision = error_if(
+            precision,
+            jnp.any(~(precision > 0) | ~jnp.isfinite(precision)),
+            f"the precision of the unobserved channel {name!r} must be positive "
+            "and finite (use Observed for a hard clamp, Latent for none).",
+        )
+        return value, jnp.sqrt(lam_eff.astype(dtype) * precision)
+
+
+class Latent(AbstractChannel):
+    """A free channel (`rho = 0`): the relation alone decides it.
+
+    **Arguments:**
+
+    - `start`: where the solve starts on this channel (a scalar or a vector of
+      the channel's size); 0 by default.
+    """
+
+    start: Float[ArrayLike, "..."] = 0.0
+
+    @property
+    def clamped(self) -> bool:
+        return False
+
+    def query(self, name, size, dtype, lam_eff):
+        start = _block(name, "start", self.start, size, dtype)
+        start = error_if(
+            start,
+            jnp.any(~jnp.isfinite(start)),
+            f"the start of the latent channel {name!r} must be finite.",
+        )
+        return start, jnp.zeros((size,), dtype)

@@ -1,0 +1,353 @@
+"""Factors: a relation whose joint state is named channels, each observed,
+unobserved (soft, with a precision) or latent (free)."""
+
+from collections.abc import Mapping
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float, PyTree
+
+from ._channel import AbstractChannel, Latent
+from ._infer import implicit_infer, implicit_pullback
+from ._relation import AbstractImplicitRelation
+from ._solution import ImplicitSolution
+
+
+def blockranges(blocks: Mapping[str, int]) -> dict[str, range]:
+    """The coordinate ranges of named variable blocks in a joint state.
+
+    Blocks are laid out in the mapping's order: `{"x": 1, "y": 2, "z": 1}`
+    gives `{"x": range(0, 1), "y": range(1, 3), "z": range(3, 4)}`.
+
+    **Arguments:**
+
+    - `blocks`: the variables' names and sizes (positive integers), in order.
+
+    **Returns:**
+
+    A dict from each name to its `range` of joint coordinates.
+    """
+    out, start = {}, 0
+    for name, size in blocks.items():
+        if not (isinstance(size, (int, np.integer)) and size >= 1):
+            raise ValueError(
+                f"block {name!r} must have a positive integer size, got {size!r}."
+            )
+        out[name] = range(start, start + int(size))
+        start += int(size)
+    return out
+
+
+def assemble_state(
+    blocks: Mapping[str, int], values: Mapping[str, ArrayLike], fill: float = 0.0
+) -> Float[Array, " n"]:
+    """Lay out named variable values as one joint state vector.
+
+    **Arguments:**
+
+    - `blocks`: the variables' names and sizes, as in
+      [`retrax.diffusion.blockranges`][].
+    - `values`: values for some of the variables (a scalar or a vector of the
+      block's size each); unknown names are an error.
+    - `fill`: the value of the coordinates of variables not in `values` (e.g.
+      `0.0` for a start, `jnp.inf` for a stiffness that clamps).
+
+    **Returns:**
+
+    The joint state, shape `(n,)` with `n = sum(blocks.values())`.
+    """
+    ranges = blockranges(blocks)
+    unknown = set(values) - set(ranges)
+    if unknown:
+        raise ValueError(
+            f"unknown variables {sorted(unknown)}; the blocks are {list(ranges)}."
+        )
+    leaves = [jnp.asarray(v) for v in values.values()]
+    dtype = (
+        jnp.result_type(
+            *[v.dtype for v in leaves if jnp.issubdtype(v.dtype, jnp.inexact)]
+        )
+        if any(jnp.issubdtype(v.dtype, jnp.inexact) for v in leaves)
+        else jnp.asarray(1.0).dtype
+    )
+    n = sum(len(r) for r in ranges.values())
+    state = jnp.full((n,), fill, dtype)
+    for name, value in values.items():
+        r = ranges[name]
+        value = jnp.asarray(value).astype(dtype)
+        if value.shape not in ((), (len(r),)):
+            raise ValueError(
+                f"variable {name!r} has size {len(r)}, got a value of shape "
+                f"{value.shape}."
+            )
+        state = state.at[r.start : r.stop].set(value)
+    return state
+
+
+class Factor(AbstractImplicitRelation):
+    r"""A relation whose joint state is named channels.
+
+    The joint coordinates are the `channels`' blocks in order (as in
+    [`retrax.diffusion.blockranges`][]). A query marks each channel
+    [`retrax.diffusion.Observed`][], [`retrax.diffusion.Unobserved`][] or
+    [`retrax.diffusion.Latent`][] (the default for channels not named), and
+    [`retrax.diffusion.Factor.query`][] turns the marks into the clamp and
+    stiffness vectors of [`retrax.diffusion.implicit_infer`][]. A factor is a
+    relation itself (its field is the member's), so every query function
+    takes it; [`retrax.diffusion.factor_infer`][] and
+    [`retrax.diffusion.factor_pullback`][] speak in channels.
+
+    **Arguments:**
+
+    - `relation`: the relation, of dimension `sum(channels.values())`.
+    - `channels`: the channels' names and sizes, in order.
+    """
+
+    relation: AbstractImplicitRelation
+    channels: tuple[tuple[str, int], ...] = eqx.field(static=True)
+
+    def __init__(self, relation: AbstractImplicitRelation, channels: Mapping[str, int]):
+        if not isinstance(relation, AbstractImplicitRelation):
+            raise TypeError(
+                "`relation` must be an AbstractImplicitRelation (e.g. an "
+                f"ImplicitDiffusion), got {type(relation).__name__}."
+            )
+        ranges = blockranges(channels)
+        n = sum(len(r) for r in ranges.values())
+        if n != relation.dim:
+            raise ValueError(
+                f"the channels {dict(channels)} have {n} coordinates in all, but "
+                f"the relation has dimension {relation.dim}."
+            )
+        self.relation = relation
+        self.channels = tuple((str(k), int(v)) for k, v in channels.items())
+
+    @property
+    def ranges(self) -> dict[str, range]:
+        """Each channel's `range` of joint coordinates."""
+        return blockranges(dict(self.channels))
+
+    @property
+    def dim(self) -> int:
+        return self.relation.dim
+
+    def prior_field(self, z: Float[ArrayLike, " n"]) -> Float[Array, " n"]:
+        """The member relation's field."""
+        return self.relation.prior_field(self.check_point("z", z))
+
+    @property
+    def conservative(self) -> bool:
+        return self.relation.conservative
+
+    def energy(self, z: Float[ArrayLike, " n"]) -> Float[Array, ""]:
+        """The member relation's potential."""
+        return self.relation.energy(self.check_point("z", z))
+
+    def effective_lambda(self, dtype) -> Float[Array, ""]:
+        return self.relation.effective_lambda(dtype)
+
+    def field_unit(self, dtype) -> Float[Array, " n"]:
+        return self.relation.field_unit(dtype)
+
+    def _check_marks(self, marks: Mapping[str, AbstractChannel]) -> None:
+        names = dict(self.channels)
+        unknown = sorted(set(marks) - set(names))
+        if unknown:
+            raise ValueError(
+                f"unknown channels {unknown}; the factor's channels are {list(names)}."
+            )
+        for name, mark in marks.items():
+            if not isinstance(mark, AbstractChannel):
+                raise TypeError(
+                    f"channel {name!r} must be marked Observed, Unobserved or "
+                    f"Latent, got {type(mark).__name__}."
+                )
+
+    def query(
+        self, marks: Mapping[str, AbstractChannel], dtype=None
+    ) -> tuple[Float[Array, " n"], Float[Array, " n"]]:
+        """The query vectors `(z0, rho)` of marked channels.
+
+        **Arguments:**
+
+        - `marks`: a mapping from channel names to
+          [`retrax.diffusion.Observed`][], [`retrax.diffusion.Unobserved`][]
+          or [`retrax.diffusion.Latent`][]; channels not named are latent
+          (starting at 0).
+        - `dtype`: the query's dtype; JAX's default float by default.
+
+        **Returns:**
+
+        A tuple `(z0, rho)` of `(n,)` vectors for
+        [`retrax.diffusion.implicit_infer`][].
+        """
+        self._check_marks(marks)
+        dtype = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
+        lam_eff = self.effective_lambda(dtype)
+        z0, rho = [], []
+        for name, size in self.channels:
+            mark = marks.get(name, Latent())
+            v, r = mark.query(name, size, dtype, lam_eff)
+            z0.append(v)
+            rho.append(r)
+        return jnp.concatenate(z0), jnp.concatenate(rho)
+
+    def coords(self, *names: str) -> tuple[int, ...]:
+        """The joint coordinates of the named channels, in the order given.
+
+        **Arguments:**
+
+        - `*names`: channel names.
+
+        **Returns:**
+
+        The coordinates, e.g. for the `coords` of
+        [`retrax.diffusion.laplace_belief`][].
+        """
+        ranges = self.ranges
+        missing = [n for n in names if n not in ranges]
+        if missing or not names:
+            raise ValueError(
+                f"`coords` needs channel names among {list(ranges)}, got {list(names)}."
+            )
+        return tuple(i for n in names for i in ranges[n])
+
+    def split(self, z: Float[ArrayLike, " n"]) -> dict[str, Float[Array, " size"]]:
+        """A joint vector's blocks, by channel name.
+
+        **Arguments:**
+
+        - `z`: a joint vector, shape `(n,)`.
+
+        **Returns:**
+
+        A dict from each channel name to its block of `z`.
+        """
+        z = self.check_point("z", z)
+        return {name: z[r.start : r.stop] for name, r in self.ranges.items()}
+
+    def join(
+        self, blocks: Mapping[str, ArrayLike], fill: float = 0.0
+    ) -> Float[Array, " n"]:
+        """The joint vector of some channels' blocks (others `fill`).
+
+        **Arguments:**
+
+        - `blocks`: values by channel name, as in
+          [`retrax.diffusion.assemble_state`][].
+        - `fill`: the value of the channels not given.
+
+        **Returns:**
+
+        The joint vector, shape `(n,)`.
+        """
+        return assemble_state(dict(self.channels), blocks, fill)
+
+
+def factor_infer(
+    factor: Factor,
+    marks: Mapping[str, AbstractChannel],
+    *,
+    dtype=None,
+    **kwargs,
+) -> ImplicitSolution:
+    """Answer a query on a factor whose channels are marked.
+
+    [`retrax.diffusion.implicit_infer`][] on `factor.query(marks)`:
+    differentiable with respect to the relation's parameters and to every
+    mark's values and precisions (a gradient with respect to `marks` is a
+    mapping of marks holding the cotangents; see
+    [`retrax.diffusion.factor_pullback`][]).
+
+    **Arguments:**
+
+    - `factor`: the factor.
+    - `marks`: channel names to [`retrax.diffusion.Observed`][],
+      [`retrax.diffusion.Unobserved`][] or [`retrax.diffusion.Latent`][]
+      (channels not named are latent).
+    - `dtype`: the query's dtype; JAX's default float by default.
+    - `**kwargs`: the options of `implicit_infer` (`tol`, `max_steps`,
+      `throw`, ...). The solve starts at the latent channels' starts (and
+      the unobserved channels' values) unless `z_init` is given.
+
+    **Returns:**
+
+    An [`retrax.diffusion.ImplicitSolution`][]; `factor.split(sol.z)` gives
+    the answer by channel.
+    """
+    if not isinstance(factor, Factor):
+        raise TypeError(f"`factor` must be a Factor, got {type(factor).__name__}.")
+    z0, rho = factor.query(marks, dtype)
+    return implicit_infer(factor, z0, rho, **kwargs)
+
+
+def factor_pullback(
+    factor: Factor,
+    sol: ImplicitSolution,
+    marks: Mapping[str, AbstractChannel],
+    zbar: Mapping[str, ArrayLike] | Float[ArrayLike, " n"],
+    *,
+    throw: bool = True,
+) -> tuple[PyTree, dict[str, AbstractChannel]]:
+    r"""The cotangents of a factor query's relation and of each channel's mark.
+
+    The adjoint formulas of [`retrax.diffusion.implicit_pullback`][],
+    carried back through [`retrax.diffusion.Factor.query`][]: an observed
+    channel's value gets $\bar z_C + J_{FC}^\top\mu$, an unobserved
+    channel's value $-\rho^2\mu$ and its precision
+    $\bar\rho\,\partial\rho/\partial\,\mathrm{precision}$ with
+    $\bar\rho = 2\rho(z^* - z_0)\mu$, and a latent channel's start 0. The
+    numbers equal `jax.grad` through [`retrax.diffusion.factor_infer`][]
+    (the relation's part includes what reaches it through
+    $\lambda_{\mathrm{eff}}$ in the stiffness). NaN when the solve did not
+    converge.
+
+    **Arguments:**
+
+    - `factor`: the factor the query was solved on.
+    - `sol`: the query's solution.
+    - `marks`: the query's marks.
+    - `zbar`: the cotangent of the answer: a mapping from channel names to
+      the cotangents of their blocks (channels not named get 0), or a joint
+      `(n,)` vector.
+    - `throw`: whether a singular adjoint system raises (otherwise NaN).
+
+    **Returns:**
+
+    A tuple `(factor_bar, marks_bar)`: a pytree shaped like `factor` with the
+    cotangent at every floating-point leaf, and a dict from each channel of
+    `marks` to a mark of the same kind holding its cotangents (`value`,
+    `precision` or `start`).
+    """
+    if not isinstance(factor, Factor):
+        raise TypeError(f"`factor` must be a Factor, got {type(factor).__name__}.")
+    dtype = sol.z.dtype
+    if isinstance(zbar, Mapping):
+        zbar = factor.join({k: jnp.asarray(v, dtype) for k, v in zbar.items()}).astype(
+            dtype
+        )
+    marks = dict(marks)
+    factor._check_marks(marks)
+    params, static = eqx.partition((factor, marks), eqx.is_inexact_array)
+
+    def query(p):
+        f, m = eqx.combine(p, static)
+        return f.query(m, dtype)
+
+    (z0, rho), vjp = jax.vjp(query, params)
+    factor_bar, z0_bar, rho_bar = implicit_pullback(
+        factor, sol, z0, rho, zbar, throw=throw
+    )
+    # An infinite stiffness has derivative 0 (and its cotangent is 0 already).
+    rho_bar = jnp.where(jnp.isposinf(rho), jnp.zeros((), dtype), rho_bar)
+    (through,) = vjp((z0_bar, rho_bar))
+    through_factor, marks_bar = through
+    factor_bar = jax.tree.map(
+        lambda a, b: a if b is None else (b if a is None else a + b),
+        factor_bar,
+        through_factor,
+        is_leaf=lambda x: x is None,
+    )
+    return factor_bar, marks_bar
