@@ -39,6 +39,14 @@ from ._factor import (
     factor_pullback as factor_pullback,
 )
 from ._field import ImplicitDiffusion as ImplicitDiffusion
+from ._free_energy import local_free_energy as local_free_energy
+from ._gaussian import (
+    AbstractGaussian as AbstractGaussian,
+    CanonicalGaussian as CanonicalGaussian,
+    MomentGaussian as MomentGaussian,
+    combine as combine,
+    divide as divide,
+)
 from ._infer import (
     implicit_infer as implicit_infer,
     implicit_pullback as implicit_pullback,
@@ -47,6 +55,10 @@ from ._kde import (
     OnlineKDE as OnlineKDE,
     kde_bandwidth as kde_bandwidth,
     kde_predictor as kde_predictor,
+)
+from ._message import (
+    channel_anchor as channel_anchor,
+    factor_messages as factor_messages,
 )
 from ._mixture import (
     GaussianMixtureEps as GaussianMixtureEps,

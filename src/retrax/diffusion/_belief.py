@@ -1,15 +1,20 @@
 """Beliefs about a query's answer: the Laplace covariance, and Gaussian
-mixtures over roots."""
+mixtures over roots; both marginalised onto chosen coordinates."""
+
+from collections.abc import Sequence
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
+from ._gaussian import AbstractGaussian, CanonicalGaussian, MomentGaussian, as_coords
 from ._never_silent import nan_unless
 from ._potential import has_energy, implicit_energy
 from ._relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
-from ._roots import ImplicitRoots
+from ._roots import ImplicitRoots, implicit_roots
 from ._solution import RESULTS, ImplicitSolution
 
 
@@ -57,8 +62,12 @@ def implicit_laplace(
     return nan_unless(sol.converged & sol.stable, cov)
 
 
-class LaplaceBelief(eqx.Module):
+class LaplaceBelief(AbstractGaussian):
     """A Gaussian belief about a query's answer.
+
+    A Gaussian in moment form that remembers which coordinates were clamped
+    (their variance is 0, so the canonical form exists only for a marginal
+    onto free coordinates).
 
     **Attributes:**
 
@@ -71,11 +80,32 @@ class LaplaceBelief(eqx.Module):
     cov: Float[Array, "n n"]
     free: Bool[Array, " n"]
 
+    @property
+    def dim(self) -> int:
+        return self.mean.shape[0]
+
+    def moment(self) -> MomentGaussian:
+        """`MomentGaussian(mean, cov)`."""
+        return MomentGaussian(mean=self.mean, cov=self.cov)
+
+    def canonical(self) -> CanonicalGaussian:
+        """The canonical form (NaN where a coordinate is clamped: marginalise
+        onto free coordinates first)."""
+        return self.moment().canonical()
+
+    def marginal(self, coords: Sequence[int] | ArrayLike) -> "LaplaceBelief":
+        """The belief over `coords`, in their order."""
+        idx = as_coords(coords, self.dim)
+        return LaplaceBelief(
+            mean=self.mean[idx], cov=self.cov[np.ix_(idx, idx)], free=self.free[idx]
+        )
+
 
 def laplace_belief(
     model: AbstractImplicitRelation,
     sol: ImplicitSolution,
     rho: Float[ArrayLike, " n"],
+    coords: Sequence[int] | ArrayLike | None = None,
 ) -> LaplaceBelief:
     """Package an answer and its [`retrax.diffusion.implicit_laplace`][] covariance.
 
@@ -84,15 +114,19 @@ def laplace_belief(
     - `model`: the implicit field the query was solved with.
     - `sol`: the query's solution.
     - `rho`: the query's stiffnesses.
+    - `coords`: the coordinates to keep (the marginal belief over them, in
+      their order); all by default. For a [`retrax.diffusion.Factor`][],
+      `factor.coords(name, ...)` gives a channel's coordinates.
 
     **Returns:**
 
     A [`retrax.diffusion.LaplaceBelief`][].
     """
     rho = model.check_point("rho", rho).astype(sol.z.dtype)
-    return LaplaceBelief(
+    belief = LaplaceBelief(
         mean=sol.z, cov=implicit_laplace(model, sol, rho), free=~clamp_mask(rho)
     )
+    return belief if coords is None else belief.marginal(coords)
 
 
 class MixtureBelief(eqx.Module):
@@ -110,12 +144,24 @@ class MixtureBelief(eqx.Module):
     means: Float[Array, "m n"]
     covs: Float[Array, "m n n"]
 
+    def marginal(self, coords: Sequence[int] | ArrayLike) -> "MixtureBelief":
+        """The mixture's marginal over `coords` (same weights), in their order."""
+        idx = as_coords(coords, self.means.shape[1])
+        return MixtureBelief(
+            weights=self.weights,
+            means=self.means[:, idx],
+            covs=self.covs[:, idx][:, :, idx],
+        )
+
 
 def implicit_mixture(
     model: AbstractImplicitRelation,
-    roots: ImplicitRoots,
+    roots: ImplicitRoots | None,
     z0: Float[ArrayLike, " n"],
     rho: Float[ArrayLike, " n"],
+    *,
+    coords: Sequence[int] | ArrayLike | None = None,
+    **roots_options: Any,
 ) -> MixtureBelief:
     r"""Combine the stable answers of a query into a Gaussian mixture.
 
@@ -129,13 +175,26 @@ def implicit_mixture(
     **Arguments:**
 
     - `model`: the implicit field.
-    - `roots`: the query's answers from [`retrax.diffusion.implicit_roots`][].
+    - `roots`: the query's answers from [`retrax.diffusion.implicit_roots`][],
+      or `None` to find them here: `implicit_roots(model, z0, rho,
+      **roots_options)` (pass `key=` for random starts or `starts=`).
     - `z0`, `rho`: the query.
+    - `coords`: the coordinates to keep (the marginal mixture over them);
+      all by default. The weights are those of the joint basins.
+    - `**roots_options`: the options of `implicit_roots` when `roots` is
+      `None` (an error otherwise).
 
     **Returns:**
 
-    A [`retrax.diffusion.MixtureBelief`][] over the `n_starts` slots.
+    A [`retrax.diffusion.MixtureBelief`][] over the roots' slots.
     """
+    if roots is None:
+        roots = implicit_roots(model, z0, rho, **roots_options)
+    elif roots_options:
+        raise ValueError(
+            f"options {sorted(roots_options)} are for finding roots; pass them "
+            "with `roots=None`, or leave them out when giving `roots`."
+        )
     dtype = roots.z.dtype
     z0 = model.check_point("z0", z0).astype(dtype)
     rho = model.check_point("rho", rho).astype(dtype)
@@ -168,4 +227,5 @@ def implicit_mixture(
     logw = jnp.where(valid, logw, -jnp.inf)
     weights = jax.nn.softmax(logw)
     weights = jnp.where(valid, weights, jnp.zeros((), dtype))
-    return MixtureBelief(weights=weights, means=roots.z, covs=covs)
+    belief = MixtureBelief(weights=weights, means=roots.z, covs=covs)
+    return belief if coords is None else belief.marginal(coords)
