@@ -182,6 +182,15 @@ def test_two_relations_smoke(capsys, tmp_path):
     assert result["converged"] and result["stable"]
 
 
+def test_factor_graph_smoke(capsys):
+    result = load_example("factor_graph.py").main(smoke=True)
+    assert "max |messages - joint|" in capsys.readouterr().out
+    # Message passing on the tree of Gaussian relations is exact: the beliefs
+    # equal the joint solve's Laplace belief, and two sweeps settle it.
+    assert result["error"] <= 1e-8
+    assert result["sweeps"] <= 4
+
+
 # The full runs, held to what the tutorials and the examples' docstrings say
 # they achieve (docs/tutorials/fitting.md, parameter-estimation.md: its
 # "recovered to" table; examples/two_relations.py: the answers hit the targets).
