@@ -360,3 +360,47 @@ def test_implicit_infer_on_a_mixture():
         assert g.dtype == jnp.float32
         assert np.max(np.abs(r)) > 0  # a derivative that is there to compare
         assert_close(g, r, rtol=RTOL)
+
+
+def test_factor_message_and_precision_gradient():
+    # Two channels of a three-component mixture: a observed, b soft.
+    means = np.asarray([[0.6, 0.8], [0.6, -0.8], [-1.0, 0.0]])
+
+    def query(means, precision):
+        dtype = means.dtype
+        sched = rd.VPSDE()
+        mix = rd.GaussianMixtureEps(sched, means, jnp.asarray(0.3, dtype))
+        # noise-free nodes: the same relation in both precisions (random
+        # nodes drawn in float32 and float64 differ)
+        nodes = rd.noisefree_nodes(2, 0.02, dtype=dtype)
+        model = rd.ImplicitDiffusion(mix, nodes, lam=rd.density_lambda(sched, nodes))
+        factor = rd.Factor(model, {"a": 1, "b": 1})
+        marks = {
+            "a": rd.Observed(jnp.asarray(0.6, dtype)),
+            "b": rd.Unobserved(jnp.asarray(0.5, dtype), precision),
+        }
+        sol = rd.factor_infer(factor, marks)
+        message = rd.factor_messages(factor, sol, marks)["b"]
+        return sol.z[1], message.precision[0, 0], sol.converged & sol.stable
+
+    def answer(means, precision):
+        return query(means, precision)[0]
+
+    run = jax.jit(query)
+    grad = jax.jit(jax.grad(answer, argnums=(0, 1)))
+    args32 = (jnp.asarray(means, jnp.float32), jnp.asarray(2.0, jnp.float32))
+    *v32, ok32 = run(*args32)
+    g32 = grad(*args32)
+    with jax.enable_x64(True):
+        args64 = (jnp.asarray(means), jnp.asarray(2.0))
+        *v64, ok64 = run(*args64)
+        g64 = [np.asarray(g) for g in grad(*args64)]
+        v64 = [np.asarray(v) for v in v64]
+    assert bool(ok32) and bool(ok64)
+    for v, r in zip(v32, v64, strict=True):
+        assert v.dtype == jnp.float32
+        assert_close(v, r, rtol=RTOL)
+    for g, r in zip(g32, g64, strict=True):
+        assert g.dtype == jnp.float32
+        assert np.max(np.abs(r)) > 0
+        assert_close(g, r, rtol=RTOL)
