@@ -35,6 +35,10 @@ from ._infer import (
     laplace_belief as laplace_belief,
     roots_by_energy as roots_by_energy,
 )
+from ._measurement import (
+    sample_dps as sample_dps,
+    sample_tweedie_projection as sample_tweedie_projection,
+)
 from ._mixture import (
     GaussianMixtureEps as GaussianMixtureEps,
     OnlineKDE as OnlineKDE,
