@@ -105,3 +105,9 @@ from ._schedule import VPSDE as VPSDE, AbstractNoiseSchedule as AbstractNoiseSch
 from ._solution import RESULTS as RESULTS, ImplicitSolution as ImplicitSolution
 from ._solver import GuardedNewton as GuardedNewton
 from ._train import TrainState as TrainState, fit as fit
+from ._train_inference import (
+    InferenceHistory as InferenceHistory,
+    TaskGradient as TaskGradient,
+    fit_through_inference as fit_through_inference,
+    task_gradient as task_gradient,
+)
