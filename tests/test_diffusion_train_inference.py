@@ -46,40 +46,52 @@ def cold_loss(relation, z0, targets):
     return jnp.mean((sols.z[:, 1] - targets) ** 2), sols
 
 
+ADAM = optax.adam(0.01)  # one object: calls with it share the compiled epoch
+
+
 def test_fit_through_inference_learns_the_parabola(capsys):
     relation, z0, targets = parabola_problem()
-    start, sols = cold_loss(relation, z0, targets)
-    assert bool(jnp.all(sols.converged & sols.stable))
     # A tenth query with a NaN target: its loss is not finite, so it is masked
     # out and counted in every epoch, and the other nine are VD's test.
-    trained, history = rd.fit_through_inference(
-        relation,
-        jnp.concatenate([z0, jnp.array([[0.1, 0.2]])]),
-        RHO,
-        jnp.concatenate([targets, jnp.array([jnp.nan])]),
-        squared_error,
-        jax.random.key(0),
-        epochs=60,
-        optimizer=optax.adam(0.01),
-        where=means,
-    )
+    z0 = jnp.concatenate([z0, jnp.array([[0.1, 0.2]])])
+    targets = jnp.concatenate([targets, jnp.array([jnp.nan])])
+
+    def fit(relation, epochs, progress=False):
+        return rd.fit_through_inference(
+            relation,
+            z0,
+            RHO,
+            targets,
+            squared_error,
+            jax.random.key(0),
+            epochs=epochs,
+            optimizer=ADAM,
+            where=means,
+            progress=progress,
+        )
+
+    trained, history = fit(relation, 60, progress=True)
     assert "fit" in capsys.readouterr().err  # the tqdm bar
-    end, sols = cold_loss(trained, z0, targets)
-    assert bool(jnp.all(sols.converged & sols.stable))
+    # The first epoch's loss is the task loss with cold starts (its starts are
+    # z0), before any update; a one-epoch run from the trained relation gives
+    # the same at the end, with the same compiled program. (That this number
+    # is the loss of independent solves is checked in the slow set.)
+    start = float(history.task_loss[0])
+    _, after = fit(trained, 1)
+    end = float(after.task_loss[0])
     # VariationalDiffusion.jl's acceptance: below 1/50 of the start in 60 epochs
-    assert float(end) < float(start) / 50, (float(start), float(end))
+    assert end < start / 50, (start, end)
+    # every query but the NaN one converged to a stable root, in every epoch
+    assert bool(jnp.all(history.failed == 1)) and int(after.failed[0]) == 1
     assert history.task_loss.shape == (60,) and history.failed.shape == (60,)
-    assert bool(jnp.all(history.failed == 1))
-    # the first epoch's loss is the cold-start loss (its starts are z0)
-    np.testing.assert_allclose(history.task_loss[0], start, rtol=1e-9)
-    assert float(history.task_loss[-1]) < float(history.task_loss[0]) / 50
+    assert float(history.task_loss[-1]) < start / 50
     assert bool(jnp.all(history.denoising_loss == 0))
     # only the means moved; the nodes and the scales are as they were
     assert not np.allclose(trained.pred.means, relation.pred.means)
     assert np.array_equal(trained.pred.scales, relation.pred.scales)
     assert np.array_equal(trained.nodes.eps, relation.nodes.eps)
-    # warm starts: the last valid answers
-    np.testing.assert_allclose(history.z_init[:9, 0], z0[:, 0])
+    # warm starts: the last valid answers; the masked query keeps its start
+    np.testing.assert_allclose(history.z_init[:9, 0], z0[:9, 0])
     np.testing.assert_allclose(history.z_init[9], [0.1, 0.2])
 
 
