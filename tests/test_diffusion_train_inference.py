@@ -14,19 +14,20 @@ SCHED = rd.VPSDE()
 RHO = jnp.array([jnp.inf, 0.0])  # x clamped, y free
 
 
-def ring(components=48, scale=0.05):
-    angle = jnp.arange(components, dtype=jnp.float64) * (2 * jnp.pi / components)
+def ring(components=48, scale=0.05, dtype=jnp.float64):
+    angle = jnp.arange(components, dtype=dtype) * (2 * jnp.pi / components)
     means = jnp.stack([jnp.cos(angle), jnp.sin(angle)], axis=1)
     return rd.GaussianMixtureEps(SCHED, means, scale)
 
 
-def parabola_problem():
+def parabola_problem(dtype=jnp.float64):
     """VariationalDiffusion.jl's test: move a ring's means so that inference
     x -> y reproduces y = x^2 - 0.5 at nine clamped x, starting from y = -0.5."""
     relation = rd.ImplicitDiffusion(
-        ring(), rd.field_nodes(jax.random.key(1), 2, samples=2)
+        ring(dtype=dtype),
+        rd.field_nodes(jax.random.key(1), 2, samples=2, dtype=dtype),
     )
-    xs = jnp.linspace(-0.8, 0.8, 9)
+    xs = jnp.linspace(-0.8, 0.8, 9, dtype=dtype)
     z0 = jnp.stack([xs, jnp.full_like(xs, -0.5)], axis=1)
     return relation, z0, xs**2 - 0.5
 
@@ -93,6 +94,32 @@ def test_fit_through_inference_learns_the_parabola(capsys):
     # warm starts: the last valid answers; the masked query keeps its start
     np.testing.assert_allclose(history.z_init[:9, 0], z0[:9, 0])
     np.testing.assert_allclose(history.z_init[9], [0.1, 0.2])
+
+
+@pytest.mark.float32
+def test_fit_through_inference_float32():
+    relation, z0, targets = parabola_problem(jnp.float32)
+
+    def fit(relation, epochs):
+        return rd.fit_through_inference(
+            relation,
+            z0,
+            RHO.astype(jnp.float32),
+            targets,
+            squared_error,
+            jax.random.key(0),
+            epochs=epochs,
+            optimizer=ADAM,
+            where=means,
+            progress=False,
+        )
+
+    trained, history = fit(relation, 60)
+    assert history.task_loss.dtype == jnp.float32
+    assert trained.pred.means.dtype == jnp.float32
+    _, after = fit(trained, 1)
+    assert float(after.task_loss[0]) < float(history.task_loss[0]) / 50
+    assert int(jnp.sum(history.failed)) == 0 and int(after.failed[0]) == 0
 
 
 @pytest.mark.slow

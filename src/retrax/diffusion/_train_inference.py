@@ -57,7 +57,7 @@ class TaskGradient(eqx.Module):
     z: Float[Array, "queries n"]
     valid: Bool[Array, " queries"]
     failed: Int[Array, ""]
-    result: Any
+    result: RESULTS
 
 
 class InferenceHistory(eqx.Module):
@@ -337,8 +337,9 @@ def fit_through_inference(
     while the task loss moves its roots. Each query's valid answer becomes
     its next start (a warm start): the answer moves little per step, so
     each solve takes a few Newton steps and stays on its branch. An epoch
-    is one jitted program, compiled once; a tqdm bar shows the task loss and
-    the failures.
+    is one jitted program, compiled once (and reused by later calls given
+    the same `loss`, `optimizer` and `where` objects and shapes); a tqdm bar
+    shows the task loss and the failures.
 
     **Arguments:**
 
