@@ -104,6 +104,26 @@ def _posterior_moments(pred, x, t, jacobian_mode):
     return mean, 0.5 * (cov + cov.T)
 
 
+def _psd_sqrt(cov):
+    r"""A square root $L$ ($LL^\top = C_+$) of `cov` and $C_+$ itself.
+
+    Cholesky when `cov` is positive definite. A learned field may give an
+    indefinite $C$: then its eigendecomposition, with the negative
+    eigenvalues clipped to 0. The eigendecomposition is fed a matrix with
+    distinct eigenvalues when it is not used, since its derivative is
+    infinite at repeated ones (the isotropic $C$ of Gaussian data), and
+    `where` would let that through as NaN.
+    """
+    n = cov.shape[0]
+    chol = jnp.linalg.cholesky(cov)
+    ok = jnp.all(jnp.isfinite(chol))
+    spread = jnp.diag(jnp.arange(1, n + 1, dtype=cov.dtype))
+    vals, vecs = jnp.linalg.eigh(jnp.where(ok, spread, cov))
+    vals = jnp.maximum(vals, 0)
+    root = jnp.where(ok, jnp.where(jnp.isfinite(chol), chol, 0), vecs * jnp.sqrt(vals))
+    return root, jnp.where(ok, cov, (vecs * vals) @ vecs.T)
+
+
 def _projected_draw(pred, x, t, noise, H, y, sigma_y, jacobian_mode):
     r"""One draw of $x_0$ from the Gaussian projection of $p(x_0 \mid x_t, y)$.
 
@@ -111,15 +131,12 @@ def _projected_draw(pred, x, t, noise, H, y, sigma_y, jacobian_mode):
     $N(m, C)$ is moved by the Kalman gain,
     $x_0 = x_0' + K(y - Hx_0' - \sigma_y\xi)$ with
     $K = CH^\top(HCH^\top + \sigma_y^2 I)^{-1}$, which is a draw of the
-    conditioned Gaussian. `noise` holds $z$ and then $\xi$. A learned field
-    may give an indefinite $C$: its negative eigenvalues are clipped to 0.
+    conditioned Gaussian. `noise` holds $z$ and then $\xi$.
     """
     n = x.shape[0]
     mean, cov = _posterior_moments(pred, x, t, jacobian_mode)
-    vals, vecs = jnp.linalg.eigh(cov)
-    vals = jnp.maximum(vals, 0)
-    cov = (vecs * vals) @ vecs.T
-    prior_draw = mean + vecs @ (jnp.sqrt(vals) * noise[:n])
+    root, cov = _psd_sqrt(cov)
+    prior_draw = mean + root @ noise[:n]
     innovation = y - H @ prior_draw - sigma_y * noise[n:]
     gram = H @ cov @ H.T + sigma_y**2 * jnp.eye(y.shape[0], dtype=x.dtype)
     factor = jsl.cho_factor(gram)
