@@ -56,6 +56,10 @@ from ._kde import (
     kde_bandwidth as kde_bandwidth,
     kde_predictor as kde_predictor,
 )
+from ._measurement import (
+    sample_dps as sample_dps,
+    sample_tweedie_projection as sample_tweedie_projection,
+)
 from ._message import (
     channel_anchor as channel_anchor,
     factor_messages as factor_messages,
@@ -125,3 +129,9 @@ from ._schedule import VPSDE as VPSDE, AbstractNoiseSchedule as AbstractNoiseSch
 from ._solution import RESULTS as RESULTS, ImplicitSolution as ImplicitSolution
 from ._solver import GuardedNewton as GuardedNewton
 from ._train import TrainState as TrainState, fit as fit
+from ._train_inference import (
+    InferenceHistory as InferenceHistory,
+    TaskGradient as TaskGradient,
+    fit_through_inference as fit_through_inference,
+    task_gradient as task_gradient,
+)
