@@ -62,6 +62,10 @@ def main(coordinator, count, rank, out):
     kw = dict(steps=1, progress=False, mesh=mesh)
     result["batch_size"] = raised(lambda: rd.fit(pred, data, key, batch_size=3, **kw))
     result["data"] = raised(lambda: rd.fit(pred, data + rank, key, batch_size=4, **kw))
+    ckpt = f"{out}.checkpoints"
+    result["checkpoint"] = raised(
+        lambda: rd.fit(pred, data, key, batch_size=4, checkpoint_dir=ckpt, **kw)
+    )
     with open(f"{out}.{rank}", "w") as f:
         json.dump(result, f)
 

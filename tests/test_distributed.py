@@ -166,6 +166,10 @@ def test_two_processes_filter_and_bad_input(tmp_path):
         )
         assert "on 2 processes" in result["batch_size"]
         assert "`data` differs across processes" in result["data"]
+        assert (
+            "`checkpoint_dir` is not supported with a `mesh` that spans"
+            in (result["checkpoint"])
+        )
 
 
 @pytest.mark.slow

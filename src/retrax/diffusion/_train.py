@@ -142,6 +142,12 @@ def _train_chunk(
     idx = start + jnp.arange(chunk, dtype=jnp.int32)
     carry = (params, opt_state, average)
     (params, opt_state, average), losses = jax.lax.scan(step, carry, idx)
+    if split is not None:
+        # the same on every device, so that each process reads its own copy
+        whole = NamedSharding(split.mesh, PartitionSpec())
+        params, opt_state, average, losses = jax.lax.with_sharding_constraint(
+            (params, opt_state, average, losses), whole
+        )
     return params, opt_state, average, losses
 
 
@@ -473,6 +479,10 @@ def fit(
                 jnp.asarray(end, jnp.int32),
                 config,
             )
+            if mesh is not None:
+                # this process's copy of the replicated losses: reading it is
+                # no collective, so processes may differ in `progress`
+                losses = losses.addressable_data(0)
             n = min(chunk, steps - done)
             history.append(losses[:n])
             previous, done = done, done + n
