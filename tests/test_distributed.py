@@ -120,7 +120,7 @@ def test_shard_batch_bad_input():
         unchecked(retrax.batch_mesh)(0)
 
 
-def test_fit_on_a_one_process_mesh_equals_fit(getkey):
+def _fit_with_and_without_mesh(getkey, rtol):
     data = jax.random.normal(getkey(), (32, 2))
     model = rd.TimeMLP(2, hidden=8, depth=1, key=getkey())
     pred = rd.NoisePredictor(model, rd.VPSDE())
@@ -128,12 +128,21 @@ def test_fit_on_a_one_process_mesh_equals_fit(getkey):
     kw = dict(steps=3, batch_size=8, progress=False, optimizer=optax.adam(1e-2))
     plain, losses = rd.fit(pred, data, key, **kw)
     meshed, meshed_losses = rd.fit(pred, data, key, mesh=retrax.batch_mesh(), **kw)
-    assert tree_allclose(
-        eqx.filter(meshed, eqx.is_array), eqx.filter(plain, eqx.is_array)
-    )
-    assert tree_allclose(meshed_losses, losses)
+    arrays = lambda m: eqx.filter(m, eqx.is_array)
+    assert tree_allclose(arrays(meshed), arrays(plain), rtol=rtol)
+    assert tree_allclose(meshed_losses, losses, rtol=rtol)
+    return pred, data, key, kw
+
+
+def test_fit_on_a_one_process_mesh_equals_fit(getkey):
+    pred, data, key, kw = _fit_with_and_without_mesh(getkey, rtol=1e-12)
     with pytest.raises(TypeError, match="`mesh` must be a jax.sharding.Mesh"):
         unchecked(rd.fit)(pred, data, key, mesh=("batch",), **kw)
+
+
+@pytest.mark.float32
+def test_fit_on_a_one_process_mesh_equals_fit_float32(getkey):
+    _fit_with_and_without_mesh(getkey, rtol=1e-6)
 
 
 # ---- two processes ----
