@@ -39,3 +39,14 @@ def test_documented_names_exist():
         for part in module.split(".")[1:]:
             obj = getattr(obj, part)
         assert hasattr(obj, attr), name
+
+
+def test_every_top_level_name_is_documented():
+    public = {
+        f"retrax.{name}"
+        for name in dir(retrax)
+        if not name.startswith("_")
+        and not isinstance(getattr(retrax, name), type(retrax))
+    }
+    missing = sorted(public - _documented())
+    assert not missing, f"add these to a page of docs/api/: {missing}"

@@ -10,9 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree, Shaped
 from tqdm.auto import tqdm
 
+from .._distributed import _replicate, _same_on_every_process
 from .._misc import check_positive_int, static_float
 from ._checkpoint import (
     _newest_intact,
@@ -97,8 +99,15 @@ def _param_dtype(params) -> jnp.dtype | None:
 def _train_chunk(
     params, opt_state, average, static, optimizer, data, key, start, end, config
 ):
-    chunk, batch_size, t0, t1, ema = config
+    chunk, batch_size, t0, t1, ema, split = config
     num, dtype = data.shape[0], data.dtype
+    # data parallel: each device computes its rows of every minibatch, drawn
+    # from the one stream (threefry draws do not depend on their sharding), and
+    # the mean over the split axis sums the devices' gradients
+    if split is None:
+        spread = lambda v: v
+    else:
+        spread = lambda v: jax.lax.with_sharding_constraint(v, split)
 
     def loss_fn(p, x0, t, eps):
         pred = eqx.combine(p, static)
@@ -107,9 +116,9 @@ def _train_chunk(
     def step(carry, i):
         params, opt_state, average = carry
         k_idx, k_t, k_eps = jax.random.split(jax.random.fold_in(key, i), 3)
-        x0 = data[jax.random.randint(k_idx, (batch_size,), 0, num)]
-        t = jax.random.uniform(k_t, (batch_size,), dtype, t0, t1)
-        eps = jax.random.normal(k_eps, x0.shape, dtype)
+        x0 = spread(data[jax.random.randint(k_idx, (batch_size,), 0, num)])
+        t = spread(jax.random.uniform(k_t, (batch_size,), dtype, t0, t1))
+        eps = spread(jax.random.normal(k_eps, x0.shape, dtype))
         loss, grads = jax.value_and_grad(loss_fn)(params, x0, t, eps)
         # optax's Adam mixes Python floats with its int32 step count, which a
         # caller's strict dtype promotion would reject
@@ -133,6 +142,12 @@ def _train_chunk(
     idx = start + jnp.arange(chunk, dtype=jnp.int32)
     carry = (params, opt_state, average)
     (params, opt_state, average), losses = jax.lax.scan(step, carry, idx)
+    if split is not None:
+        # the same on every device, so that each process reads its own copy
+        whole = NamedSharding(split.mesh, PartitionSpec())
+        params, opt_state, average, losses = jax.lax.with_sharding_constraint(
+            (params, opt_state, average, losses), whole
+        )
     return params, opt_state, average, losses
 
 
@@ -152,6 +167,7 @@ def fit(
     return_state: bool = False,
     checkpoint_dir: str | os.PathLike | None = None,
     checkpoint_every: int | None = None,
+    mesh: Mesh | None = None,
 ) -> (
     tuple[AbstractPredictor, Float[Array, " steps"]]
     | tuple[AbstractPredictor, Float[Array, " steps"], TrainState]
@@ -214,6 +230,21 @@ def fit(
     hyperparameters (e.g. a learning rate) are not stored: resume with the
     same `optimizer`.
 
+    **Data parallelism.** With `mesh` (e.g. [`retrax.batch_mesh`][]`()`, over
+    every device of every process of `jax.distributed`), every minibatch is
+    split along its rows over the mesh's devices: each device computes the
+    loss and gradient of its rows, and the gradients are summed across the
+    devices (and processes) before the optimiser's step. The minibatches are
+    drawn from the same stream as without `mesh` (each process draws its
+    share of every global minibatch of `batch_size` rows, and the combined
+    batch is the shares in process order), so the run takes the steps of a
+    single-process run with the same `batch_size`, equal to rounding; the
+    parameters and optimiser state are replicated, the same on every process
+    after every step. Every process calls `fit` with the same arguments
+    (`data` whole on every process; this is checked). `checkpoint_dir` is
+    refused with a mesh that spans several processes; `return_state` and
+    `opt_state` continue such a run.
+
     **Arguments:**
 
     - `pred`: the predictor to train. When continuing (`opt_state`), it gives
@@ -239,6 +270,9 @@ def fit(
     - `checkpoint_every`: save every this many steps (a positive integer; the
       chunks are shortened to it if `chunk_size` is longer); `None` saves at
       the end of every chunk. Needs `checkpoint_dir`.
+    - `mesh`: a `jax.sharding.Mesh` to run data-parallel on; every minibatch
+      is split over all its axes, so `batch_size` must be a multiple of its
+      number of devices. `None` (the default) runs on the default device.
 
     **Returns:**
 
@@ -277,6 +311,27 @@ def fit(
         raise TypeError(
             f"`checkpoint_dir` must be a path or None, got {checkpoint_dir!r}."
         )
+    if mesh is not None:
+        if not isinstance(mesh, Mesh):
+            raise TypeError(
+                f"`mesh` must be a jax.sharding.Mesh or None, got {mesh!r}."
+            )
+        if batch_size % mesh.size:
+            processes = len({d.process_index for d in mesh.devices.flat})
+            raise ValueError(
+                f"`batch_size` ({batch_size}) must be a multiple of the "
+                f"{mesh.size} devices of `mesh` (on {processes} processes), so "
+                "that every device computes an equal share of each minibatch."
+            )
+        if checkpoint_dir is not None and any(
+            d.process_index != jax.process_index() for d in mesh.devices.flat
+        ):
+            raise ValueError(
+                "`checkpoint_dir` is not supported with a `mesh` that spans "
+                "several processes: continue such a run with `return_state=True` "
+                "and `opt_state=`, saving the state with `save_checkpoint` on one "
+                "process."
+            )
     if opt_state is not None and not isinstance(opt_state, TrainState):
         raise TypeError(
             "`opt_state` must be the `TrainState` returned by `fit(..., "
@@ -305,6 +360,9 @@ def fit(
     dtype = _param_dtype(params)
     if dtype is not None:
         data = data.astype(dtype)
+    if mesh is not None:
+        # a collective: every process of the mesh reaches it with its `data`
+        _same_on_every_process("data", [_fingerprint(data)], "the same training set")
     try:
         jax.eval_shape(pred.epsilon, data[0], jnp.asarray(t1, data.dtype))
     except (TypeError, ValueError) as err:
@@ -342,7 +400,10 @@ def fit(
     start = state.step
     end = start + steps
     chunk = min(chunk_size, steps, checkpoint_every or steps)
-    config = (chunk, batch_size, t0, t1, ema)
+    split = None
+    if mesh is not None:
+        split = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
+    config = (chunk, batch_size, t0, t1, ema, split)
     history = []
     done = 0
 
@@ -395,6 +456,12 @@ def fit(
             history.append(found.tree["losses"][:done])
 
     params, opt, average = state.params, state.opt_state, state.average
+    if mesh is not None:
+        data, run_key, params, opt, average = _replicate(
+            (data, key, params, opt, average), mesh
+        )
+    else:
+        run_key = key
     with tqdm(
         total=steps, initial=done, disable=not progress, desc="fit", unit="step"
     ) as bar:
@@ -407,11 +474,15 @@ def fit(
                 static,
                 optimizer,
                 data,
-                key,
+                run_key,
                 first,
                 jnp.asarray(end, jnp.int32),
                 config,
             )
+            if mesh is not None:
+                # this process's copy of the replicated losses: reading it is
+                # no collective, so processes may differ in `progress`
+                losses = losses.addressable_data(0)
             n = min(chunk, steps - done)
             history.append(losses[:n])
             previous, done = done, done + n
