@@ -161,11 +161,10 @@ class EnergyDecayLoss(eqx.Module):
     signals (broadband, or of each fractional-octave band of
     `octave_band_split` when `fraction` is given), the loss is the mean over
     samples, bands and signals of $|L_{pred} - L_{target}|$ (`"L1"`) or
-    $(L_{pred} - L_{target})^2$ (`"L2"`): a loss on the decay of a reverb's
-    impulse response, in the spirit of the EDC losses of the differentiable
-    reverberation literature (e.g. Mezza et al., "Differentiable feedback
-    delay networks", and `flamo`'s EDC loss). Signals are `(time,)`,
-    `(channels, time)` or `(batch, channels, time)`.
+    $(L_{pred} - L_{target})^2$ (`"L2"`): a loss on how a reverb's impulse
+    response decays, per band, whatever its fine structure (two noises with
+    the same decay are close). Signals are `(time,)`, `(channels, time)` or
+    `(batch, channels, time)`.
 
     **Arguments:**
 

@@ -154,9 +154,9 @@ def octave_band_sos(
 
     Band $i$ is `scipy.signal.butter(order, [lower[i], upper[i]],
     btype="bandpass", fs=sample_rate, output="sos")` with the edges of
-    `octave_bands`: the usual realisation of IEC 61260 band filters (order 3
-    meets class 1 for octave bands), for measuring decay times per band
-    (ISO 3382-1).
+    `octave_bands`: a common realisation of fractional-octave band filters,
+    e.g. for measuring decay times per band (ISO 3382-1). (Whether a given
+    order meets an IEC 61260-1 tolerance class is not checked here.)
 
     **Arguments:**
 
