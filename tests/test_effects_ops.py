@@ -1,5 +1,5 @@
 """The effects' ops: feedback comb, Schroeder allpass, fractional delay line,
-feedback delay network.
+feedback delay network, and the network's frequency-sampling evaluation.
 
 Values against scipy.signal.lfilter (constant gains) and plain numpy loops of
 the definitions (per-sample gains, the interpolators' closed forms);
@@ -24,7 +24,14 @@ from helpers import (
     scans_in,
     unchecked,
 )
-from retrax.ops import comb, delay, fdn, schroeder_allpass
+from retrax.ops import (
+    comb,
+    delay,
+    fdn,
+    fdn_frequency_response,
+    fdn_impulse_response,
+    schroeder_allpass,
+)
 
 
 # --- references --------------------------------------------------------------
@@ -614,3 +621,146 @@ def test_fdn_bad_parameters():
         unchecked(fdn)(x, (2, 3), A, b, c)
     with pytest.raises(ValueError, match=r"`zi` must be the last 4 values"):
         unchecked(fdn)(x, (2, 3, 4), A, b, c, zi=jnp.zeros((3, 3)))
+
+
+# --- the network by frequency sampling -----------------------------------------
+
+
+def np_fdn_response(delays, A, b, c, d, z, gains=None):
+    """c^T (D(z)^-1 Gamma^-1 - A)^-1 b + d at each z, by numpy solves."""
+    m = np.asarray(delays)
+    gains = np.ones((len(z), len(m))) if gains is None else gains
+    gains = np.broadcast_to(gains, (len(z), len(m)))
+    return np.array([
+        c @ np.linalg.solve(np.diag(zk**m / gk) - A, b) + d
+        for zk, gk in zip(z, gains, strict=True)
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize("delays", [(3, 5, 7, 11), (8, 1, 5)])
+def test_fdn_frequency_response_is_the_decayed_response_fft(delays):
+    rng = np.random.default_rng(30 + len(delays))
+    A, b, c = _fdn_case(rng, len(delays), gain=0.5)
+    n_fft = 512  # the response has decayed below 1e-11 by then
+    h = fdn_impulse_response(delays, A, b, c, 0.3, length=n_fft)
+    assert np.max(np.abs(h[-50:])) < 1e-11 * np.max(np.abs(h))
+    response = fdn_frequency_response(delays, A, b, c, 0.3, n_fft=n_fft)
+    assert response.dtype == jnp.complex128 and response.shape == (257,)
+    assert_close(response, np.fft.rfft(np.asarray(h)), rtol=1e-8)
+    z = np.exp(2j * np.pi * np.arange(257) / n_fft)
+    assert_close(response, np_fdn_response(delays, A, b, c, 0.3, z), rtol=1e-12)
+    h_freq = fdn_impulse_response(
+        delays, A, b, c, 0.3, length=300, method="frequency", n_fft=n_fft
+    )
+    assert_close(h_freq, h[:300], rtol=1e-8)
+
+
+def test_fdn_line_gains():
+    rng = np.random.default_rng(34)
+    delays = (3, 4, 7)
+    A, b, c = _fdn_case(rng, 3, gain=1.0)  # lossless; the gains make it decay
+    gains = rng.uniform(0.6, 0.9, 3)
+    h = fdn_impulse_response(delays, A, b, c, length=512, line_gains=gains)
+    h_freq = fdn_impulse_response(delays, A, b, c, length=512, n_fft=2048,
+                                  method="frequency", line_gains=gains)  # fmt: skip
+    assert_close(h_freq, h, rtol=1e-8)  # decayed within 2048 samples
+    assert_close(h, fdn(np.eye(1, 512)[0], delays, A * gains, b, c * gains))
+    # a response per line and frequency (real: zero phase)
+    n_fft = 64
+    per_bin = rng.uniform(0.3, 0.9, (33, 3))
+    z = np.exp(2j * np.pi * np.arange(33) / n_fft)
+    response = fdn_frequency_response(delays, A, b, c, 0.2, n_fft=n_fft,
+                                      line_gains=per_bin)  # fmt: skip
+    assert_close(response, np_fdn_response(delays, A, b, c, 0.2, z, per_bin),
+                 rtol=1e-12)  # fmt: skip
+
+
+def test_fdn_frequency_response_derivatives():
+    rng = np.random.default_rng(35)
+    A, b, c = (jnp.asarray(v) for v in _fdn_case(rng, 3, gain=0.5))
+    gains = jnp.asarray(rng.uniform(0.3, 0.6, (9, 3)))
+
+    def f(A, b, c, d, gains):
+        # every bin's real and imaginary part reach the 16 samples (except
+        # the imaginary parts of z = 1 and z = -1, which are zero)
+        return fdn_impulse_response((2, 3, 5), A, b, c, d, length=16,
+                                    method="frequency", line_gains=gains)  # fmt: skip
+
+    check_grads(f, (A, b, c, jnp.asarray(0.4), gains))
+
+
+def test_fdn_frequency_response_vmap_and_jit():
+    rng = np.random.default_rng(36)
+    A = jnp.asarray(_fdn_case(rng, 2)[0])
+    bc = jnp.asarray(rng.standard_normal((3, 2, 2)))
+
+    def ir(bc):
+        return fdn_impulse_response((3, 5), A, bc[0], bc[1], length=64,
+                                    method="frequency", n_fft=256)  # fmt: skip
+
+    batched = jax.jit(jax.vmap(ir))(bc)
+    one = jax.jit(ir)
+    for i in range(3):
+        assert_close(batched[i], one(bc[i]), rtol=1e-12)
+
+
+def test_fdn_frequency_response_bad_parameters():
+    rng = np.random.default_rng(37)
+    A, b, c = (jnp.asarray(v) for v in _fdn_case(rng, 3, gain=1.0))
+    norm = "`A` must have spectral norm at most 1"
+
+    def f(A, gains):
+        return fdn_frequency_response((2, 3, 4), A, b, c, n_fft=32,
+                                      line_gains=gains)  # fmt: skip
+
+    def ir(A, gains):
+        return fdn_impulse_response((2, 3, 4), A, b, c, length=32,
+                                    line_gains=gains)  # fmt: skip
+
+    ok = jnp.full(3, 0.9)
+    assert f(A, ok).shape == (17,)  # lossless (orthogonal) is allowed
+    with pytest.raises(ValueError, match=norm):
+        fdn_frequency_response((2, 3, 4), 1.01 * np.asarray(A), b, c, n_fft=32)
+    for g in (f, ir):
+        raises_eagerly_and_under_jit(g, 1.01 * A, ok, match=norm)
+        raises_eagerly_and_under_jit(g, A, ok.at[1].set(1.2),
+                                     match="`line_gains` must be finite")  # fmt: skip
+    raises_eagerly_and_under_jit(f, A.at[0, 1].set(jnp.inf), ok,
+                                 match="`A` has non-finite")  # fmt: skip
+    # a lossless network with a pole on a sampled frequency (A = I at z = 1)
+    raises_eagerly_and_under_jit(f, jnp.eye(3), ok.at[:].set(1.0),
+                                 match="pole on a sampled frequency")  # fmt: skip
+    with pytest.raises(ValueError, match="delay"):
+        unchecked(fdn_frequency_response)((2, 0, 4), A, b, c, n_fft=32)
+    with pytest.raises(ValueError, match=r"`line_gains` must have shape \(3,\)"):
+        unchecked(f)(A, jnp.ones((16, 3)))
+    with pytest.raises(ValueError, match="`n_fft` must be a positive integer"):
+        unchecked(fdn_frequency_response)((2, 3, 4), A, b, c, n_fft=0)
+    with pytest.raises(ValueError, match=r"`n_fft` \(16\) must be at least"):
+        unchecked(fdn_impulse_response)((2, 3, 4), A, b, c, length=32,
+                                        method="frequency", n_fft=16)  # fmt: skip
+    with pytest.raises(ValueError, match='method="time" takes constant real'):
+        unchecked(ir)(A, jnp.ones((17, 3)))
+    with pytest.raises(ValueError, match="`method` must be"):
+        unchecked(fdn_impulse_response)((2, 3, 4), A, b, c, length=8,
+                                        method="freq")  # fmt: skip
+
+
+@pytest.mark.float32
+def test_fdn_frequency_response_float32():
+    rng = np.random.default_rng(38)
+    A, b, c = (np.asarray(v, np.float32) for v in _fdn_case(rng, 3, gain=0.7))
+    delays = (2, 3, 5)
+
+    def ir(A, b, c):
+        return fdn_impulse_response(delays, A, b, c, length=256,
+                                    method="frequency")  # fmt: skip
+
+    h = jax.jit(ir)(A, b, c)
+    assert h.dtype == jnp.float32
+    x = np.eye(1, 256)[0]
+    ref = np_fdn(x, delays, *(v.astype(np.float64) for v in (A, b, c)), 0.0,
+                 np.zeros((3, 5)))[0]  # fmt: skip
+    assert_close(h, ref, rtol=1e-5)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(ir(*a) ** 2), argnums=(0, 1, 2)))
+    assert all(v.dtype == jnp.float32 for v in grads(A, b, c))

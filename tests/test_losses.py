@@ -1,5 +1,8 @@
 """`retrax.losses`: the STFT losses against auraloss (or its stored values),
-an independent numpy reference, derivatives, transformations and bad input."""
+an independent numpy reference, derivatives, transformations and bad input;
+the fractional-octave bands against IEC 61260-1 and scipy's Butterworth
+filters; energy decay curves and decay times against numpy and decaying
+noise of known decay time."""
 
 import importlib.util
 import json
@@ -11,13 +14,21 @@ import numpy as np
 import pytest
 import scipy.signal
 
-from helpers import assert_close, raises_eagerly_and_under_jit
+from helpers import assert_close, raises_eagerly_and_under_jit, unchecked
 from retrax.losses import (
+    EnergyDecayLoss,
     MelBandEnergyLoss,
     MultiResolutionSTFTLoss,
+    OctaveBandEnergyLoss,
     STFTLoss,
+    energy_decay_curve,
     mel_filterbank,
     multi_resolution_stft_loss,
+    octave_band_sos,
+    octave_band_split,
+    octave_bands,
+    octave_filterbank,
+    t60_from_edc,
 )
 
 
@@ -261,3 +272,225 @@ def test_float32_process_matches_auraloss(auraloss_reference):
     assert_close(out, auraloss_reference["float32"]["stereo"], rtol=1e-5)
     grad = jax.grad(loss)(pred, target)
     assert grad.dtype == jnp.float32 and np.all(np.isfinite(grad))
+
+
+# --- fractional-octave bands ---------------------------------------------------
+
+
+def test_octave_bands_are_iec_61260():
+    lower, centre, upper = octave_bands(1, 125, 8000)
+    nominal = [125, 250, 500, 1000, 2000, 4000, 8000]
+    assert_close(centre, 1000 * 10.0 ** (0.3 * np.arange(-3, 4)))
+    assert np.all(np.abs(centre / nominal - 1) < 0.01)
+    assert_close(upper / lower, np.full(7, 10.0**0.3))
+    lower, centre, upper = octave_bands(3, 100, 5000)
+    assert len(centre) == 18 and centre[10] == 1000.0
+    assert_close(centre, 1000 * 10.0 ** (0.1 * np.arange(-10, 8)))
+    assert_close(lower[1:], upper[:-1])  # the bands tile the range
+    assert_close(octave_bands(2, 1000, 1000)[1], [1000 * 10 ** (0.15 / 2)])
+    assert octave_bands(1, 1100, 1300)[1].tolist() == [1000.0]  # its band
+    for args, name in [((0,), "fraction"), ((1, 0.0), "f_min"),
+                       ((1, 500, 100), "f_max")]:  # fmt: skip
+        with pytest.raises(ValueError, match=name):
+            octave_bands(*args)
+
+
+def test_octave_filterbank():
+    bank = octave_filterbank(16000, 512, 3, 200, 4000)
+    lower, _, upper = octave_bands(3, 200, 4000)
+    freqs = np.arange(257) * 16000 / 512
+    assert bank.shape == (len(lower), 257)
+    for row, lo, hi in zip(bank, lower, upper, strict=True):
+        assert np.array_equal(row, ((freqs >= lo) & (freqs < hi)).astype(float))
+    covered = (freqs >= lower[0]) & (freqs < upper[-1])
+    assert np.array_equal(bank.sum(axis=0), covered.astype(float))
+    top = octave_filterbank(16000, 512, 1, 125)[-1]  # f_max=None: up to 8 kHz
+    assert top[-1] == 0 and octave_bands(1, 4000, 4000)[2][0] < 8000
+    with pytest.raises(ValueError, match="holds no FFT bin at `fft_size`=512"):
+        octave_filterbank(16000, 512, 3, 50)
+    with pytest.raises(ValueError, match="above the Nyquist frequency"):
+        octave_filterbank(16000, 512, 1, 125, 8000)
+    with pytest.raises(ValueError, match="sample_rate"):
+        octave_filterbank(-1, 512)
+
+
+def test_octave_band_split_is_scipy_butterworth():
+    sos = octave_band_sos(8000, 1, 125, 2000, order=3)
+    lower, _, upper = octave_bands(1, 125, 2000)
+    assert sos.shape == (5, 3, 6)
+    for band, lo, hi in zip(sos, lower, upper, strict=True):
+        ref = scipy.signal.butter(3, [lo, hi], "bandpass", fs=8000, output="sos")
+        assert_close(band, ref)
+    x = np.random.default_rng(40).standard_normal((2, 300))
+    split = jax.jit(lambda x: octave_band_split(x, 8000, 1, 125, 2000))(x)
+    assert split.shape == (2, 5, 300)
+    ref = np.stack([scipy.signal.sosfilt(s, x, axis=-1) for s in sos], axis=-2)
+    assert_close(split, ref, rtol=1e-10)
+    with pytest.raises(ValueError, match="order"):
+        octave_band_sos(8000, order=0)
+
+
+def test_octave_band_energy_loss():
+    rng = np.random.default_rng(41)
+    pred, target = rng.standard_normal((2, 2, 300))
+    loss = OctaveBandEnergyLoss(8000, 256, 64, fraction=3, f_min=200.0, eps=1e-6)
+    w = scipy.signal.get_window("hann", 256, fftbins=True)
+    bank = octave_filterbank(8000, 256, 3, 200.0)
+
+    def energies(x):
+        x = np.pad(x, [(0, 0), (128, 128)], "reflect")
+        frames = [x[:, m : m + 256] * w for m in range(0, x.shape[-1] - 255, 64)]
+        return np.abs(np.fft.rfft(np.stack(frames, axis=1), axis=-1)) ** 2 @ bank.T
+
+    expected = np.mean(
+        np.abs(np.log(energies(pred) + 1e-6) - np.log(energies(target) + 1e-6))
+    )
+    f = jax.jit(loss)
+    assert_close(f(pred, target), expected)
+    grad = jax.grad(lambda p: f(p, target))
+    jax.test_util.check_grads(
+        lambda p: f(p, target), (pred,), order=1, modes=("rev",), eps=1e-6
+    )
+    assert np.all(np.asarray(grad(target)) == 0)
+    for settings, name in [
+        (dict(sample_rate=0), "sample_rate"),
+        (dict(sample_rate=8000, fraction=0), "fraction"),
+        (dict(sample_rate=8000, fft_size=64), "fft_size"),
+        (dict(sample_rate=8000, f_max=4000.0), "f_max"),
+        (dict(sample_rate=8000, hop_size=0), "hop_size"),
+        (dict(sample_rate=8000, eps=0.0), "eps"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            OctaveBandEnergyLoss(**settings)
+
+
+# --- energy decay curves and decay times --------------------------------------
+
+
+def np_edc(x, normalize=True, eps=0.0):
+    energy = np.cumsum(x[..., ::-1] ** 2, axis=-1)[..., ::-1]
+    if normalize:
+        energy = energy / energy[..., :1]
+    return 10 * np.log10(energy + eps)
+
+
+def decaying_noise(rng, t60, fs, seconds):
+    """White noise whose energy falls by 60 dB every `t60` seconds."""
+    t = np.arange(int(seconds * fs)) / fs
+    return rng.standard_normal(t.size) * 10.0 ** (-3 * t / t60)
+
+
+def test_energy_decay_curve():
+    x = np.random.default_rng(42).standard_normal((3, 50))
+    assert_close(energy_decay_curve(x), np_edc(x))
+    assert_close(jax.jit(energy_decay_curve)(x)[:, 0], np.zeros(3), atol=1e-12)
+    assert_close(energy_decay_curve(x, normalize=False, eps=1e-3),
+                 np_edc(x, False, 1e-3))  # fmt: skip
+    silent = energy_decay_curve(np.zeros(4), eps=1e-10)
+    assert_close(silent, np.full(4, -100.0))
+    for bad, name in [(dict(eps=-1.0), "eps"), (dict(eps=np.inf), "eps")]:
+        with pytest.raises(ValueError, match=name):
+            energy_decay_curve(x, **bad)
+    with pytest.raises(ValueError, match="`x` must be real signals"):
+        unchecked(energy_decay_curve)(np.zeros(()))
+
+
+def test_t60_of_decaying_noise():
+    rng = np.random.default_rng(43)
+    fs = 8000
+    t60s = np.array([0.25, 0.6, 1.1])
+    x = np.stack([decaying_noise(rng, t60, fs, 2.2) for t60 in t60s])
+    measured = jax.jit(lambda x: t60_from_edc(energy_decay_curve(x), fs))(x)
+    assert np.all(np.abs(measured / t60s - 1) < 0.03), measured
+    # a straight line is fitted exactly; batched under jit and vmap
+    t = np.arange(400) / fs
+    lines = -60 * t / np.array([[0.02], [0.03]])
+    f = jax.jit(lambda e: t60_from_edc(e, fs))
+    assert_close(f(lines), [0.02, 0.03])
+    assert_close(jax.vmap(f)(lines), [0.02, 0.03])
+    # its derivative: the fitted slope is linear in the samples in the range
+    # (and does not depend on the start level, sample 0, but for rounding)
+    g = np.asarray(jax.grad(lambda e: t60_from_edc(e, fs))(lines[0]))
+    inside = (lines[0] <= -5) & (lines[0] >= -35)
+    assert np.all(g[1:][~inside[1:]] == 0) and np.all(np.isfinite(g))
+    assert abs(g[0]) < 1e-12 * np.max(np.abs(g))
+
+
+def test_t60_from_edc_bad_inputs():
+    fs = 8000
+    short = -60 * np.arange(100) / fs / 0.1  # falls 7.5 dB only
+    raises_eagerly_and_under_jit(lambda e: t60_from_edc(e, fs), short,
+                                 match="does not fall to -35.0 dB")  # fmt: skip
+    steep = np.array([0.0, -10.0, -100.0])
+    raises_eagerly_and_under_jit(lambda e: t60_from_edc(e, fs), steep,
+                                 match="fewer than two samples")  # fmt: skip
+    rising = np.array([0.0, -50.0, -36.0, -30.0, -20.0, -6.0, -40.0])
+    raises_eagerly_and_under_jit(lambda e: t60_from_edc(e, fs), rising,
+                                 match="does not decay")  # fmt: skip
+    start = np.array([-np.inf, -50.0])
+    raises_eagerly_and_under_jit(lambda e: t60_from_edc(e, fs), start,
+                                 match="finite at its first sample")  # fmt: skip
+    line = -60 * np.arange(400) / fs / 0.02
+    for bad, name in [(dict(start_db=-40.0), "start_db"),
+                      (dict(start_db=1.0), "start_db"),
+                      (dict(sample_rate=0.0), "sample_rate")]:  # fmt: skip
+        kwargs = dict(sample_rate=fs) | bad
+        with pytest.raises(ValueError, match=name):
+            t60_from_edc(line, **kwargs)
+
+
+def test_energy_decay_loss():
+    rng = np.random.default_rng(44)
+    fs = 8000
+    pred = decaying_noise(rng, 0.05, fs, 0.05)[None] * [[1.0], [0.5]]
+    target = decaying_noise(rng, 0.04, fs, 0.05)[None] * [[1.0], [2.0]]
+    loss = EnergyDecayLoss(eps=1e-7)
+    expected = np.mean(np.abs(np_edc(pred, eps=1e-7) - np_edc(target, eps=1e-7)))
+    assert_close(jax.jit(loss)(pred, target), expected)
+    assert np.all(np.asarray(jax.grad(loss)(target, target)) == 0)
+    absolute = EnergyDecayLoss(normalize=False, eps=1e-7, distance="L2")
+    expected = np.mean((np_edc(pred, False, 1e-7) - np_edc(target, False, 1e-7)) ** 2)
+    assert_close(absolute(pred, target), expected)
+    banded = EnergyDecayLoss(fs, 1, 250, 2000, eps=1e-7)
+    sos = octave_band_sos(fs, 1, 250, 2000)
+
+    def np_bands(x):
+        return np.stack([scipy.signal.sosfilt(s, x, axis=-1) for s in sos], -2)
+
+    expected = np.mean(np.abs(np_edc(np_bands(pred), eps=1e-7)
+                              - np_edc(np_bands(target), eps=1e-7)))  # fmt: skip
+    f = jax.jit(banded)
+    assert_close(f(pred, target), expected, rtol=1e-9)
+    grad = jax.grad(lambda p: f(p, target))
+    assert np.all(np.isfinite(grad(pred)))
+    jax.test_util.check_grads(
+        lambda p: f(p, target), (pred,), order=1, modes=("rev",), eps=1e-7
+    )
+    for settings, name in [
+        (dict(fraction=1), "sample_rate"),
+        (dict(sample_rate=fs, fraction=0), "fraction"),
+        (dict(sample_rate=fs, fraction=1, f_max=4000.0), "f_max"),
+        (dict(eps=0.0), "eps"),
+        (dict(distance="L3"), "distance"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match=name):
+            EnergyDecayLoss(**settings)
+    bad = np.array(target)
+    bad[0, 3] = np.nan
+    raises_eagerly_and_under_jit(loss, pred, bad, match="`target` contains")
+
+
+@pytest.mark.float32
+def test_float32_decay_time_and_loss():
+    rng = np.random.default_rng(45)
+    fs = 8000
+    x = jnp.asarray(decaying_noise(rng, 0.4, fs, 0.8), jnp.float32)
+    edc = jax.jit(energy_decay_curve)(x)
+    assert edc.dtype == jnp.float32
+    assert_close(edc, np_edc(np.asarray(x, np.float64)), rtol=1e-5)
+    t60 = jax.jit(lambda e: t60_from_edc(e, fs))(edc)
+    assert t60.dtype == jnp.float32 and abs(t60 / 0.4 - 1) < 0.03
+    loss = jax.jit(EnergyDecayLoss(fs, 1, 250, 2000))
+    value, grad = jax.value_and_grad(loss)(x, 0.5 * x[::-1])
+    assert value.dtype == grad.dtype == jnp.float32
+    assert np.all(np.isfinite(grad))

@@ -1,9 +1,22 @@
-"""Spectral losses for audio: STFT losses and mel band energies."""
+"""Losses for audio: STFT losses, mel and fractional-octave band energies, and
+energy decay curves of impulse responses."""
 
+from ._edc import (
+    EnergyDecayLoss as EnergyDecayLoss,
+    energy_decay_curve as energy_decay_curve,
+    t60_from_edc as t60_from_edc,
+)
 from ._mel import mel_filterbank as mel_filterbank
 from ._mel_loss import MelBandEnergyLoss as MelBandEnergyLoss
 from ._multi_resolution import (
     MultiResolutionSTFTLoss as MultiResolutionSTFTLoss,
     multi_resolution_stft_loss as multi_resolution_stft_loss,
 )
+from ._octave import (
+    octave_band_sos as octave_band_sos,
+    octave_band_split as octave_band_split,
+    octave_bands as octave_bands,
+    octave_filterbank as octave_filterbank,
+)
+from ._octave_loss import OctaveBandEnergyLoss as OctaveBandEnergyLoss
 from ._stft_loss import STFTLoss as STFTLoss

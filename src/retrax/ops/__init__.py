@@ -5,6 +5,10 @@ from ._ballistics import ballistics as ballistics
 from ._comb import comb as comb, schroeder_allpass as schroeder_allpass
 from ._delay import delay as delay
 from ._fdn import fdn as fdn
+from ._fdn_frequency import (
+    fdn_frequency_response as fdn_frequency_response,
+    fdn_impulse_response as fdn_impulse_response,
+)
 from ._filtfilt import filtfilt as filtfilt, sosfiltfilt as sosfiltfilt
 from ._fir import fir as fir
 from ._freqz import freqz as freqz, freqz_sos as freqz_sos, sosfreqz as sosfreqz

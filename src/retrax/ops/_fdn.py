@@ -10,7 +10,7 @@ from ._recurrence import DEFAULT_UNROLL, DelayLines, delay_line_reads, recurrenc
 from ._validate import check_delay, check_signal, real_array
 
 
-def _check_delays(delays) -> tuple[int, ...]:
+def check_delays(delays) -> tuple[int, ...]:
     try:
         delays = tuple(delays)
     except TypeError:
@@ -30,6 +30,36 @@ def _bounded_norm(xp, A):
     else:
         tol = 100 * np.finfo(np.result_type(A.dtype, np.float32)).eps
     return xp.linalg.norm(A, 2) > 1 + tol
+
+
+def checked_network(delays: tuple[int, ...], A, b, c, d):
+    """`(A, b, c, d)` as inexact arrays, their shapes checked at once and their
+    values (finite; `A` of spectral norm at most 1) eagerly or under `jit`.
+    `d=None` is 0."""
+    lines = len(delays)
+    shapes = {"A": (lines, lines), "b": (lines,), "c": (lines,)}
+    params = {"A": A, "b": b, "c": c, "d": 0.0 if d is None else d}
+    for name, value in params.items():
+        arr = real_array(name, value)
+        shape = shapes.get(name, ())
+        if arr.shape != shape:
+            raise ValueError(
+                f"`{name}` must have shape {shape} for {lines} delay lines, got "
+                f"shape {arr.shape}."
+            )
+        params[name] = check_value(
+            value,
+            lambda xp, v: ~xp.all(xp.isfinite(v)),
+            f"`{name}` has non-finite (nan or inf) entries.",
+        )
+    params["A"] = check_value(
+        params["A"],
+        _bounded_norm,
+        "`A` must have spectral norm at most 1 (the network would otherwise "
+        "grow without bound); use an orthogonal or Householder matrix, scaled "
+        "by a gain <= 1.",
+    )
+    return tuple(as_inexact(k, params[k]) for k in ("A", "b", "c", "d"))
 
 
 def fdn(
@@ -92,32 +122,11 @@ def fdn(
     (beyond rounding, `100 eps`), raise an error: NumPy or Python values at
     once, JAX arrays at run time (also under `jax.jit`).
     """
-    delays = _check_delays(delays)
+    delays = check_delays(delays)
     lines, longest = len(delays), max(delays)
     x = real_array("x", x)
     check_signal("x", x)
-    shapes = {"A": (lines, lines), "b": (lines,), "c": (lines,)}
-    params = {"A": A, "b": b, "c": c, "d": 0.0 if d is None else d}
-    for name, value in params.items():
-        arr = real_array(name, value)
-        shape = shapes.get(name, ())
-        if arr.shape != shape:
-            raise ValueError(
-                f"`{name}` must have shape {shape} for {lines} delay lines, got "
-                f"shape {arr.shape}."
-            )
-        params[name] = check_value(
-            value,
-            lambda xp, v: ~xp.all(xp.isfinite(v)),
-            f"`{name}` has non-finite (nan or inf) entries.",
-        )
-    params["A"] = check_value(
-        params["A"],
-        _bounded_norm,
-        "`A` must have spectral norm at most 1 (the network would otherwise "
-        "grow without bound); use an orthogonal or Householder matrix, scaled "
-        "by a gain <= 1.",
-    )
+    A, b, c, dd = checked_network(delays, A, b, c, d)
     if zi is not None:
         zi = real_array("zi", zi)
         if zi.shape != (lines, longest):
@@ -126,7 +135,6 @@ def fdn(
                 f"lines (newest first), shape ({lines}, {longest}), got shape "
                 f"{zi.shape}."
             )
-    A, b, c, dd = (as_inexact(k, params[k]) for k in ("A", "b", "c", "d"))
     dtype = result_dtype(x, A, b, c, dd, zi)
     x, A, b, c, dd = (v.astype(dtype) for v in (x, A, b, c, dd))
     zi = jnp.zeros((lines, longest), dtype) if zi is None else zi.astype(dtype)

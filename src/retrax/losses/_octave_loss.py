@@ -1,0 +1,111 @@
+"""A loss on fractional-octave band energies: the L1 distance of their logarithms."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float, Real
+
+from .._misc import check_positive_int
+from ._octave import octave_filterbank
+from ._stft import WINDOWS, Window, analysis_window, stft_power
+from ._stft_loss import Weight, check_choice, check_eps, check_signals
+
+
+class OctaveBandEnergyLoss(eqx.Module):
+    r"""The mean absolute difference of log fractional-octave band energies.
+
+    With $E_{bm} = \sum_k M_{bk} |X_{mk}|^2$ the energy of band $b$ in frame
+    $m$ ($M$ from `octave_filterbank`: octave, third-octave or $1/b$-octave
+    bands of IEC 61260-1; $X$ the STFT framed as in `STFTLoss`), the loss is
+    the mean over bands, frames and signals of
+    $|\log(E^{pred}_{bm} + \varepsilon) - \log(E^{target}_{bm} + \varepsilon)|$.
+    Signals are `(time,)`, `(channels, time)` or `(batch, channels, time)`
+    with `time >= fft_size`; the mean runs over the whole input.
+
+    **Arguments:**
+
+    - `sample_rate`: the signals' sample rate in Hz, > 0.
+    - `fft_size`, `hop_size`, `win_length`, `window`: the STFT, as in
+      `STFTLoss` (`win_length=None` is `fft_size`).
+    - `fraction`, `f_min`, `f_max`: the bands, as in `octave_filterbank`
+      (the default, `fraction=3`, gives third-octave bands); each band must
+      hold at least one FFT bin.
+    - `eps`: added to the energies before the logarithm, > 0.
+
+    Invalid settings raise `ValueError` naming the argument.
+    """
+
+    sample_rate: float = eqx.field(static=True)
+    fft_size: int = eqx.field(static=True)
+    hop_size: int = eqx.field(static=True)
+    win_length: int = eqx.field(static=True)
+    window: Window = eqx.field(static=True)
+    fraction: int = eqx.field(static=True)
+    f_min: float = eqx.field(static=True)
+    f_max: float | None = eqx.field(static=True)
+    eps: Weight
+
+    def __init__(
+        self,
+        sample_rate: float | int,
+        fft_size: int = 2048,
+        hop_size: int = 512,
+        win_length: int | None = None,
+        window: Window = "hann_window",
+        fraction: int = 3,
+        f_min: float | int = 50.0,
+        f_max: float | int | None = None,
+        eps: Weight = 1e-8,
+    ):
+        win_length = fft_size if win_length is None else win_length
+        check_positive_int("hop_size", hop_size)
+        check_positive_int("win_length", win_length)
+        check_choice("window", window, WINDOWS)
+        # Checks sample_rate, fft_size, fraction and the bands.
+        octave_filterbank(sample_rate, fft_size, fraction, f_min, f_max)
+        if win_length > fft_size:
+            raise ValueError(
+                f"`win_length` ({win_length}) must not exceed `fft_size` ({fft_size})."
+            )
+        self.sample_rate = float(sample_rate)
+        self.fft_size = fft_size
+        self.hop_size = hop_size
+        self.win_length = win_length
+        self.window = window
+        self.fraction = fraction
+        self.f_min = float(f_min)
+        self.f_max = None if f_max is None else float(f_max)
+        self.eps = check_eps(eps)
+
+    def band_energies(self, x: jax.Array) -> jax.Array:
+        """The band energies of checked signals `x`, `(..., frames, bands)`."""
+        window = analysis_window(self.window, self.win_length, self.fft_size)
+        power = stft_power(x, self.fft_size, self.hop_size, window)
+        bank = octave_filterbank(
+            self.sample_rate, self.fft_size, self.fraction, self.f_min, self.f_max
+        )
+        return power @ jnp.asarray(bank.T, x.dtype)
+
+    def __call__(
+        self, pred: Real[ArrayLike, "..."], target: Real[ArrayLike, "..."]
+    ) -> Float[Array, ""]:
+        """The loss of `pred` against `target`.
+
+        **Arguments:**
+
+        - `pred`: the prediction, `(time,)`, `(channels, time)` or
+          `(batch, channels, time)`, with `time >= fft_size`.
+        - `target`: the target, the same shape.
+
+        **Returns:**
+
+        A scalar in the signals' promoted float dtype. Mismatched shapes, too
+        short or non-finite signals raise an error naming the argument.
+        """
+        pred, target = check_signals(pred, target, self.fft_size)
+        eps = jnp.asarray(self.eps).astype(pred.dtype)
+        d = jnp.log(self.band_energies(pred) + eps) - jnp.log(
+            self.band_energies(target) + eps
+        )
+        # sign(d) * d: |d| with a zero derivative where pred meets target.
+        return jnp.mean(jnp.sign(d) * d)
