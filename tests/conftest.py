@@ -10,6 +10,15 @@ import pytest
 # session enables x64 and deselects them.
 FLOAT32_SESSION = os.environ.get("RETRAX_TEST_FLOAT32", "0") == "1"
 if not FLOAT32_SESSION:
+    # XLA's CPU backend compiles fusions with its MLIR fusion emitters by
+    # default; its elemental emitters generate the same arithmetic at about
+    # half the compile time, and compiling is most of this suite's CPU time
+    # (test_proxdm.py: 86 s of CPU with the default, 51 s without). Read when
+    # the CPU client starts, so set before any computation. Subprocesses that
+    # the tests start (examples, the checkpoint fault test) inherit it.
+    os.environ["XLA_FLAGS"] = " ".join(
+        [os.environ.get("XLA_FLAGS", ""), "--xla_cpu_use_fusion_emitters=false"]
+    ).strip()
     jax.config.update("jax_enable_x64", True)
     # Thousands of small programs, each run a few times: XLA's optimisation
     # passes cost more than they save here (about a third of the suite's CPU

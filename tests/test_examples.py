@@ -16,7 +16,8 @@ def load_example(relative: str):
     """The example as a module, whose `main` runs as a user runs the script:
     with XLA's optimisations (which the x64 sessions turn off) and in JAX's
     default precision (x64 off, so float32) whatever this session enables,
-    unless the script switches x64 on itself."""
+    unless the script switches x64 on itself. (The session's choice of XLA's
+    CPU fusion emitters, see conftest.py, holds for the whole process.)"""
     path = EXAMPLES / relative
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
