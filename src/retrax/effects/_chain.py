@@ -1,7 +1,6 @@
 """Effects in series, with the processor interface of one effect."""
 
 from collections.abc import Sequence
-from typing import Self
 
 import jax.numpy as jnp
 import numpy as np
@@ -58,7 +57,7 @@ class Chain(AbstractEffect):
         """The concatenated normalised parameters of the effects."""
         return jnp.concatenate([e.to_normalised() for e in self.effects])
 
-    def with_normalised(self, p: Shaped[ArrayLike, " params"]) -> Self:
+    def with_normalised(self, p: Shaped[ArrayLike, " params"]) -> "Chain":
         """The chain with the effects' parameters from `p` `(P,)`, split in
         order; entries outside $[0, 1]$ raise an error (also under `jax.jit`)."""
         p = check_normalised(p, self.n_params)

@@ -30,7 +30,7 @@ class Delay(AbstractRangedEffect):
     **Arguments:**
 
     - `delay_ms`: the delay in ms, in $[0, \mathrm{max\_delay\_ms}]$
-      (normalised linearly).
+      (normalised linearly); default half of `max_delay_ms`.
     - `mix`: the wet fraction, in $[0, 1]$.
     - `max_delay_ms`: the longest delay, a Python number `> 0` (static: it
       fixes the history the delay line keeps).
@@ -49,7 +49,7 @@ class Delay(AbstractRangedEffect):
 
     def __init__(
         self,
-        delay_ms: Shaped[ArrayLike, ""] = 100.0,
+        delay_ms: Shaped[ArrayLike, ""] | None = None,
         mix: Shaped[ArrayLike, ""] = 0.5,
         max_delay_ms: float | int = 500.0,
         sample_rate: float | int = 44_100.0,
@@ -60,6 +60,8 @@ class Delay(AbstractRangedEffect):
         self.max_delay_ms = max_delay_ms
         self.sample_rate = check_rate("sample_rate", sample_rate)
         ranges = self.ranges()
+        if delay_ms is None:
+            delay_ms = 0.5 * max_delay_ms
         self.delay_ms = ranges["delay_ms"].check_init("delay_ms", delay_ms)
         self.mix = ranges["mix"].check_init("mix", mix)
 

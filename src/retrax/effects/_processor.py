@@ -11,7 +11,7 @@ import abc
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any, Self
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -130,7 +130,7 @@ class AbstractEffect(eqx.Module):
         """The normalised parameters `(P,)`, in $[0, 1]$."""
 
     @abc.abstractmethod
-    def with_normalised(self, p: Shaped[ArrayLike, " params"]) -> Self:
+    def with_normalised(self, p: Shaped[ArrayLike, " params"]) -> "AbstractEffect":
         """This effect with the physical values of the normalised vector `p`
         `(P,)`; entries outside $[0, 1]$ raise an error (also under
         `jax.jit`)."""
@@ -146,7 +146,9 @@ class AbstractEffect(eqx.Module):
         """Process `x` of shape `(time,)` or `(channels, time)`."""
 
     @classmethod
-    def from_normalised(cls, p: Shaped[ArrayLike, " params"], **options: Any) -> Self:
+    def from_normalised(
+        cls, p: Shaped[ArrayLike, " params"], **options: Any
+    ) -> "AbstractEffect":
         """The effect built from normalised parameters `p` `(P,)` in $[0, 1]$.
 
         `options` are the constructor's structural arguments (the sample
@@ -181,7 +183,7 @@ class AbstractRangedEffect(AbstractEffect):
         ]
         return jnp.concatenate(parts)
 
-    def with_normalised(self, p: Shaped[ArrayLike, " params"]) -> Self:
+    def with_normalised(self, p: Shaped[ArrayLike, " params"]) -> "AbstractEffect":
         """This effect with the physical values of the normalised vector `p`
         `(P,)`; entries outside $[0, 1]$ raise an error (also under
         `jax.jit`)."""
