@@ -19,6 +19,7 @@ import scipy.signal
 
 from helpers import assert_close, check_grads, raises_eagerly_and_under_jit, unchecked
 from retrax import effects as fx
+from retrax.filters import SVF, Biquad, Compressor, ParametricEQ
 
 
 # --- numpy references ----------------------------------------------------------
@@ -210,8 +211,21 @@ def _stereo_cases():
 
 STEREO = _stereo_cases()
 STEREO_IDS = [name for name, _, _ in STEREO]
-ALL = [(n, e) for n, e, _ in MONO + STEREO]
-ALL_IDS = MONO_IDS + STEREO_IDS
+
+# The filter modules of `retrax.filters` as effects (their values are tested
+# against scipy and the TPT equations in test_filters.py).
+FILTERS = [
+    ("svf", SVF(300.0, 1.3, 8_000.0, "bandpass")),
+    ("biquad", Biquad(jnp.asarray([0.5, 0.2, -0.1]), 0.7, 0.9)),
+    (
+        "parametric_eq",
+        ParametricEQ([20.0, 200.0, 2_000.0], [3.0, -4.0, 2.0], [0.8, 1.5, 0.9], 8_000),
+    ),
+    ("compressor", Compressor(-20.0, 3.0, 2.0, 50.0, 2.0, sample_rate=8_000.0)),
+]
+FILTER_IDS = [name for name, _ in FILTERS]
+ALL = [(n, e) for n, e, _ in MONO + STEREO] + FILTERS
+ALL_IDS = MONO_IDS + STEREO_IDS + FILTER_IDS
 
 
 @eqx.filter_jit
@@ -514,6 +528,8 @@ def test_bad_signals_and_states_raise():
 def test_chain_mono_and_stereo():
     sr = 1000
     mono = [
+        ParametricEQ([20.0, 120.0, 400.0], [2.0, -3.0, 1.0], None, sr),
+        Compressor(-15.0, 3.0, 1.0, 20.0, 1.0, sample_rate=sr),
         fx.Gain(3.0),
         fx.Distortion(6.0),
         fx.FeedbackDelay(0.3, 0.5, delay_samples=4),
@@ -541,6 +557,60 @@ def test_chain_mono_and_stereo():
     assert_close(p, jnp.concatenate([e.to_normalised() for e in mono + stereo]))
     rebuilt = fx.Chain.from_normalised(p, effects=mono + stereo)
     assert_close(run(rebuilt, x), y, rtol=1e-13)
-    assert rebuilt.effects[3].delays == FDN_DELAYS
+    assert rebuilt.effects[5].delays == FDN_DELAYS
     # streaming through the chain
     assert_close(_blocks(chain, x, (20, 20)), y, rtol=1e-12)
+
+
+# --- the filter modules as effects ------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "effect"), FILTERS, ids=FILTER_IDS)
+def test_filters_channel_by_channel(name, effect):
+    x = jnp.asarray(_signal(2))
+    y = run(effect, x)
+    assert_close(y, jnp.stack([run(effect, x[0]), run(effect, x[1])]), rtol=1e-13)
+    # the old call without state is the same function
+    assert_close(effect(x[0]), y[0], rtol=1e-13)
+
+
+def test_parametric_eq_bands_stay_in_frequency_order():
+    eq = ParametricEQ([20.0, 200.0, 2_000.0], sample_rate=8_000)
+    # any normalised vector keeps the sections in increasing frequency order
+    p = jnp.asarray(np.random.default_rng(4).uniform(size=(64, 9)))
+    eqs = eqx.filter_vmap(eq.with_normalised)(p)
+    assert np.all(np.diff(np.asarray(eqs.freqs), axis=1) > 0)
+    edges = np.geomspace(8_000 / 2205, 0.45 * 8_000, 4)
+    band = ParametricEQ.from_normalised(
+        jnp.asarray([0.0, 0.5, 1.0] + [0.5] * 6),
+        freqs=[20.0, 200.0, 2_000.0],
+        sample_rate=8_000,
+    )
+    assert_close(band.freqs, [edges[0], np.sqrt(edges[1] * edges[2]), edges[3]])
+    with pytest.raises(ValueError, match="`freqs` must increase strictly"):
+        ParametricEQ([200.0, 100.0, 2_000.0])
+    raises_eagerly_and_under_jit(
+        lambda f: ParametricEQ(f).raw_freqs,
+        jnp.asarray([100.0, 100.0, 3_000.0]),
+        match="`freqs` must increase strictly",
+    )
+    # a section outside its normalised band cannot be normalised
+    raises_eagerly_and_under_jit(
+        lambda e: e.to_normalised(),
+        ParametricEQ([20.0, 30.0, 2_000.0], sample_rate=8_000),
+        match="`freqs` must be finite and lie in",
+    )
+
+
+def test_filter_modules_build_under_tracing():
+    # constructors take traced values: an ensemble from filter_vmap
+    cutoffs = jnp.asarray([200.0, 500.0, 1_000.0])
+    svfs = eqx.filter_vmap(lambda c: SVF(c, 0.9, 8_000.0))(cutoffs)
+    assert_close(svfs.cutoff, cutoffs, rtol=1e-13)
+    comps = eqx.filter_vmap(lambda t: Compressor(t, sample_rate=8_000.0))(
+        jnp.asarray([-30.0, -10.0])
+    )
+    assert comps.threshold_db.shape == (2,)
+    raises_eagerly_and_under_jit(
+        lambda c: SVF(c, 0.9, 8_000.0).raw_cutoff, 5_000.0, match="`cutoff`"
+    )

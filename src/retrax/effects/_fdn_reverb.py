@@ -4,6 +4,7 @@ import math
 
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._errors import error_if
@@ -119,11 +120,11 @@ class FDNReverb(AbstractRangedEffect):
         self.t60 = r["t60"].check_init("t60", t60)
         self.hf_ratio = r["hf_ratio"].check_init("hf_ratio", hf_ratio)
         self.mix = r["mix"].check_init("mix", mix)
-        signs = jnp.where(jnp.arange(n) % 2 == 0, 1.0, -1.0)
+        signs = np.where(np.arange(n) % 2 == 0, 1.0, -1.0)
         defaults = {
             "v": jnp.ones(n, float),
             "b": jnp.full(n, 1 / math.sqrt(n), float),
-            "c": signs / math.sqrt(n),
+            "c": jnp.asarray(signs / math.sqrt(n), float),
         }
         for name, value in (("v", v), ("b", b), ("c", c)):
             value = defaults[name] if value is None else jnp.asarray(value, float)
