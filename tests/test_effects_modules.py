@@ -519,7 +519,7 @@ def test_bad_signals_and_states_raise():
     with pytest.raises(ValueError, match=r"tuple of 2 states"):
         call_unchecked(fx.Chain([fx.Gain(), fx.Gain()]), jnp.zeros(8), zi=(None,))
     with pytest.raises(TypeError, match=r"`effects\[1\]` must be an effect"):
-        fx.Chain([fx.Gain(), lambda x: x])
+        unchecked(fx.Chain.__init__)(object.__new__(fx.Chain), [fx.Gain(), abs])
 
 
 # --- chains ------------------------------------------------------------------
@@ -528,7 +528,7 @@ def test_bad_signals_and_states_raise():
 def test_chain_mono_and_stereo():
     sr = 1000
     mono = [
-        ParametricEQ([20.0, 120.0, 400.0], [2.0, -3.0, 1.0], None, sr),
+        ParametricEQ([2.0, 20.0, 200.0], [2.0, -3.0, 1.0], None, sr),
         Compressor(-15.0, 3.0, 1.0, 20.0, 1.0, sample_rate=sr),
         fx.Gain(3.0),
         fx.Distortion(6.0),
@@ -579,7 +579,8 @@ def test_parametric_eq_bands_stay_in_frequency_order():
     # any normalised vector keeps the sections in increasing frequency order
     p = jnp.asarray(np.random.default_rng(4).uniform(size=(64, 9)))
     eqs = eqx.filter_vmap(eq.with_normalised)(p)
-    assert np.all(np.diff(np.asarray(eqs.freqs), axis=1) > 0)
+    freqs = eqx.filter_vmap(lambda e: e.freqs)(eqs)
+    assert np.all(np.diff(np.asarray(freqs), axis=1) > 0)
     edges = np.geomspace(8_000 / 2205, 0.45 * 8_000, 4)
     band = ParametricEQ.from_normalised(
         jnp.asarray([0.0, 0.5, 1.0] + [0.5] * 6),
@@ -606,7 +607,7 @@ def test_filter_modules_build_under_tracing():
     # constructors take traced values: an ensemble from filter_vmap
     cutoffs = jnp.asarray([200.0, 500.0, 1_000.0])
     svfs = eqx.filter_vmap(lambda c: SVF(c, 0.9, 8_000.0))(cutoffs)
-    assert_close(svfs.cutoff, cutoffs, rtol=1e-13)
+    assert_close(eqx.filter_vmap(lambda e: e.cutoff)(svfs), cutoffs, rtol=1e-13)
     comps = eqx.filter_vmap(lambda t: Compressor(t, sample_rate=8_000.0))(
         jnp.asarray([-30.0, -10.0])
     )
