@@ -629,3 +629,54 @@ def test_filter_modules_build_under_tracing():
     raises_eagerly_and_under_jit(
         lambda c: SVF(c, 0.9, 8_000.0).raw_cutoff, 5_000.0, match="`cutoff`"
     )
+
+
+# --- float32 ---------------------------------------------------------------------
+
+
+@pytest.mark.float32
+def test_chain_in_float32():
+    # The users' default precision: output and the gradient with respect to
+    # the normalised parameters against the same chain under x64, to 1e-4 of
+    # the largest magnitude (the x64 suite checks those against finite
+    # differences and numpy).
+    assert not jax.config.jax_enable_x64
+    names = [n for n, _ in ALL if n not in ("svf", "biquad", "freeverb")]
+
+    def make():
+        return fx.Chain([e for n, e in _rebuilt_cases() if n in names])
+
+    w = np.random.default_rng(5).standard_normal((2, T))
+
+    def loss(p, chain, x):
+        y = chain.with_normalised(p)(x)
+        return jnp.sum(jnp.asarray(w, y.dtype) * y), y
+
+    step = eqx.filter_jit(jax.grad(loss, has_aux=True))
+    x = _signal()
+    chain32 = make()
+    p32 = chain32.to_normalised()
+    assert p32.dtype == jnp.float32
+    g32, y32 = step(p32, chain32, jnp.asarray(x, jnp.float32))
+    assert y32.dtype == g32.dtype == jnp.float32
+    with jax.enable_x64(True):
+        chain64 = make()
+        g64, y64 = step(chain64.to_normalised(), chain64, jnp.asarray(x))
+        g64, y64 = np.asarray(g64), np.asarray(y64)
+    assert y64.dtype == np.float64
+    assert_close(y32, y64, rtol=1e-4)
+    assert_close(g32, g64, rtol=1e-4)
+
+
+def _rebuilt_cases():
+    """The cases built in the current precision (the module-level ones were
+    built when the module was imported)."""
+    return [(n, e) for n, e, _ in _cases() + _stereo_cases()] + [
+        (
+            "parametric_eq",
+            ParametricEQ(
+                [20.0, 200.0, 2_000.0], [3.0, -4.0, 2.0], [0.8, 1.5, 0.9], 8_000
+            ),
+        ),
+        ("compressor", Compressor(-20.0, 3.0, 2.0, 50.0, 2.0, sample_rate=8_000.0)),
+    ]
