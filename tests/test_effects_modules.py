@@ -361,10 +361,16 @@ def test_chain_derivatives():
 @pytest.mark.parametrize(("name", "effect"), ALL, ids=ALL_IDS)
 def test_each_effect_derivatives(name, effect):
     _normalised_grads(effect, _signal(length=T))
+    if name not in ("fdn_reverb", "compressor"):
+        return
+    # their trainable leaves outside the normalised vector too (the FDN's
+    # Householder vector and gains, the expander and detector time)
     leaves = eqx.filter(effect, eqx.is_inexact_array)
     statics = eqx.filter(effect, eqx.is_inexact_array, inverse=True)
     check_grads(
-        lambda e, x: eqx.combine(e, statics)(x), (leaves, jnp.asarray(_signal()))
+        lambda e, x: eqx.combine(e, statics)(x),
+        (leaves, jnp.asarray(_signal())),
+        eps=1e-6,
     )
 
 
