@@ -9,7 +9,7 @@ import retrax
 
 
 DOCS = pathlib.Path(__file__).parent.parent / "docs" / "api"
-SUBPACKAGES = ["ops", "dynamics", "filters", "diffusion", "synth", "losses"]
+SUBPACKAGES = ["ops", "dynamics", "filters", "effects", "diffusion", "synth", "losses"]
 
 
 def _documented() -> set[str]:

@@ -9,6 +9,7 @@ import importlib.metadata
 from . import (
     diffusion as diffusion,
     dynamics as dynamics,
+    effects as effects,
     filters as filters,
     losses as losses,
     ops as ops,

@@ -1,16 +1,28 @@
 """Biquads and a parametric equaliser (RBJ cookbook sections) on `sosfilt`."""
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._errors import error_if
 from .._misc import as_inexact
+from ..effects._processor import (
+    AbstractEffect,
+    Range,
+    check_normalised,
+    output,
+    per_channel,
+    signal,
+    state_leaf,
+)
 from ..ops import sosfilt
-from ..ops._validate import check_in_range, check_init_range, check_rate, check_signal
+from ..ops._validate import check_in_range, check_init_range, check_rate
 from ._parametrise import biquad_denominator
 
 
@@ -89,12 +101,19 @@ def _inverse_softplus(v):
     return v + jnp.log(-jnp.expm1(-v))
 
 
-class Biquad(eqx.Module):
+class Biquad(AbstractEffect):
     """A learnable second-order section that cannot become unstable.
 
     The poles are stored as a radius logit and an angle,
     $r = r_{\\max}\\,\\sigma(\\rho)$, so every optax step keeps them inside
     the unit circle; the numerator `b` is free.
+
+    As an [effect][retrax.effects.AbstractEffect], its five normalised
+    parameters are `[b0, b1, b2, radius, angle]` with the ranges of
+    `ranges()`: each `b` in $[-4, 4]$, the radius in
+    $[0.01, 0.99\\, r_{\\max}]$, the angle in $[0, \\pi]$ (all linear). It
+    filters `(time,)` or, channel by channel, `(channels, time)` signals, and
+    streams: `zi` is `sosfilt`'s state `(1, 2)` (or `(channels, 1, 2)`).
 
     **Arguments:**
 
@@ -142,20 +161,86 @@ class Biquad(eqx.Module):
         a = biquad_denominator(self.radius, self.angle)
         return jnp.concatenate([self.b, jnp.ones((1,), a.dtype), a])[None]
 
-    def __call__(self, x: Shaped[ArrayLike, " time"]) -> Float[Array, " time"]:
-        """Filter one signal `(T,)`; batch with `jax.vmap`."""
-        x = as_inexact("x", x)
-        check_signal("x", x)
-        return sosfilt(self.sos.astype(x.dtype), x, axis=0)
+    def ranges(self) -> dict[str, Range]:
+        """The normalised parameters' ranges: `b` entries in $[-4, 4]$,
+        `radius` in $[0.01, 0.99\\, r_{\\max}]$, `angle` in $[0, \\pi]$."""
+        return {
+            "b": Range(-4.0, 4.0),
+            "radius": Range(0.01, 0.99 * self.max_radius),
+            "angle": Range(0.0, math.pi),
+        }
+
+    @property
+    def n_params(self) -> int:
+        """5: the numerator, the pole radius and the pole angle."""
+        return 5
+
+    def to_normalised(self) -> Float[Array, " 5"]:
+        """`[b0, b1, b2, radius, angle]` normalised; values outside the
+        ranges raise (also under `jax.jit`)."""
+        r = self.ranges()
+        parts = [
+            jnp.ravel(r[n].normalised(r[n].check(n, getattr(self, n))))
+            for n in ("b", "radius", "angle")
+        ]
+        return jnp.concatenate(parts)
+
+    def with_normalised(self, p: Shaped[ArrayLike, " 5"]) -> "Biquad":
+        """The section with the parameters of `p` `(5,)` in $[0, 1]$."""
+        p = check_normalised(p, 5)
+        r = self.ranges()
+        return Biquad(
+            r["b"].physical(p[:3]),
+            r["radius"].physical(p[3]),
+            r["angle"].physical(p[4]),
+            self.max_radius,
+        )
+
+    def __call__(
+        self,
+        x: Shaped[ArrayLike, "*channels time"],
+        *,
+        zi: Shaped[ArrayLike, "*channels 1 2"] | None = None,
+        return_zf: bool = False,
+    ) -> Float[Array, "*channels time"] | tuple[Float[Array, "*channels time"], Array]:
+        """Filter `x` `(time,)` or `(channels, time)`; batch with `jax.vmap`.
+        With `return_zf`, also the final state (the `zi` of the next block)."""
+        return _cascade(self.sos, x, zi, return_zf)
 
 
-class ParametricEQ(eqx.Module):
+def _cascade(sos, x, zi, return_zf):
+    x = signal(x)
+    sos = sos.astype(x.dtype)
+
+    def mono(xc, z):
+        z = state_leaf("zi", z, (sos.shape[0], 2), xc.dtype)
+        return sosfilt(sos, xc, axis=0, zi=z)
+
+    y, zf = per_channel(mono, x, zi)
+    return output(y, zf, return_zf)
+
+
+def _band_edges(sample_rate: float, sections: int) -> np.ndarray:
+    """The frequencies between which the sections' normalised ranges lie."""
+    return np.geomspace(sample_rate / 2205, 0.45 * sample_rate, sections + 1)
+
+
+class ParametricEQ(AbstractEffect):
     """A parametric equaliser: a low shelf, peaking bands and a high shelf.
 
     Frequencies are stored as logits of `freq / nyquist`, resonances as
     inverse softplus of `q`, gains in dB, so every parameter is real and
     unconstrained and the sections stay valid (and stable) under any optax
     step. All sections run as one `sosfilt` cascade.
+
+    As an [effect][retrax.effects.AbstractEffect], its `3 n` normalised
+    parameters are the frequencies, the gains and the Qs (`ranges()`): the
+    range $[f_s/2205, 0.45 f_s]$ is cut into `n` equal logarithmic bands and
+    section `k`'s frequency lies in band `k`, so a controller cannot move the
+    sections out of frequency order; gains in $[-18, 18]$ dB, Qs in
+    $[0.1, 10]$ (logarithmic). It filters `(time,)` or, channel by channel,
+    `(channels, time)` signals, and streams: `zi` is `sosfilt`'s state
+    `(n, 2)` (or `(channels, n, 2)`).
 
     **Arguments:**
 
@@ -165,8 +250,9 @@ class ParametricEQ(eqx.Module):
     - `qs`: the initial Q of every section (default 0.7071).
     - `sample_rate`: $f_s$ in Hz, a positive Python number.
 
-    Invalid values raise `ValueError` naming the argument (an error under
-    `jax.jit` if the module is built from traced values).
+    Invalid values, and frequencies not in increasing order, raise
+    `ValueError` naming the argument (an error under `jax.jit` if the module
+    is built from traced values).
     """
 
     raw_freqs: Float[Array, " sections"]
@@ -192,6 +278,7 @@ class ParametricEQ(eqx.Module):
         if gains_db.shape != (n,) or qs.shape != (n,):
             raise ValueError("`gains_db` and `qs` need one entry per frequency.")
         freqs = check_init_range("freqs", freqs, 0.0, nyquist)
+        freqs = _increasing(freqs)
         gains_db = check_init_range("gains_db", gains_db)
         qs = check_init_range("qs", qs, 0.0)
         self.raw_freqs = _logit(freqs / nyquist)
@@ -221,8 +308,70 @@ class ParametricEQ(eqx.Module):
             ]
         )
 
-    def __call__(self, x: Shaped[ArrayLike, " time"]) -> Float[Array, " time"]:
-        """Equalise one signal `(T,)`; batch with `jax.vmap`."""
-        x = as_inexact("x", x)
-        check_signal("x", x)
-        return sosfilt(self.sos.astype(x.dtype), x, axis=0)
+    def ranges(self) -> dict[str, Range]:
+        """The normalised parameters' ranges: `freqs` (one logarithmic band
+        per section, in frequency order; section `k` is `freqs[k]`), `gains_db`
+        in $[-18, 18]$ and `qs` in $[0.1, 10]$ (logarithmic)."""
+        edges = _band_edges(self.sample_rate, self.raw_freqs.shape[0])
+        bands = {
+            f"freqs[{k}]": Range(float(lo), float(hi), log=True)
+            for k, (lo, hi) in enumerate(zip(edges[:-1], edges[1:], strict=True))
+        }
+        return bands | {
+            "gains_db": Range(-18.0, 18.0),
+            "qs": Range(0.1, 10.0, log=True),
+        }
+
+    @property
+    def n_params(self) -> int:
+        """Three per section: frequency, gain and Q."""
+        return 3 * self.raw_freqs.shape[0]
+
+    def to_normalised(self) -> Float[Array, " params"]:
+        """The frequencies, gains and Qs normalised; values outside the
+        ranges raise (also under `jax.jit`)."""
+        r = self.ranges()
+        n = self.raw_freqs.shape[0]
+        freqs = self.freqs
+        parts = [
+            r[f"freqs[{k}]"].normalised(r[f"freqs[{k}]"].check("freqs", freqs[k]))
+            for k in range(n)
+        ]
+        for name in ("gains_db", "qs"):
+            parts.extend(r[name].normalised(r[name].check(name, getattr(self, name))))
+        return jnp.stack(parts)
+
+    def with_normalised(self, p: Shaped[ArrayLike, " params"]) -> "ParametricEQ":
+        """The equaliser with the parameters of `p` `(3 n,)` in $[0, 1]$."""
+        n = self.raw_freqs.shape[0]
+        p = check_normalised(p, 3 * n)
+        r = self.ranges()
+        freqs = jnp.stack([r[f"freqs[{k}]"].physical(p[k]) for k in range(n)])
+        return ParametricEQ(
+            freqs,
+            r["gains_db"].physical(p[n : 2 * n]),
+            r["qs"].physical(p[2 * n :]),
+            self.sample_rate,
+        )
+
+    def __call__(
+        self,
+        x: Shaped[ArrayLike, "*channels time"],
+        *,
+        zi: Shaped[ArrayLike, "*channels sections 2"] | None = None,
+        return_zf: bool = False,
+    ) -> Float[Array, "*channels time"] | tuple[Float[Array, "*channels time"], Array]:
+        """Equalise `x` `(time,)` or `(channels, time)`; batch with
+        `jax.vmap`. With `return_zf`, also the final state."""
+        return _cascade(self.sos, x, zi, return_zf)
+
+
+def _increasing(freqs):
+    """`freqs`, checked to increase strictly (a `ValueError` at once for
+    concrete values, at run time for traced ones)."""
+    msg = "`freqs` must increase strictly: low shelf, peaking bands, high shelf."
+    if isinstance(freqs, jax.core.Tracer):
+        return error_if(freqs, jnp.any(jnp.diff(freqs) <= 0), msg)
+    if np.any(np.diff(np.asarray(freqs)) <= 0):
+        raise ValueError(msg)
+    return freqs

@@ -7,12 +7,21 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 
 from .._misc import as_inexact, check_positive_int
 from ..dynamics import avg, compexp_gain, db2amp, ms2coef
+from ..effects._processor import (
+    AbstractEffect,
+    Range,
+    check_normalised,
+    output,
+    per_channel,
+    signal,
+    state_leaf,
+)
 from ..ops import diag_state_space
 from ..ops._validate import check_in_range, check_init_range, check_rate
 from ._eq import _inverse_softplus, _logit
 
 
-class Compressor(eqx.Module):
+class Compressor(AbstractEffect):
     """A feed-forward compressor/expander with makeup gain, all parameters learnable.
 
     The level is the RMS over a one-pole average, `sqrt(avg(x**2, c))`; the
@@ -35,6 +44,18 @@ class Compressor(eqx.Module):
     Every value must be finite and the times positive; invalid values raise
     `ValueError` naming the argument (an error under `jax.jit` if the module
     is built from traced values).
+
+    As an [effect][retrax.effects.AbstractEffect], its five normalised
+    parameters are `[threshold_db, ratio, attack_ms, release_ms, makeup_db]`
+    with the ranges of `ranges()`: threshold in $[-60, 0]$ dB, ratio in
+    $[1.1, 20]$, attack in $[0.1, 100]$ ms, release in $[5, 1000]$ ms (these
+    three logarithmic) and makeup in $[-12, 24]$ dB; the expander and the
+    detector's averaging time are fields outside the normalised vector. It
+    compresses `(time,)` or, channel by channel, `(channels, time)` signals
+    (each channel with its own detector), and streams: `zi` is the pair
+    `(power, gain)` of the detector's running mean power and the smoothed
+    gain before the first sample (scalars, or `(channels,)`), by default
+    `(0, 1)`.
     """
 
     threshold_db: Float[Array, ""]
@@ -111,11 +132,89 @@ class Compressor(eqx.Module):
             ms2coef(self.release_ms, sr).astype(dt),
         )
 
-    def __call__(self, x: Shaped[ArrayLike, " time"]) -> Float[Array, " time"]:
-        """Compress one signal `(T,)`; batch with `jax.vmap`."""
-        x = as_inexact("x", x)
-        makeup = check_in_range("makeup_db", self.makeup_db)
-        return x * self.gain(x) * db2amp(makeup).astype(x.dtype)
+    def _gain(self, x, zi):
+        dt = x.dtype
+        sr = self.sample_rate
+        coef = ms2coef(jnp.exp(self.log_rms_ms), sr).astype(dt)
+        power, power_zf = avg(x * x, coef, zi[0], return_zf=True)
+        rms = jnp.sqrt(jnp.maximum(power, jnp.finfo(dt).tiny))
+        gain, gain_zf = compexp_gain(
+            rms,
+            self.threshold_db.astype(dt),
+            self.ratio.astype(dt),
+            self.exp_threshold_db.astype(dt),
+            self.exp_ratio.astype(dt),
+            ms2coef(self.attack_ms, sr).astype(dt),
+            ms2coef(self.release_ms, sr).astype(dt),
+            zi=zi[1],
+            return_zf=True,
+        )
+        return gain, (power_zf, gain_zf)
+
+    def ranges(self) -> dict[str, Range]:
+        """The normalised parameters' ranges (see the class docstring)."""
+        return {
+            "threshold_db": Range(-60.0, 0.0),
+            "ratio": Range(1.1, 20.0, log=True),
+            "attack_ms": Range(0.1, 100.0, log=True),
+            "release_ms": Range(5.0, 1000.0, log=True),
+            "makeup_db": Range(-12.0, 24.0),
+        }
+
+    @property
+    def n_params(self) -> int:
+        """5: threshold, ratio, attack, release and makeup."""
+        return 5
+
+    def to_normalised(self) -> Float[Array, " 5"]:
+        """The five parameters normalised; values outside the ranges raise
+        (also under `jax.jit`)."""
+        return jnp.stack(
+            [
+                r.normalised(r.check(name, getattr(self, name)))
+                for name, r in self.ranges().items()
+            ]
+        )
+
+    def with_normalised(self, p: Shaped[ArrayLike, " 5"]) -> "Compressor":
+        """The compressor with the five parameters of `p` in $[0, 1]$ and
+        this one's expander, detector time and sample rate."""
+        p = check_normalised(p, 5)
+        values = {
+            name: r.physical(p[i]) for i, (name, r) in enumerate(self.ranges().items())
+        }
+        return Compressor(
+            **values,
+            exp_threshold_db=self.exp_threshold_db,
+            exp_ratio=self.exp_ratio,
+            rms_ms=jnp.exp(self.log_rms_ms),
+            sample_rate=self.sample_rate,
+        )
+
+    def __call__(
+        self,
+        x: Shaped[ArrayLike, "*channels time"],
+        *,
+        zi: tuple | None = None,
+        return_zf: bool = False,
+    ) -> Float[Array, "*channels time"] | tuple[Float[Array, "*channels time"], tuple]:
+        """Compress `x` `(time,)` or `(channels, time)`; batch with
+        `jax.vmap`. With `return_zf`, also the final `(power, gain)` state."""
+        x = signal(x)
+        makeup = db2amp(check_in_range("makeup_db", self.makeup_db)).astype(x.dtype)
+        if zi is not None and not (isinstance(zi, tuple) and len(zi) == 2):
+            raise ValueError("`zi` must be the pair (power, gain) of a compressor.")
+
+        def mono(xc, z):
+            power, gain = (None, None) if z is None else z
+            power = state_leaf("zi[0]", power, (), xc.dtype)
+            gain = jnp.ones((), xc.dtype) if gain is None else gain
+            gain = state_leaf("zi[1]", gain, (), xc.dtype)
+            g, zf = self._gain(xc, (power, gain))
+            return xc * g * makeup, zf
+
+        y, zf = per_channel(mono, x, zi)
+        return output(y, zf, return_zf)
 
 
 class StateSpaceFilter(eqx.Module):

@@ -8,6 +8,15 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._misc import as_inexact, result_dtype
+from ..effects._processor import (
+    AbstractEffect,
+    Range,
+    check_normalised,
+    output,
+    per_channel,
+    signal,
+    state_leaf,
+)
 from ..ops import state_space
 from ..ops._validate import (
     check_in_range,
@@ -128,12 +137,19 @@ def svf(
     return y[:, 0], zf
 
 
-class SVF(eqx.Module):
+class SVF(AbstractEffect):
     """A state-variable filter with learnable cutoff and resonance.
 
     The parameters are stored unconstrained so that any optax step keeps them
     valid: the cutoff as the logit of `cutoff / nyquist` (so it stays in
     $(0, f_s/2)$) and the resonance as the inverse softplus of `q`.
+
+    As an [effect][retrax.effects.AbstractEffect], its normalised parameters
+    are `[cutoff, q]` with the ranges of `ranges()`: the cutoff in
+    $[f_s / 2205, 0.45 f_s]$ (20 Hz to 19.8 kHz at 44.1 kHz) and `q` in
+    $[0.1, 10]$, both logarithmic. It filters `(time,)` or, channel by
+    channel, `(channels, time)` signals, and streams: `zi` is the integrator
+    state `(2,)` (or `(channels, 2)`) as in `svf`.
 
     **Arguments:**
 
@@ -180,13 +196,55 @@ class SVF(eqx.Module):
         """The resonance."""
         return jax.nn.softplus(self.raw_q)
 
-    def __call__(self, x: Shaped[ArrayLike, " time"]) -> Float[Array, " time"]:
-        """Filter one signal `(T,)`; batch with `jax.vmap`."""
-        x = as_inexact("x", x)
-        return svf(
-            x,
-            self.cutoff.astype(x.dtype),
-            self.q.astype(x.dtype),
+    def ranges(self) -> dict[str, Range]:
+        """The normalised parameters' ranges: `cutoff` in
+        $[f_s / 2205, 0.45 f_s]$ Hz and `q` in $[0.1, 10]$, both logarithmic."""
+        fs = self.sample_rate
+        return {
+            "cutoff": Range(fs / 2205, 0.45 * fs, log=True),
+            "q": Range(0.1, 10.0, log=True),
+        }
+
+    @property
+    def n_params(self) -> int:
+        """2: the cutoff and the resonance."""
+        return 2
+
+    def to_normalised(self) -> Float[Array, " 2"]:
+        """`[cutoff, q]` normalised; values outside the ranges raise (also
+        under `jax.jit`)."""
+        r = self.ranges()
+        return jnp.stack(
+            [r[n].normalised(r[n].check(n, getattr(self, n))) for n in ("cutoff", "q")]
+        )
+
+    def with_normalised(self, p: Shaped[ArrayLike, " 2"]) -> "SVF":
+        """The filter with the cutoff and resonance of `p` `(2,)` in $[0, 1]$."""
+        p = check_normalised(p, 2)
+        r = self.ranges()
+        return SVF(
+            r["cutoff"].physical(p[0]),
+            r["q"].physical(p[1]),
             self.sample_rate,
             self.mode,
         )
+
+    def __call__(
+        self,
+        x: Shaped[ArrayLike, "*channels time"],
+        *,
+        zi: Shaped[ArrayLike, "*channels 2"] | None = None,
+        return_zf: bool = False,
+    ) -> Float[Array, "*channels time"] | tuple[Float[Array, "*channels time"], Array]:
+        """Filter `x` `(time,)` or `(channels, time)`; batch with `jax.vmap`.
+        With `return_zf`, also the final state (the `zi` of the next block)."""
+        x = signal(x)
+        cutoff = self.cutoff.astype(x.dtype)
+        q = self.q.astype(x.dtype)
+
+        def mono(xc, z):
+            z = state_leaf("zi", z, (2,), xc.dtype)
+            return svf(xc, cutoff, q, self.sample_rate, self.mode, z, return_zf=True)
+
+        y, zf = per_channel(mono, x, zi)
+        return output(y, zf, return_zf)

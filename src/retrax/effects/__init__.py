@@ -1,0 +1,18 @@
+"""Audio effects on retrax's primitives, with normalised parameters for controllers."""
+
+from ._chain import Chain as Chain
+from ._chorus import Chorus as Chorus
+from ._delay import Delay as Delay
+from ._distortion import Distortion as Distortion
+from ._fdn_reverb import FDNReverb as FDNReverb
+from ._feedback_delay import FeedbackDelay as FeedbackDelay
+from ._freeverb import Freeverb as Freeverb
+from ._gain import Gain as Gain
+from ._panner import StereoPanner as StereoPanner
+from ._ping_pong import PingPongDelay as PingPongDelay
+from ._processor import (
+    AbstractEffect as AbstractEffect,
+    AbstractRangedEffect as AbstractRangedEffect,
+    Range as Range,
+)
+from ._widener import StereoWidener as StereoWidener

@@ -1,0 +1,92 @@
+"""An echo train: a delay line whose output is fed back into its input."""
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float, Shaped
+
+from ..ops import comb
+from ..ops._validate import check_delay
+from ._processor import (
+    AbstractRangedEffect,
+    Range,
+    output,
+    per_channel,
+    signal,
+    state_leaf,
+)
+
+
+def comb_history(u, delay: int, g, zi):
+    """`w = comb(u, delay, g)` streamed from `zi` (the last `delay` values of
+    `w`, newest first); returns `(full, zf)` with `full[delay + t] = w[t]`,
+    so `w[t - k]` for `0 <= k <= delay` is `full[delay - k + t]`."""
+    w, zf = comb(u, delay, g, zi=zi, return_zf=True)
+    return jnp.concatenate([zi[::-1], w]), zf
+
+
+class FeedbackDelay(AbstractRangedEffect):
+    r"""A feedback delay: echoes every $D$ samples, each `feedback` times the last.
+
+    $$w_t = x_t + g\, w_{t-D}, \qquad
+      y_t = (1 - \mathrm{mix})\, x_t + \mathrm{mix}\; w_{t-D},$$
+
+    so the wet signal is $x_{t-D} + g x_{t-2D} + g^2 x_{t-3D} + \dots$. The
+    loop is [`retrax.ops.comb`][] on the recurrence core: its gradient is the
+    comb run backwards in time.
+
+    **Arguments:**
+
+    - `feedback`: the feedback gain $g$, in $[0, 0.95]$ (normalised
+      linearly).
+    - `mix`: the wet fraction, in $[0, 1]$.
+    - `delay_samples`: the loop delay $D$, a Python `int >= 1` (static: an
+      integer delay fixes the recursion's structure, so the delay time is not
+      a trainable parameter here; see [`Delay`][retrax.effects.Delay] for a
+      trainable, fractional one).
+
+    Works channel by channel on `(channels, time)`. The state `zi` holds the
+    last $D$ values of $w$, newest first, shape `(D,)` (or `(channels, D)`).
+    Parameters out of range raise an error (also under `jax.jit`).
+    """
+
+    feedback: Float[Array, ""]
+    mix: Float[Array, ""]
+    delay_samples: int = eqx.field(static=True)
+
+    RANGES = {"feedback": Range(0.0, 0.95), "mix": Range(0.0, 1.0)}
+
+    def __init__(
+        self,
+        feedback: Shaped[ArrayLike, ""] = 0.5,
+        mix: Shaped[ArrayLike, ""] = 0.5,
+        delay_samples: int = 11_025,
+    ):
+        self.delay_samples = check_delay("delay_samples", delay_samples)
+        self.feedback = self.RANGES["feedback"].check_init("feedback", feedback)
+        self.mix = self.RANGES["mix"].check_init("mix", mix)
+
+    def ranges(self) -> dict[str, Range]:
+        """`feedback` in $[0, 0.95]$, `mix` in $[0, 1]$."""
+        return self.RANGES
+
+    def __call__(
+        self,
+        x: Shaped[ArrayLike, "*channels time"],
+        *,
+        zi: Shaped[ArrayLike, "*channels delay"] | None = None,
+        return_zf: bool = False,
+    ) -> Float[Array, "*channels time"] | tuple[Float[Array, "*channels time"], Array]:
+        """Echo `x` `(time,)` or `(channels, time)`."""
+        x = signal(x)
+        g = self.param("feedback", x.dtype)
+        mix = self.param("mix", x.dtype)
+        D = self.delay_samples
+
+        def mono(xc, z):
+            z = state_leaf("zi", z, (D,), xc.dtype)
+            full, zf = comb_history(xc, D, g, z)
+            wet = full[: xc.shape[0]]  # w[t - D]
+            return (1 - mix) * xc + mix * wet, zf
+
+        y, zf = per_channel(mono, x, zi)
+        return output(y, zf, return_zf)

@@ -1,0 +1,688 @@
+"""The effect modules of `retrax.effects` and their processor interface.
+
+Values against independent numpy sample loops of each effect's definition
+(Freeverb's combs as in Jezar's code, the allpasses through
+scipy.signal.lfilter), derivatives against finite differences (second
+order, both modes), streaming in blocks against one call, the normalised
+parameters' round trip and batching, parameter errors eagerly and under
+`jit`, and chains of mono and stereo effects.
+"""
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.signal
+
+from helpers import assert_close, check_grads, raises_eagerly_and_under_jit, unchecked
+from retrax import effects as fx
+from retrax.filters import SVF, Biquad, Compressor, ParametricEQ
+
+
+# --- numpy references ----------------------------------------------------------
+
+
+def np_distortion(x, drive_db, previous=0.0):
+    u = 10 ** (drive_db / 20) * np.asarray(x)
+    before = np.concatenate([[10 ** (drive_db / 20) * previous], u[:-1]])
+    F = lambda v: np.logaddexp(v, -v) - np.log(2)  # noqa: E731
+    h = u - before
+    same = h == 0
+    return np.where(same, np.tanh(u), (F(u) - F(before)) / np.where(same, 1, h))
+
+
+def np_delay(x, d, mix):
+    """Linear interpolation, zero history."""
+    y = np.zeros(len(x))
+    get = lambda t: x[t] if t >= 0 else 0.0  # noqa: E731
+    n = math.floor(d)
+    f = d - n
+    for t in range(len(x)):
+        y[t] = (1 - f) * get(t - n) + f * get(t - n - 1)
+    return (1 - mix) * x + mix * y
+
+
+def np_feedback_delay(x, D, g, mix):
+    w = np.zeros(len(x))
+    for t in range(len(x)):
+        w[t] = x[t] + (g * w[t - D] if t >= D else 0.0)
+    wet = np.array([w[t - D] if t >= D else 0.0 for t in range(len(x))])
+    return (1 - mix) * x + mix * wet
+
+
+def np_ping_pong(x, D, g, mix):
+    u = x.mean(axis=0)
+    T = x.shape[1]
+    sl, sr = np.zeros(T), np.zeros(T)
+    wet = np.zeros((2, T))
+    for t in range(T):
+        ol = sl[t - D] if t >= D else 0.0
+        orr = sr[t - D] if t >= D else 0.0
+        sl[t] = u[t] + g * orr
+        sr[t] = g * ol
+        wet[:, t] = ol, orr
+    return (1 - mix) * x + mix * wet
+
+
+def _lagrange3(p):
+    return [np.prod([(p - j) / (k - j) for j in range(4) if j != k]) for k in range(4)]
+
+
+def np_chorus(x, rate, depth_ms, centre_ms, mix, sr):
+    y = np.zeros(len(x))
+    get = lambda t: x[t] if t >= 0 else 0.0  # noqa: E731
+    for t in range(len(x)):
+        d = (centre_ms + depth_ms * np.sin(2 * np.pi * rate * t / sr)) * sr / 1000
+        m = max(math.floor(d) - 1, 0)
+        w = _lagrange3(d - m)
+        y[t] = sum(w[k] * get(t - m - k) for k in range(4))
+    return (1 - mix) * x + mix * y
+
+
+def np_fdn_reverb(x, delays, v, b, c, t60, hf, mix, sr):
+    """Delay lines, one-pole absorption filters designed from the T60s, a
+    Householder matrix: the definition, sample by sample."""
+    m = np.array(delays)
+    N, T = len(delays), len(x)
+    g0 = 10 ** (-3 * m / (sr * t60))
+    gpi = 10 ** (-3 * m / (sr * hf * t60))
+    rho = gpi / g0
+    p = (1 - rho) / (1 + rho)
+    u = v / np.linalg.norm(v)
+    A = np.eye(N) - 2 * np.outer(u, u)
+    s = np.zeros((T, N))
+    f = np.zeros(N)
+    wet = np.zeros(T)
+    for t in range(T):
+        o = np.array([s[t - m[j], j] if t >= m[j] else 0.0 for j in range(N)])
+        f = p * f + g0 * (1 - p) * o
+        s[t] = b * x[t] + A @ f
+        wet[t] = c @ f
+    return (1 - mix) * x + mix * wet
+
+
+def np_freeverb(x, combs, allpasses, room_size, damping, mix):
+    """Jezar's comb code; Schroeder allpasses by scipy.signal.lfilter."""
+    feedback, damp = 0.7 + 0.28 * room_size, 0.4 * damping
+    inp = 0.015 * 3 * x
+    out = np.zeros(len(x))
+    for m in combs:
+        buf, idx, store = np.zeros(m), 0, 0.0
+        for t in range(len(x)):
+            o = buf[idx]
+            store = o * (1 - damp) + store * damp
+            buf[idx] = inp[t] + store * feedback
+            idx = (idx + 1) % m
+            out[t] += o
+    for d in allpasses:
+        b = np.zeros(d + 1)
+        a = np.zeros(d + 1)
+        b[0], b[d], a[0], a[d] = -0.5, 1.0, 1.0, -0.5
+        out = scipy.signal.lfilter(b, a, out)
+    return (1 - mix) * x + mix * out
+
+
+# --- the cases -------------------------------------------------------------------
+
+T = 40
+FDN_DELAYS = (3, 5, 7, 11)
+
+
+def _cases():
+    """(name, effect, reference(x) for mono x, or None); small sample rates
+    keep the delays a few samples long, shorter than the signals."""
+    v = np.array([1.0, 0.7, -0.4, 1.3])
+    b = np.array([0.6, -0.5, 0.4, 0.45])
+    c = np.array([0.5, 0.3, -0.6, 0.4])
+    return [
+        ("gain", fx.Gain(-4.5), lambda x: 10 ** (-4.5 / 20) * x),
+        ("distortion", fx.Distortion(14.0), lambda x: np_distortion(x, 14.0)),
+        (
+            "delay",
+            fx.Delay(3.3, 0.6, max_delay_ms=8.0, sample_rate=1000),
+            lambda x: np_delay(x, 3.3, 0.6),
+        ),
+        (
+            "feedback_delay",
+            fx.FeedbackDelay(0.6, 0.4, delay_samples=5),
+            lambda x: np_feedback_delay(x, 5, 0.6, 0.4),
+        ),
+        (
+            "chorus",
+            # its delay (7.16 to 7.40 samples) stays 0.36 samples from whole
+            # numbers, where the interpolators' derivative jumps
+            fx.Chorus(3.7, 0.3, 7.4, 0.55, sample_rate=1000),
+            lambda x: np_chorus(x, 3.7, 0.3, 7.4, 0.55, 1000),
+        ),
+        (
+            "fdn_reverb",
+            fx.FDNReverb(0.08, 0.4, 0.7, v, b, c, delays=FDN_DELAYS, sample_rate=1000),
+            lambda x: np_fdn_reverb(x, FDN_DELAYS, v, b, c, 0.08, 0.4, 0.7, 1000),
+        ),
+        (
+            "freeverb",
+            fx.Freeverb(0.6, 0.45, 0.5, sample_rate=441),
+            lambda x: np_freeverb(
+                x,
+                fx.Freeverb(sample_rate=441).comb_delays,
+                fx.Freeverb(sample_rate=441).allpass_delays,
+                0.6,
+                0.45,
+                0.5,
+            ),
+        ),
+    ]
+
+
+MONO = _cases()
+MONO_IDS = [name for name, _, _ in MONO]
+
+
+def _stereo_cases():
+    """(name, effect, reference(x) for stereo x `(2, T)`)."""
+    pan = 0.35
+    theta = (pan + 1) * np.pi / 4
+    return [
+        (
+            "panner",
+            fx.StereoPanner(pan),
+            lambda x: np.sqrt(2) * np.array([[np.cos(theta)], [np.sin(theta)]]) * x,
+        ),
+        (
+            "widener",
+            fx.StereoWidener(1.6),
+            lambda x: np.stack(
+                [
+                    (x[0] + x[1]) / 2 + 1.6 * (x[0] - x[1]) / 2,
+                    (x[0] + x[1]) / 2 - 1.6 * (x[0] - x[1]) / 2,
+                ]
+            ),
+        ),
+        (
+            "ping_pong",
+            fx.PingPongDelay(0.7, 0.45, delay_samples=3),
+            lambda x: np_ping_pong(x, 3, 0.7, 0.45),
+        ),
+    ]
+
+
+STEREO = _stereo_cases()
+STEREO_IDS = [name for name, _, _ in STEREO]
+
+# The filter modules of `retrax.filters` as effects (their values are tested
+# against scipy and the TPT equations in test_filters.py).
+FILTERS = [
+    ("svf", SVF(300.0, 1.3, 8_000.0, "bandpass")),
+    ("biquad", Biquad(jnp.asarray([0.5, 0.2, -0.1]), 0.7, 0.9)),
+    (
+        "parametric_eq",
+        ParametricEQ([20.0, 200.0, 2_000.0], [3.0, -4.0, 2.0], [0.8, 1.5, 0.9], 8_000),
+    ),
+    ("compressor", Compressor(-20.0, 3.0, 2.0, 50.0, 2.0, sample_rate=8_000.0)),
+]
+FILTER_IDS = [name for name, _ in FILTERS]
+ALL = [(n, e) for n, e, _ in MONO + STEREO] + FILTERS
+ALL_IDS = MONO_IDS + STEREO_IDS + FILTER_IDS
+
+
+@eqx.filter_jit
+def apply(effect, x, zi=None):
+    """`effect(x, zi=zi, return_zf=True)`, compiled once per effect and shape."""
+    return effect(x, zi=zi, return_zf=True)
+
+
+def run(effect, x):
+    return apply(effect, jnp.asarray(x))[0]
+
+
+def call_unchecked(effect, *args, **kwargs):
+    """`effect(*args, **kwargs)` without the test run's type checker."""
+    return unchecked(type(effect).__call__)(effect, *args, **kwargs)
+
+
+def _signal(channels=None, length=T, seed=0):
+    rng = np.random.default_rng(seed)
+    shape = (length,) if channels is None else (channels, length)
+    return rng.standard_normal(shape)
+
+
+# --- values ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "effect", "reference"), MONO, ids=MONO_IDS)
+def test_mono_effects_match_numpy_references(name, effect, reference):
+    x = _signal()
+    assert_close(run(effect, x), reference(x), rtol=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "effect", "reference"), MONO, ids=MONO_IDS)
+def test_mono_effects_channel_by_channel(name, effect, reference):
+    x2 = _signal(2, seed=1)
+    y2 = run(effect, x2)
+    assert_close(y2, np.stack([reference(x2[0]), reference(x2[1])]), rtol=1e-12)
+
+
+@pytest.mark.parametrize(("name", "effect", "reference"), STEREO, ids=STEREO_IDS)
+def test_stereo_effects_match_numpy_references(name, effect, reference):
+    x = _signal(2)
+    assert_close(run(effect, x), reference(x), rtol=1e-12)
+    # mono in: the same signal on both channels (a panner pans it instead)
+    m = _signal(seed=2)
+    y = run(effect, m)
+    assert y.shape == (2, T)
+    if name != "panner":
+        assert_close(y, reference(np.stack([m, m])), rtol=1e-12)
+
+
+def test_panner_is_constant_power_on_mono():
+    x = jnp.asarray(_signal())
+    for pan in (-1.0, -0.3, 0.0, 0.8, 1.0):
+        y = run(fx.StereoPanner(pan), x)
+        assert_close(jnp.sum(y**2, axis=0), x**2, rtol=1e-12)
+    assert_close(run(fx.StereoPanner(-1.0), x)[1], jnp.zeros(T), atol=1e-15)
+
+
+def test_distortion_where_consecutive_samples_are_equal():
+    # Constant runs and near-repeats take the midpoint expansion: tanh of the
+    # midpoint to within the expansion's O(h^4) error, with finite gradients.
+    base = np.array([0.3, 0.3, 0.3, -0.2, -0.2, 0.5])
+    x = np.concatenate([base, base[-1:] + 1e-9, base[-1:] - 3e-9])
+    dist = fx.Distortion(20.0)
+    u = 10.0 * x
+    mid = 0.5 * (u + np.concatenate([[0.0], u[:-1]]))
+    y = run(dist, x)
+    near = np.abs(np.diff(np.concatenate([[0.0], u]))) < 1e-3
+    assert near.sum() == 5
+    assert_close(y[near], np.tanh(mid[near]), rtol=1e-13)
+    grad = jax.grad(lambda x, d: jnp.sum(d(x) ** 2), argnums=(0, 1))(
+        jnp.asarray(x), dist
+    )
+    assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grad))
+    # a signal of tanh's flat part: the divided difference of log cosh with
+    # no cancellation (|u| - |u_prev| is exact), against float64 closed form
+    x = np.array([4.0, 4.5, -5.0, -5.25, 3.0])
+    assert_close(run(fx.Distortion(30.0), x), np_distortion(x, 30.0), rtol=1e-12)
+
+
+def test_fdn_absorption_filters_meet_the_decay_times():
+    # DC gain 10^(-3 m / (fs T60)), Nyquist gain 10^(-3 m / (fs h T60))
+    from retrax.effects._fdn_reverb import absorption
+
+    delays, t60, h, sr = (1109, 1559, 2801), 1.7, 0.3, 44_100.0
+    p, k = absorption(delays, jnp.asarray(t60), jnp.asarray(h), sr)
+    m = np.array(delays)
+    assert_close(k / (1 - p), 10 ** (-3 * m / (sr * t60)), rtol=1e-13)
+    assert_close(k / (1 + p), 10 ** (-3 * m / (sr * h * t60)), rtol=1e-13)
+
+
+def test_fdn_reverb_is_lossless_with_full_decay_time_and_decays_otherwise():
+    # The network's energy decays at the designed rate: after the input stops
+    # the wet energy of a frame T60 later is about 60 dB down (broadband
+    # noise, hf_ratio 1: no frequency dependence).
+    sr = 2000
+    rev = fx.FDNReverb(0.5, 1.0, 1.0, delays=(37, 41, 53, 61), sample_rate=sr)
+    x = np.zeros(4 * sr // 2)
+    x[:1] = 1.0
+    y = np.asarray(run(rev, x))
+    frame = 200
+    e0 = np.sum(y[200 : 200 + frame] ** 2)
+    e1 = np.sum(y[200 + sr // 2 : 200 + sr // 2 + frame] ** 2)
+    assert abs(10 * np.log10(e1 / e0) + 60) < 3
+
+
+# --- derivatives -----------------------------------------------------------------
+
+
+def _normalised_grads(effect, x, order=2):
+    template = effect
+
+    def f(p, x):
+        return template.with_normalised(p)(x)
+
+    p = effect.to_normalised()
+    # a small step: the drive's third derivative makes 1e-4 too coarse
+    check_grads(f, (p, jnp.asarray(x)), order=order, eps=1e-6)
+
+
+def test_chain_derivatives():
+    # One first-order check (both modes) of six modules in one program, 4 s
+    # of CPU; second order (16 s for this chain) runs per module, the reverbs
+    # and filters included, in the slow set.
+    cheap = ("gain", "distortion", "delay", "feedback_delay", "panner", "ping_pong")
+    chain = fx.Chain([effect for name, effect in ALL if name in cheap])
+    _normalised_grads(chain, _signal(length=16), order=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "effect"), ALL, ids=ALL_IDS)
+def test_each_effect_derivatives(name, effect):
+    _normalised_grads(effect, _signal(length=T))
+    if name not in ("fdn_reverb", "compressor"):
+        return
+    # their trainable leaves outside the normalised vector too (the FDN's
+    # Householder vector and gains, the expander and detector time)
+    leaves = eqx.filter(effect, eqx.is_inexact_array)
+    statics = eqx.filter(effect, eqx.is_inexact_array, inverse=True)
+    check_grads(
+        lambda e, x: eqx.combine(e, statics)(x),
+        (leaves, jnp.asarray(_signal())),
+        eps=1e-6,
+    )
+
+
+def test_delay_time_derivative_is_the_interpolators():
+    # d y / d delay_ms at a fractional delay: linear interpolation's slope
+    # x[t - n - 1] - x[t - n], times fs / 1000 and mix.
+    x = _signal()
+    effect = fx.Delay(3.3, 0.6, max_delay_ms=8.0, sample_rate=1000)
+    g = eqx.filter_jit(jax.jacfwd(lambda e: e(jnp.asarray(x))))(effect).delay_ms
+    xp = np.concatenate([np.zeros(5), x])
+    want = 0.6 * (xp[5 - 4 : 5 - 4 + T] - xp[5 - 3 : 5 - 3 + T])
+    assert_close(g, want, rtol=1e-12)
+
+
+# --- streaming ---------------------------------------------------------------------
+
+
+def _blocks(effect, x, sizes):
+    # the zero state, from an empty block, so that every block runs the same
+    # compiled program
+    _, zi = apply(effect, x[..., :0])
+    out, start = [], 0
+    for size in sizes:
+        y, zi = apply(effect, x[..., start : start + size], zi)
+        out.append(y)
+        start += size
+    return jnp.concatenate(out, axis=-1)
+
+
+@pytest.mark.parametrize(
+    ("name", "effect"),
+    # `svf` and `sosfilt` stream in test_filters.py and test_sos_filtfilt.py
+    [
+        pytest.param(n, e, marks=pytest.mark.slow if n in ("svf", "biquad") else ())
+        for n, e in ALL
+    ],
+    ids=ALL_IDS,
+)
+def test_streaming_in_blocks_equals_one_call(name, effect):
+    x = jnp.asarray(_signal())
+    assert_close(_blocks(effect, x, (10, 10, 10, 10)), run(effect, x), rtol=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "effect"), ALL, ids=ALL_IDS)
+def test_streaming_stereo_signals(name, effect):
+    for channels in (2,):
+        x = jnp.asarray(_signal(channels))
+        assert_close(_blocks(effect, x, (10, 10, 10, 10)), run(effect, x), rtol=1e-12)
+
+
+# --- the processor interface ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "effect"), ALL, ids=ALL_IDS)
+def test_normalised_round_trip(name, effect):
+    p = effect.to_normalised()
+    assert p.shape == (effect.n_params,)
+    assert np.all((p >= 0) & (p <= 1))
+    back = effect.with_normalised(p)
+    assert_close(
+        jnp.concatenate([jnp.ravel(v) for v in jax.tree.leaves(back)]),
+        jnp.concatenate([jnp.ravel(v) for v in jax.tree.leaves(effect)]),
+        rtol=1e-13,
+    )
+
+
+ENSEMBLE = ["gain", "chorus", "fdn_reverb"]
+
+
+@pytest.mark.parametrize(
+    ("name", "effect"),
+    [
+        pytest.param(n, e, marks=() if n in ENSEMBLE else pytest.mark.slow)
+        for n, e in ALL
+    ],
+    ids=ALL_IDS,
+)
+def test_ensembles_from_a_batch(name, effect):
+    # an ensemble from a controller's batch (B, P), built under jit
+    rng = np.random.default_rng(3)
+    batch = jnp.asarray(rng.uniform(size=(3, effect.n_params)))
+    build = eqx.filter_jit(eqx.filter_vmap(effect.with_normalised))
+    ensemble = build(batch)
+    assert_close(jax.vmap(lambda e: e.to_normalised())(ensemble), batch, rtol=1e-12)
+    x = jnp.asarray(_signal())
+    ys = eqx.filter_jit(eqx.filter_vmap(lambda e: e(x)))(ensemble)
+    assert_close(ys[1], run(effect.with_normalised(batch[1]), x), rtol=1e-12)
+
+
+def test_from_normalised_uses_the_documented_ranges():
+    gain = fx.Gain.from_normalised(jnp.asarray([0.25]))
+    assert_close(gain.gain_db, -12.0, rtol=1e-15)
+    chorus = fx.Chorus.from_normalised(
+        jnp.asarray([0.5, 0.2, 1.0, 0.0]), sample_rate=8000
+    )
+    assert_close(chorus.rate_hz, 0.5, rtol=1e-14)  # log: sqrt(0.05 * 5)
+    assert_close(chorus.depth_ms, 1.0, rtol=1e-14)
+    assert_close(chorus.centre_ms, 25.0, rtol=1e-14)
+    assert chorus.sample_rate == 8000
+    delay = fx.Delay.from_normalised(jnp.asarray([0.5, 1.0]), max_delay_ms=40.0)
+    assert_close(delay.delay_ms, 20.0, rtol=1e-15)
+    # batched: filter_vmap over the classmethod
+    ps = jnp.asarray([[0.0], [0.5], [1.0]])
+    gains = eqx.filter_vmap(fx.Gain.from_normalised)(ps)
+    assert_close(gains.gain_db, jnp.asarray([-24.0, 0.0, 24.0]), rtol=1e-15)
+
+
+def test_bad_normalised_parameters_raise_under_jit():
+    for bad in ([1.2], [-0.1], [np.nan]):
+        raises_eagerly_and_under_jit(
+            fx.Gain.from_normalised, jnp.asarray(bad), match=r"`p`.*\[0, 1\]"
+        )
+    with pytest.raises(ValueError, match=r"`p`.*\[0, 1\]"):
+        fx.Gain.from_normalised(np.array([2.0]))
+    with pytest.raises(ValueError, match=r"`p` must hold the 2 normalised"):
+        unchecked(fx.FeedbackDelay.with_normalised)(fx.FeedbackDelay(), jnp.zeros(3))
+    chain = fx.Chain([fx.Gain(), fx.Distortion()])
+    raises_eagerly_and_under_jit(
+        lambda p: chain.with_normalised(p),
+        jnp.asarray([0.5, 1.5]),
+        match=r"`p`.*\[0, 1\]",
+    )
+
+
+def test_bad_physical_parameters_raise():
+    with pytest.raises(ValueError, match=r"`gain_db` must be finite and lie in"):
+        fx.Gain(30.0)
+    with pytest.raises(ValueError, match=r"`feedback`"):
+        fx.FeedbackDelay(0.99, delay_samples=4)
+    with pytest.raises(ValueError, match=r"`delay_samples` must be a Python int"):
+        fx.PingPongDelay(delay_samples=0)
+    with pytest.raises(ValueError, match=r"`delay_ms`"):
+        fx.Delay(12.0, max_delay_ms=10.0)
+    with pytest.raises(ValueError, match=r"each >= 2"):
+        fx.FDNReverb(delays=(1, 5))
+    with pytest.raises(ValueError, match=r"`v` must have one entry"):
+        fx.FDNReverb(v=np.ones(3), delays=(3, 5))
+    # built under jit from traced values: the same check at run time
+    raises_eagerly_and_under_jit(lambda v: fx.Gain(v).gain_db, 30.0, match="gain_db")
+    # moved out of range by tree_at (or an optimiser): the call raises
+    x = jnp.asarray(_signal())
+    bad = eqx.tree_at(lambda e: e.mix, fx.Freeverb(sample_rate=441), jnp.asarray(1.5))
+    raises_eagerly_and_under_jit(lambda e, x: e(x), bad, x, match="`mix` must be")
+    zero = eqx.tree_at(lambda e: e.v, fx.FDNReverb(delays=(3, 5)), jnp.zeros(2))
+    raises_eagerly_and_under_jit(lambda e, x: e(x), zero, x, match="`v`")
+
+
+def test_bad_signals_and_states_raise():
+    with pytest.raises(ValueError, match=r"`x` must be one mono signal"):
+        call_unchecked(fx.Gain(), jnp.zeros((2, 2, 8)))
+    with pytest.raises(ValueError, match=r"`x` must be mono \(time,\) or stereo"):
+        call_unchecked(fx.StereoWidener(), jnp.zeros((3, 8)))
+    with pytest.raises(ValueError, match=r"`x` must be mono \(time,\) or stereo"):
+        call_unchecked(fx.StereoPanner(), jnp.zeros((3, 8)))
+    with pytest.raises(ValueError, match=r"no state"):
+        call_unchecked(fx.Gain(), jnp.zeros(8), zi=jnp.zeros(1))
+    with pytest.raises(ValueError, match=r"`zi` must have shape \(5,\)"):
+        call_unchecked(fx.FeedbackDelay(delay_samples=5), jnp.zeros(8), zi=jnp.zeros(4))
+    with pytest.raises(ValueError, match=r"tuple of 2 states"):
+        call_unchecked(fx.Chain([fx.Gain(), fx.Gain()]), jnp.zeros(8), zi=(None,))
+    with pytest.raises(TypeError, match=r"`effects\[1\]` must be an effect"):
+        unchecked(fx.Chain.__init__)(object.__new__(fx.Chain), [fx.Gain(), abs])
+
+
+# --- chains ------------------------------------------------------------------
+
+
+def test_chain_mono_and_stereo():
+    sr = 1000
+    mono = [
+        ParametricEQ([2.0, 20.0, 200.0], [2.0, -3.0, 1.0], None, sr),
+        Compressor(-15.0, 3.0, 1.0, 20.0, 1.0, sample_rate=sr),
+        fx.Gain(3.0),
+        fx.Distortion(6.0),
+        fx.FeedbackDelay(0.3, 0.5, delay_samples=4),
+        fx.FDNReverb(0.2, 0.5, 0.3, delays=FDN_DELAYS, sample_rate=sr),
+    ]
+    stereo = [fx.StereoPanner(-0.4), fx.PingPongDelay(0.5, 0.3, delay_samples=3)]
+    x = jnp.asarray(_signal())
+    chain = fx.Chain(mono + stereo)
+    want = x
+    for e in mono + stereo:
+        want = run(e, want)
+    y = run(chain, x)
+    assert y.shape == (2, T)
+    assert_close(y, want, rtol=1e-14)
+    # stereo in, mono effects channel by channel
+    x2 = jnp.asarray(_signal(2))
+    stereo_chain = [mono[0], mono[2], fx.StereoWidener(1.4)]
+    want2 = x2
+    for e in stereo_chain:
+        want2 = run(e, want2)
+    assert_close(run(fx.Chain(stereo_chain), x2), want2, rtol=1e-14)
+    # the normalised vector is the concatenation, and from_normalised keeps
+    # each effect's structure
+    p = chain.to_normalised()
+    assert_close(p, jnp.concatenate([e.to_normalised() for e in mono + stereo]))
+    rebuilt = fx.Chain.from_normalised(p, effects=mono + stereo)
+    assert_close(run(rebuilt, x), y, rtol=1e-13)
+    assert rebuilt.effects[5].delays == FDN_DELAYS
+    # streaming through the chain
+    assert_close(_blocks(chain, x, (20, 20)), y, rtol=1e-12)
+
+
+# --- the filter modules as effects ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "effect"),
+    [
+        pytest.param(n, e, marks=() if n == "compressor" else pytest.mark.slow)
+        for n, e in FILTERS
+    ],
+    ids=FILTER_IDS,
+)
+def test_filters_channel_by_channel(name, effect):
+    x = jnp.asarray(_signal(2))
+    y = run(effect, x)
+    assert_close(y, jnp.stack([run(effect, x[0]), run(effect, x[1])]), rtol=1e-13)
+    # the old call without state is the same function
+    assert_close(effect(x[0]), y[0], rtol=1e-13)
+
+
+def test_parametric_eq_bands_stay_in_frequency_order():
+    eq = ParametricEQ([20.0, 200.0, 2_000.0], sample_rate=8_000)
+    # any normalised vector keeps the sections in increasing frequency order
+    p = jnp.asarray(np.random.default_rng(4).uniform(size=(64, 9)))
+    freqs = eqx.filter_jit(eqx.filter_vmap(lambda p: eq.with_normalised(p).freqs))(p)
+    assert np.all(np.diff(np.asarray(freqs), axis=1) > 0)
+    edges = np.geomspace(8_000 / 2205, 0.45 * 8_000, 4)
+    band = ParametricEQ.from_normalised(
+        jnp.asarray([0.0, 0.5, 1.0] + [0.5] * 6),
+        freqs=[20.0, 200.0, 2_000.0],
+        sample_rate=8_000,
+    )
+    assert_close(band.freqs, [edges[0], np.sqrt(edges[1] * edges[2]), edges[3]])
+    with pytest.raises(ValueError, match="`freqs` must increase strictly"):
+        ParametricEQ([200.0, 100.0, 2_000.0])
+    raises_eagerly_and_under_jit(
+        lambda f: ParametricEQ(f).raw_freqs,
+        jnp.asarray([100.0, 100.0, 3_000.0]),
+        match="`freqs` must increase strictly",
+    )
+    # a section outside its normalised band cannot be normalised
+    raises_eagerly_and_under_jit(
+        lambda e: e.to_normalised(),
+        ParametricEQ([20.0, 30.0, 2_000.0], sample_rate=8_000),
+        match="`freqs` must be finite and lie in",
+    )
+
+
+def test_filter_modules_build_under_tracing():
+    # constructors take traced values: an ensemble from filter_vmap
+    cutoffs = jnp.asarray([200.0, 500.0, 1_000.0])
+    svfs = eqx.filter_vmap(lambda c: SVF(c, 0.9, 8_000.0))(cutoffs)
+    assert_close(eqx.filter_vmap(lambda e: e.cutoff)(svfs), cutoffs, rtol=1e-13)
+    comps = eqx.filter_vmap(lambda t: Compressor(t, sample_rate=8_000.0))(
+        jnp.asarray([-30.0, -10.0])
+    )
+    assert comps.threshold_db.shape == (2,)
+    raises_eagerly_and_under_jit(
+        lambda c: SVF(c, 0.9, 8_000.0).raw_cutoff, 5_000.0, match="`cutoff`"
+    )
+
+
+# --- float32 ---------------------------------------------------------------------
+
+
+@pytest.mark.float32
+def test_chain_in_float32():
+    # The users' default precision: output and the gradient with respect to
+    # the normalised parameters against the same chain under x64, to 1e-4 of
+    # the largest magnitude (the x64 suite checks those against finite
+    # differences and numpy).
+    assert not jax.config.jax_enable_x64
+    names = [n for n, _ in ALL if n not in ("svf", "biquad", "freeverb")]
+
+    def make():
+        return fx.Chain([e for n, e in _rebuilt_cases() if n in names])
+
+    w = np.random.default_rng(5).standard_normal((2, T))
+
+    def loss(p, chain, x):
+        y = chain.with_normalised(p)(x)
+        return jnp.sum(jnp.asarray(w, y.dtype) * y), y
+
+    step = eqx.filter_jit(jax.grad(loss, has_aux=True))
+    x = _signal()
+    chain32 = make()
+    p32 = chain32.to_normalised()
+    assert p32.dtype == jnp.float32
+    g32, y32 = step(p32, chain32, jnp.asarray(x, jnp.float32))
+    assert y32.dtype == g32.dtype == jnp.float32
+    with jax.enable_x64(True):
+        chain64 = make()
+        g64, y64 = step(chain64.to_normalised(), chain64, jnp.asarray(x))
+        g64, y64 = np.asarray(g64), np.asarray(y64)
+    assert y64.dtype == np.float64
+    assert_close(y32, y64, rtol=1e-4)
+    assert_close(g32, g64, rtol=1e-4)
+
+
+def _rebuilt_cases():
+    """The cases built in the current precision (the module-level ones were
+    built when the module was imported)."""
+    return [(n, e) for n, e, _ in _cases() + _stereo_cases()] + [
+        (
+            "parametric_eq",
+            ParametricEQ(
+                [20.0, 200.0, 2_000.0], [3.0, -4.0, 2.0], [0.8, 1.5, 0.9], 8_000
+            ),
+        ),
+        ("compressor", Compressor(-20.0, 3.0, 2.0, 50.0, 2.0, sample_rate=8_000.0)),
+    ]
