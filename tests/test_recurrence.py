@@ -35,6 +35,7 @@ from retrax.ops import (
     sosfilt,
     state_space,
 )
+from retrax.ops._allpole_primitive import allpole_p
 from retrax.ops._recurrence import recurrence
 from retrax.ops._state_space import chunk_length
 
@@ -224,9 +225,22 @@ def test_hessian_and_float32_grad():
     assert_close(g32, jax.grad(energy(naive_allpole))(a), rtol=1e-5)
 
 
+def _allpole_eqns(jaxpr):
+    """Every `allpole_recurrence` equation in `jaxpr`, nested jaxprs included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is allpole_p:
+            found.append(eqn)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found.extend(_allpole_eqns(sub))
+    return found
+
+
 def test_reverse_pass_is_the_adjoint_filter():
-    # The gradient holds one forward scan and one reversed scan: JAX transposes
-    # the tangent recursion into the adjoint filter instead of unrolling.
+    # The gradient holds one forward recursion and one adjoint recursion (the
+    # primitive's transpose, run backwards in time), and no scan: nothing is
+    # unrolled and no carry history is kept (the primitive's state is the K
+    # lagged values).
     rng = np.random.default_rng(8)
     x = jnp.asarray(rng.standard_normal(100))
     a = _time_varying(rng, 100, 2, jnp.float64)
@@ -236,18 +250,37 @@ def test_reverse_pass_is_the_adjoint_filter():
         return jnp.sum(allpole(x, a, zi) ** 2)
 
     jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(x, a, zi).jaxpr
-    scans = scans_in(jaxpr)
-    assert len(scans) == 2
-    assert sorted(eqn.params["reverse"] for eqn in scans) == [False, True]
-    # Neither scan carries more than the K lagged values: no carry history.
-    for eqn in scans:
-        carry = eqn.params["jaxpr"].in_avals[: eqn.params["num_carry"]]
-        assert sum(int(np.prod(v.shape)) for v in carry) <= 2
-    # Same under vmap: still one scan each way, on a batched carry.
+    assert not scans_in(jaxpr)
+    eqns = _allpole_eqns(jaxpr)
+    assert sorted(eqn.params["adjoint"] for eqn in eqns) == [False, True]
+    # Same under vmap: one recursion each way, on the whole batch.
     batched = jax.make_jaxpr(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))))(
         x[None].repeat(3, 0), a[None].repeat(3, 0), zi[None].repeat(3, 0)
+    ).jaxpr
+    eqns = _allpole_eqns(batched)
+    assert sorted(eqn.params["adjoint"] for eqn in eqns) == [False, True]
+    assert all(eqn.invars[1].aval.shape == (3, 100) for eqn in eqns)
+
+
+def test_gradient_wrt_x_alone_forms_no_lag_matrix():
+    # A symbolic zero tangent of the coefficients: the gradient with respect
+    # to the signal is the adjoint recursion of the cotangent alone, with no
+    # (T, K) array of lagged outputs built or multiplied.
+    length, order = 100, 3
+    rng = np.random.default_rng(13)
+    x = jnp.asarray(rng.standard_normal(length))
+    a = _time_varying(rng, length, order, jnp.float64)
+
+    def loss(x):
+        return jnp.sum(allpole(x, a) ** 2)
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss))(x).jaxpr
+    shapes = [v.aval.shape for eqn in jaxpr.eqns for v in eqn.outvars]
+    assert (length, order) not in shapes, shapes
+    assert len(_allpole_eqns(jaxpr)) == 2
+    assert_close(
+        jax.grad(loss)(x), jax.grad(lambda x: jnp.sum(naive_allpole(x, a) ** 2))(x)
     )
-    assert len(scans_in(batched.jaxpr)) == 2
 
 
 def test_saved_residuals_are_inputs_output_and_lags(capsys):
@@ -281,12 +314,15 @@ def test_saved_residuals_are_inputs_output_and_lags(capsys):
 
 def _recurrences(jaxpr):
     """The time recursions of a program, as their `reverse` flags: every scan,
-    and the compiled kernel (`ffi_call`, forward). The branches of a `cond`
-    that picks one implementation per platform count once."""
+    the all-pole primitive (forward or adjoint), and the compiled kernel
+    (`ffi_call`, forward). The branches of a `cond` that picks one
+    implementation per platform count once."""
     found = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "scan":
             found.append(eqn.params["reverse"])
+        elif eqn.primitive is allpole_p:
+            found.append(eqn.params["adjoint"])
         elif eqn.primitive.name == "ffi_call":
             found.append(False)
         subs = [

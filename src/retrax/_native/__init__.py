@@ -104,20 +104,29 @@ def _load() -> dict[str, tuple[bool, str]]:
             handler = jax.ffi.pycapsule(getattr(library, symbol))
             jax.ffi.register_ffi_target(target, handler, platform="cpu")
         except AttributeError:
-            status[name] = (False, (
-                f"not built: {LIBRARY.name} (compiled for {built_for}) has no "
-                f"{symbol} handler; rebuild retrax"
-            ))
+            status[name] = (
+                False,
+                (
+                    f"not built: {LIBRARY.name} (compiled for {built_for}) has no "
+                    f"{symbol} handler; rebuild retrax"
+                ),
+            )
         except Exception as e:  # XLA's own message says why it refused
-            status[name] = (False, (
-                f"XLA refused the kernels, compiled for {built_for}; rebuild "
-                f"retrax for this jaxlib ({type(e).__name__}: {e})"
-            ))
+            status[name] = (
+                False,
+                (
+                    f"XLA refused the kernels, compiled for {built_for}; rebuild "
+                    f"retrax for this jaxlib ({type(e).__name__}: {e})"
+                ),
+            )
         else:
-            status[name] = (True, (
-                f"loaded from {LIBRARY.name} (compiled for {built_for}), used "
-                "on the CPU for float32 and float64"
-            ))
+            status[name] = (
+                True,
+                (
+                    f"loaded from {LIBRARY.name} (compiled for {built_for}), used "
+                    "on the CPU for float32 and float64"
+                ),
+            )
     return status
 
 

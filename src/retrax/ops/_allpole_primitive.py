@@ -92,10 +92,13 @@ def _abstract_eval(a, u, zi, *, adjoint, unroll):
     del adjoint, unroll
     if u.ndim not in (1, 2) or zi.ndim != u.ndim or a.ndim not in (u.ndim, u.ndim + 1):
         raise ValueError(
-            f"allpole_recurrence: bad operand ranks a{a.shape}, u{u.shape}, zi{zi.shape}"
+            f"allpole_recurrence: bad operand ranks a{a.shape}, u{u.shape}, "
+            f"zi{zi.shape}"
         )
     if not (a.dtype == u.dtype == zi.dtype):
-        raise TypeError(f"allpole_recurrence: mixed dtypes {a.dtype}, {u.dtype}, {zi.dtype}")
+        raise TypeError(
+            f"allpole_recurrence: mixed dtypes {a.dtype}, {u.dtype}, {zi.dtype}"
+        )
     return u.update(weak_type=False)
 
 
@@ -309,7 +312,9 @@ def _state_cotangent(a, ct, order, per_sample):
 
 def _transpose(ct, a, u, zi, *, adjoint, unroll):
     if ad.is_undefined_primal(a):
-        raise NotImplementedError("allpole_recurrence is not linear in its coefficients")
+        raise NotImplementedError(
+            "allpole_recurrence is not linear in its coefficients"
+        )
     u_aval = u.aval if ad.is_undefined_primal(u) else jax.typeof(u)
     zi_aval = zi.aval if ad.is_undefined_primal(zi) else jax.typeof(zi)
     if type(ct) is ad.Zero:

@@ -63,6 +63,7 @@ Structure = Literal["allpole", "diagonal", "dense"] | DelayLines
 Method = Literal["sequential", "associative"]
 METHODS = ("sequential", "associative")
 
+
 def _scan_diagonal(a, u, zi, unroll):
     zi = _varying_like(zi, a, u)
     if a.ndim == 1:
