@@ -43,8 +43,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
+from jax.interpreters.mlir import ir
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import _native
 from .._errors import varying_axes as _varying_axes
@@ -174,28 +177,79 @@ def _scan(a, u, zi, *, adjoint, unroll):
 # ---------------------------------------------------------------- lowering
 
 
-def _layouts(avals_in):
-    a, u, zi = avals_in
-    if u.ndim == 1:  # one signal: row-major is already time-major
-        return None
-    return [
-        (0, 2, 1) if a.ndim == 3 else (0, 1),
-        (0, 1),
-        (0, 1),
-    ]
-
-
-def _kernel_lowering(ctx, a, u, zi, *, adjoint, unroll):
-    del unroll
-    layouts = _layouts(ctx.avals_in)
-    rule = jax.ffi.ffi_lowering(
+def _kernel_call(a, u, zi, *, adjoint):
+    """The compiled kernel on operands with a batch axis in front: `u` of
+    shape `(B, T)`, handed over time-major (XLA lays the operands out so:
+    `[t, b]`, `[t, k, b]` and `[k, b]`, major to minor)."""
+    layouts = [(1, 2, 0) if a.ndim == 3 else (1, 0), (1, 0), (1, 0)]
+    call = jax.ffi.ffi_call(
         _native.ALLPOLE,
-        operand_layouts=layouts,
-        result_layouts=None if layouts is None else [layouts[1]],
+        jax.ShapeDtypeStruct(u.shape, u.dtype),
+        input_layouts=layouts,
+        output_layouts=(1, 0),
     )
-    return rule(ctx, a, u, zi, adjoint=bool(adjoint))
+    return call(a, u, zi, adjoint=adjoint)
 
 
+# The kernel filters each signal on its own. XLA cannot see that through a
+# custom call, and would gather a sharded batch onto every device;
+# `custom_partitioning` tells it so: the batch axis keeps its sharding, the
+# time and lag axes are whole on each device, and each device runs the kernel
+# on its own signals.
+
+
+def _sharding_rule(mesh, operand_types, result_types):
+    del mesh, result_types
+    a_rank = len(ir.RankedTensorType(operand_types[0]).shape)
+    a = "b t k" if a_rank == 3 else "b k"
+    # the factors that stay whole, in the order the rule first names them
+    whole = ("t", "k") if a_rank == 3 else ("k", "t")
+    return f"{a}, b t, b k -> b t", {"need_replication_factors": whole}
+
+
+def _batch_shardings(mesh, arg_shapes):
+    u = arg_shapes[1]
+    spec = tuple(u.sharding.spec) + (None,)
+    batch = spec[0]
+
+    def sharding(x):
+        return NamedSharding(mesh, P(batch, *(None,) * (x.ndim - 1)))
+
+    return sharding(u), tuple(sharding(x) for x in arg_shapes)
+
+
+@functools.cache
+def _partitioned(adjoint: bool):
+    def call(a, u, zi):
+        return _kernel_call(a, u, zi, adjoint=adjoint)
+
+    def partition(mesh, arg_shapes, result_shape):
+        del result_shape
+        out, args = _batch_shardings(mesh, arg_shapes)
+        return mesh, call, out, args
+
+    def infer(mesh, arg_shapes, result_shape):
+        del result_shape
+        return _batch_shardings(mesh, arg_shapes)[0]
+
+    wrapped = custom_partitioning(call)
+    wrapped.def_partition(
+        partition=partition,
+        infer_sharding_from_operands=infer,
+        sharding_rule=_sharding_rule,
+    )
+    return wrapped
+
+
+def _kernel(a, u, zi, *, adjoint, unroll):
+    del unroll
+    if u.ndim == 1:  # one signal: a batch of one, without sharding to keep
+        out = _kernel_call(a[None], u[None], zi[None], adjoint=adjoint)
+        return out[0]
+    return _partitioned(adjoint)(a, u, zi)
+
+
+_kernel_lowering = mlir.lower_fun(_kernel, multiple_results=False)
 _scan_lowering = mlir.lower_fun(_scan, multiple_results=False)
 
 
