@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src import dispatch as _dispatch  # no public hook for this yet
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
@@ -241,15 +242,29 @@ def _partitioned(adjoint: bool):
     return wrapped
 
 
-def _kernel(a, u, zi, *, adjoint, unroll):
-    del unroll
+def _kernel(a, u, zi, *, adjoint, partitioned):
     if u.ndim == 1:  # one signal: a batch of one, without sharding to keep
         out = _kernel_call(a[None], u[None], zi[None], adjoint=adjoint)
         return out[0]
-    return _partitioned(adjoint)(a, u, zi)
+    if partitioned:
+        return _partitioned(adjoint)(a, u, zi)
+    return _kernel_call(a, u, zi, adjoint=adjoint)
 
 
-_kernel_lowering = mlir.lower_fun(_kernel, multiple_results=False)
+def _kernel_lowering(ctx, a, u, zi, *, adjoint, unroll):
+    del unroll
+    # Partitioning matters only in a program over several devices.
+    axis_context = ctx.module_context.axis_context
+    devices = getattr(axis_context, "num_devices", None)
+    if devices is None:  # inside shard_map, or a mesh of its own
+        devices = getattr(getattr(axis_context, "mesh", None), "size", 2)
+    rule = mlir.lower_fun(
+        functools.partial(_kernel, adjoint=adjoint, partitioned=devices > 1),
+        multiple_results=False,
+    )
+    return rule(ctx, a, u, zi)
+
+
 _scan_lowering = mlir.lower_fun(_scan, multiple_results=False)
 
 
@@ -262,6 +277,9 @@ def _cpu_lowering(ctx, a, u, zi, *, adjoint, unroll):
 
 
 mlir.register_lowering(allpole_p, _scan_lowering)
+# The CPU lowering may partition the kernel's batch over the program's
+# devices (`custom_partitioning`), which needs them known while lowering.
+_dispatch.prim_requires_devices_during_lowering.add(allpole_p)
 mlir.register_lowering(allpole_p, _cpu_lowering, platform="cpu")
 
 
