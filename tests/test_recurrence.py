@@ -280,7 +280,12 @@ def _scan_reference(a, u, zi):
     return _recurrence("allpole", 2, a, u, zi)
 
 
-@pytest.mark.parametrize("order", [1, 2, 3])
+_SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "order", [pytest.param(1, marks=_SLOW), 2, pytest.param(3, marks=_SLOW)]
+)
 def test_primitive_gradients_equal_the_scan_rules(order):
     # The primitive (the compiled kernel on the CPU) against the scan with the
     # custom JVP rule it replaced: values, reverse mode with respect to every
@@ -318,8 +323,15 @@ def test_primitive_gradients_equal_the_scan_rules(order):
                for f in (allpole_recurrence, _scan_reference)))  # fmt: skip
 
 
-@pytest.mark.parametrize("dtype", REAL)
-@pytest.mark.parametrize("constant", [True, False])
+@pytest.mark.parametrize(
+    "dtype, constant",
+    [
+        (jnp.float32, True),
+        (jnp.float64, False),
+        pytest.param(jnp.float32, False, marks=_SLOW),
+        pytest.param(jnp.float64, True, marks=_SLOW),
+    ],
+)
 def test_primitive_check_grads(dtype, constant):
     # Second order, both modes, on the kernel path (CPU, float32 and float64);
     # float32 differences need a larger step (rounding is 1e-7, not 1e-16)
