@@ -5,7 +5,8 @@
  *
  * float32, on B signals stored time-major (sample t of signal b at
  * t * B + b, coefficients as two planes of the same layout), so that a group
- * of signals shares SIMD registers. `bench_ops.py` compiles it with
+ * of signals shares SIMD registers (a wide batch advances all its signals
+ * one step at a time, reading memory in order). `bench_ops.py` compiles it with
  * `cc -O3 -march=native` and times it on data already in that layout (no
  * conversion), forward only. */
 
@@ -53,8 +54,32 @@ static void group8(const float *restrict x, const float *restrict a1,
   }
 }
 
+static void wide(const float *restrict x, const float *restrict a1,
+                 const float *restrict a2, const float *restrict zi,
+                 float *restrict y, int64_t length, int64_t batch,
+                 float *restrict s1, float *restrict s2) {
+  for (int64_t b = 0; b < batch; ++b) {
+    s1[b] = zi[2 * b];
+    s2[b] = zi[2 * b + 1];
+  }
+  for (int64_t t = 0; t < length; ++t) {
+    const int64_t i = t * batch;
+    for (int64_t b = 0; b < batch; ++b) {
+      const float v = x[i + b] - a2[i + b] * s2[b] - a1[i + b] * s1[b];
+      s2[b] = s1[b];
+      s1[b] = v;
+      y[i + b] = v;
+    }
+  }
+}
+
 void allpole2(const float *x, const float *a1, const float *a2,
               const float *zi, float *y, int64_t batch, int64_t length) {
+  if (batch > 64 && batch <= 4096) {
+    float s1[4096], s2[4096];
+    wide(x, a1, a2, zi, y, length, batch, s1, s2);
+    return;
+  }
   int64_t first = 0;
   for (; batch - first >= LANES; first += LANES)
     group8(x, a1, a2, zi, y, length, batch, first);
