@@ -7,8 +7,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
-from ._predictor import AbstractExactPredictor, as_state, is_key, time_like
+from ._predictor import AbstractExactPredictor
 from ._schedule import AbstractNoiseSchedule
+from ._state import as_state, is_key, time_like
 
 
 class EnergyNetwork(AbstractExactPredictor):

@@ -8,8 +8,8 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 from .._errors import error_if
 from .._misc import check_positive_int, check_value
 from ._mixture import GaussianMixtureEps
-from ._predictor import as_state
 from ._schedule import AbstractNoiseSchedule
+from ._state import as_state
 
 
 def kde_predictor(

@@ -27,8 +27,9 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 
 from .._errors import error_if
 from .._misc import check_positive_int, check_value, static_float
-from ._predictor import AbstractPredictor, as_state, epsilon_jacobian
+from ._predictor import AbstractPredictor, epsilon_jacobian
 from ._sample import _t_end, _transition
+from ._state import as_state
 
 
 def _float_dtype(dtype: DTypeLike) -> jnp.dtype:

@@ -5,8 +5,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from .._misc import check_value
-from ._predictor import AbstractExactPredictor, as_state, as_state_like, time_like
+from ._predictor import AbstractExactPredictor
 from ._schedule import AbstractNoiseSchedule
+from ._state import as_state, as_state_like, time_like
 
 
 class GaussianMixtureEps(AbstractExactPredictor):

@@ -9,10 +9,10 @@ from jaxtyping import Array, ArrayLike, Float
 from .._misc import check_positive_int
 from ._mixture import GaussianMixtureEps
 from ._never_silent import never_silent
-from ._predictor import as_state, time_like
 from ._prox import AbstractProximalPredictor, _as_lam
 from ._schedule import AbstractNoiseSchedule
 from ._solution import RESULTS
+from ._state import as_state, time_like
 
 
 class MixtureProx(AbstractProximalPredictor):

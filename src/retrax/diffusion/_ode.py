@@ -12,8 +12,9 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._errors import error_if
 from .._misc import static_float
-from ._predictor import AbstractPredictor, as_state, epsilon_jacobian
+from ._predictor import AbstractPredictor, epsilon_jacobian
 from ._sample import _dtype, _shape, _t_end
+from ._state import as_state
 
 
 def _ode_field(pred):

@@ -11,9 +11,9 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._misc import check_value
-from ._predictor import as_state, as_state_like, is_key, time_like
 from ._schedule import AbstractNoiseSchedule
 from ._solution import RESULTS
+from ._state import as_state, as_state_like, is_key, time_like
 
 
 def _as_lam(lam, dtype, *, positive: bool = False) -> Array:

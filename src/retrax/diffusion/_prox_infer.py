@@ -9,9 +9,9 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int
 from .._errors import error_if
 from .._misc import check_positive_int, check_value
 from ._never_silent import never_silent
-from ._predictor import as_state, as_state_like, time_like
 from ._prox import AbstractProximalPredictor, _as_lam
 from ._solution import RESULTS
+from ._state import as_state, as_state_like, time_like
 
 
 def _max_norm(x) -> Array:

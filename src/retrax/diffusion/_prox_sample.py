@@ -9,10 +9,10 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 from .._errors import error_if
 from .._misc import check_positive_int, check_value
 from ._never_silent import never_silent
-from ._predictor import as_state
 from ._prox import AbstractProximalPredictor
 from ._sample import _dtype
 from ._solution import RESULTS
+from ._state import as_state
 
 
 @eqx.filter_jit

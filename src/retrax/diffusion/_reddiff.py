@@ -12,8 +12,9 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 from .._errors import error_if
 from .._misc import check_positive_int, check_value, static_float
 from ._never_silent import never_silent
-from ._predictor import AbstractPredictor, as_state, is_key
+from ._predictor import AbstractPredictor
 from ._schedule import AbstractNoiseSchedule, as_time
+from ._state import as_state, is_key
 
 
 def _check_lam(lam):

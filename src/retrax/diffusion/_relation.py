@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from ._predictor import as_state
+from ._state import as_state
 
 
 def clamp_mask(rho: Float[Array, " n"]) -> Bool[Array, " n"]:

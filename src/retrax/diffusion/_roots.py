@@ -10,9 +10,9 @@ from .._errors import error_if
 from .._misc import check_positive_int
 from ._infer import _check_query, _infer
 from ._potential import implicit_energy
-from ._predictor import as_state
 from ._relation import AbstractImplicitRelation, clamp_mask
 from ._solution import RESULTS
+from ._state import as_state
 
 
 class ImplicitRoots(eqx.Module):

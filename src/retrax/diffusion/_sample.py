@@ -8,7 +8,8 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from .._errors import error_if
 from .._misc import check_positive_int, static_float
-from ._predictor import AbstractPredictor, as_state_like
+from ._predictor import AbstractPredictor
+from ._state import as_state_like
 
 
 def _shape(shape: int | tuple[int, ...]) -> tuple[int, ...]:
