@@ -311,6 +311,11 @@ def _lagged(values, state, k, adjoint):
     the end), along the last axis."""
     order = state.shape[-1]
     length = values.shape[-1]
+    if length:
+        # With an explicit mesh the operands of a concatenation must be
+        # sharded alike: give the (possibly replicated) state the batch
+        # sharding of the values by broadcasting it against them.
+        state = state + jnp.zeros_like(values[..., :1])
     if adjoint:
         full = jnp.concatenate([values, state], axis=-1)
         return full[..., k + 1 : k + 1 + length]
