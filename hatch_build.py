@@ -1,7 +1,6 @@
 """Build hook: compile retrax's CPU kernels (`src/retrax/_native`).
 
-The kernels speed up loops that XLA runs slowly (see `ballistics.cc` and
-`allpole.cc`). They
+The kernels speed up loops that XLA runs slowly (see `ballistics.cc`). They
 are compiled against the XLA FFI headers shipped with jaxlib, so jaxlib is a
 build requirement. Without a C++ compiler, or if compilation fails, the
 build still succeeds: retrax then runs its pure-JAX loops, which give the
@@ -24,7 +23,7 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 
 NATIVE = pathlib.Path("src", "retrax", "_native")
-SOURCES = ["ballistics.cc", "allpole.cc"]
+SOURCES = ["ballistics.cc"]
 LIBRARY = "_kernels.so"
 
 
@@ -56,8 +55,6 @@ class KernelBuildHook(BuildHookInterface):
         command = [
             compiler,
             "-O3",
-            # the all-pole loop's multiply-subtracts fuse where the CPU has FMA
-            "-ffp-contract=fast",
             "-std=c++17",
             "-shared",
             "-fPIC",
