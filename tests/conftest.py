@@ -9,15 +9,18 @@ import pytest
 # the users' default, and runs only the tests marked `float32`; the default
 # session enables x64 and deselects them.
 FLOAT32_SESSION = os.environ.get("RETRAX_TEST_FLOAT32", "0") == "1"
+FUSION_EMITTERS_OFF = "--xla_cpu_use_fusion_emitters=false"
 if not FLOAT32_SESSION:
     # XLA's CPU backend compiles fusions with its MLIR fusion emitters by
     # default; its elemental emitters generate the same arithmetic at about
     # half the compile time, and compiling is most of this suite's CPU time
     # (test_proxdm.py: 86 s of CPU with the default, 51 s without). Read when
     # the CPU client starts, so set before any computation. Subprocesses that
-    # the tests start (examples, the checkpoint fault test) inherit it.
+    # the tests start (the checkpoint fault test) inherit it; the tests of the
+    # float32 examples' claimed accuracy run the scripts without it, as users
+    # do (test_examples.run_example_as_users_do).
     os.environ["XLA_FLAGS"] = " ".join(
-        [os.environ.get("XLA_FLAGS", ""), "--xla_cpu_use_fusion_emitters=false"]
+        [os.environ.get("XLA_FLAGS", ""), FUSION_EMITTERS_OFF]
     ).strip()
     jax.config.update("jax_enable_x64", True)
     # Thousands of small programs, each run a few times: XLA's optimisation

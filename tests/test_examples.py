@@ -2,7 +2,11 @@
 
 import contextlib
 import importlib.util
+import json
+import os
 import pathlib
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -10,6 +14,8 @@ import pytest
 
 
 EXAMPLES = pathlib.Path(__file__).parent.parent / "examples"
+# The x64 sessions' XLA flag (conftest.py), which users do not set.
+FUSION_EMITTERS_OFF = "--xla_cpu_use_fusion_emitters=false"
 
 
 def load_example(relative: str):
@@ -37,6 +43,33 @@ def load_example(relative: str):
 
     module.main = main_as_users_run_it
     return module
+
+
+def run_example_as_users_do(relative: str, **kwargs) -> dict:
+    """The result of the example's `main`, run by `example_runner.py` in a
+    fresh process with XLA's default CPU code generation (this session's XLA
+    flags hold for its whole process), as a user runs the script."""
+    env = dict(os.environ)
+    flags = env.get("XLA_FLAGS", "").replace(FUSION_EMITTERS_OFF, "").strip()
+    env["XLA_FLAGS"] = flags
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(EXAMPLES.parent / "src"), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(pathlib.Path(__file__).parent / "example_runner.py"),
+            relative,
+            json.dumps(kwargs),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT ") :])
 
 
 @pytest.fixture(autouse=True)
@@ -209,7 +242,7 @@ def test_factor_graph_smoke(capsys):
 
 @pytest.mark.slow
 def test_quickstart_full_run(capsys):
-    result = load_example("quickstart.py").main()
+    result = run_example_as_users_do("quickstart.py")
     # From a flat start the relative loss falls by six orders of magnitude and
     # then fluctuates between about 1e-10 and 1e-5; the recovered coefficients
     # print equal to the true ones to 4 decimals.
@@ -219,7 +252,7 @@ def test_quickstart_full_run(capsys):
 
 @pytest.mark.slow
 def test_fit_svf_full_run(capsys):
-    result = load_example("parameter_estimation/fit_svf.py").main()
+    result = run_example_as_users_do("parameter_estimation/fit_svf.py")
     assert result["cutoff_error"] <= 3e-5 and result["q_error"] <= 3e-5
 
 
@@ -236,14 +269,14 @@ def test_fit_state_space_filter_full_run(capsys):
 
 @pytest.mark.slow
 def test_fit_compressor_full_run(capsys):
-    result = load_example("parameter_estimation/fit_compressor.py").main()
+    result = run_example_as_users_do("parameter_estimation/fit_compressor.py")
     # "recovered to: relative error <= 2e-4 (float32)" for all four settings
     assert max(result["errors"].values()) <= 2e-4, result["errors"]
 
 
 @pytest.mark.slow
 def test_fit_parametric_eq_full_run(capsys):
-    result = load_example("parameter_estimation/fit_parametric_eq.py").main()
+    result = run_example_as_users_do("parameter_estimation/fit_parametric_eq.py")
     errors = result["errors"]
     # "0.2% (frequency, Q), 0.015 dB" (the gain to the 3 decimals it prints)
     assert errors["freq"] <= 2e-3 and errors["q"] <= 2e-3, errors
