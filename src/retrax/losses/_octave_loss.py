@@ -1,17 +1,15 @@
 """A loss on fractional-octave band energies: the L1 distance of their logarithms."""
 
 import equinox as eqx
-import jax
-from jaxtyping import Array, ArrayLike, Float, Real
+import numpy as np
 
-from .._misc import check_positive_int
-from ._band_loss import band_energies, log_band_l1
+from ._band_loss import AbstractBandEnergyLoss, check_stft_settings
 from ._octave import octave_filterbank
-from ._stft import WINDOWS, Window
-from ._stft_loss import Weight, check_choice, check_eps, check_signals
+from ._stft import Window
+from ._stft_loss import Weight, check_eps
 
 
-class OctaveBandEnergyLoss(eqx.Module):
+class OctaveBandEnergyLoss(AbstractBandEnergyLoss):
     r"""The mean absolute difference of log fractional-octave band energies.
 
     With $E_{bm} = \sum_k M_{bk} |X_{mk}|^2$ the energy of band $b$ in frame
@@ -57,16 +55,9 @@ class OctaveBandEnergyLoss(eqx.Module):
         f_max: float | int | None = None,
         eps: Weight = 1e-8,
     ):
-        win_length = fft_size if win_length is None else win_length
-        check_positive_int("hop_size", hop_size)
-        check_positive_int("win_length", win_length)
-        check_choice("window", window, WINDOWS)
         # Checks sample_rate, fft_size, fraction and the bands.
         octave_filterbank(sample_rate, fft_size, fraction, f_min, f_max)
-        if win_length > fft_size:
-            raise ValueError(
-                f"`win_length` ({win_length}) must not exceed `fft_size` ({fft_size})."
-            )
+        win_length = check_stft_settings(fft_size, hop_size, win_length, window)
         self.sample_rate = float(sample_rate)
         self.fft_size = fft_size
         self.hop_size = hop_size
@@ -77,32 +68,8 @@ class OctaveBandEnergyLoss(eqx.Module):
         self.f_max = None if f_max is None else float(f_max)
         self.eps = check_eps(eps)
 
-    def band_energies(self, x: jax.Array) -> jax.Array:
-        """The band energies of checked signals `x`, `(..., frames, bands)`."""
-        bank = octave_filterbank(
+    def filterbank(self) -> np.ndarray:
+        """The bands' weights on the STFT's bins, `(bands, fft_size // 2 + 1)`."""
+        return octave_filterbank(
             self.sample_rate, self.fft_size, self.fraction, self.f_min, self.f_max
-        )
-        return band_energies(
-            x, bank, self.fft_size, self.hop_size, self.win_length, self.window
-        )
-
-    def __call__(
-        self, pred: Real[ArrayLike, "..."], target: Real[ArrayLike, "..."]
-    ) -> Float[Array, ""]:
-        """The loss of `pred` against `target`.
-
-        **Arguments:**
-
-        - `pred`: the prediction, `(time,)`, `(channels, time)` or
-          `(batch, channels, time)`, with `time >= fft_size`.
-        - `target`: the target, the same shape.
-
-        **Returns:**
-
-        A scalar in the signals' promoted float dtype. Mismatched shapes, too
-        short or non-finite signals raise an error naming the argument.
-        """
-        pred, target = check_signals(pred, target, self.fft_size)
-        return log_band_l1(
-            self.band_energies(pred), self.band_energies(target), self.eps
         )
