@@ -165,12 +165,25 @@ def scan_allpole(a, u, zi, unroll, reverse=False):
     return y
 
 
+def _sharded_like(x, u):
+    """`x` (batch axis first) with the batch sharding of `u` under an explicit
+    mesh, by broadcasting it against zeros of `u`'s batch."""
+    spec = jax.typeof(u).sharding.spec
+    if not u.shape[-1] or not spec or spec[0] is None:  # nothing to align
+        return x
+    zeros = jnp.zeros_like(u[:, :1])
+    return x + zeros.reshape(zeros.shape[:1] + (1,) * (x.ndim - 1))
+
+
 def _scan(a, u, zi, *, adjoint, unroll):
     """`allpole_p` as a scan (per signal, `vmap`ped over a batch)."""
     if adjoint and _per_sample(a, u):
         a = shifted(a)
     run = functools.partial(scan_allpole, unroll=unroll, reverse=adjoint)
     if u.ndim == 2:
+        # `vmap` under an explicit mesh needs its operands' batch axes
+        # sharded alike; the batching rule broadcasts unbatched ones unsharded.
+        a, zi = _sharded_like(a, u), _sharded_like(zi, u)
         run = jax.vmap(run)
     return run(a, u, zi)
 
