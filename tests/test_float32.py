@@ -314,10 +314,16 @@ def test_parametric_eq_module():
 def test_compressor_module():
     rng = np.random.default_rng(11)
     x = rng.standard_normal(256) * np.linspace(0.01, 1.0, 256)
-    # The expander acts too (on the quiet start), so every parameter matters.
+    # The expander acts too (on the quiet start), so every parameter matters;
+    # the levels pass through the soft knee, and the gain leads by 4 samples.
     check_module_float32(
         lambda: Compressor(
-            threshold_db=-20.0, ratio=4.0, exp_threshold_db=-30.0, sample_rate=8_000.0
+            threshold_db=-20.0,
+            ratio=4.0,
+            exp_threshold_db=-30.0,
+            sample_rate=8_000.0,
+            knee_db=10.0,
+            lookahead_samples=4,
         ),
         x,
     )
