@@ -265,6 +265,13 @@ def test_compexp_gain():
     x = _level(T)
     params = (-12.0, 4.0, -30.0, 0.5, 0.3, 0.05)
     check_float32(compexp_gain, (x, *params), np_compexp_gain(x, *params))
+    # with a soft knee (8 dB) around both thresholds, its width differentiated
+
+    def soft(x, *p):
+        return compexp_gain(x, *p[:-1], knee_db=p[-1])
+
+    want = np_compexp_gain(x, *params, knee=8.0)
+    check_float32(soft, (x, *params, 8.0), want)
 
 
 def test_limiter_gain():
