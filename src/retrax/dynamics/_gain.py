@@ -54,25 +54,24 @@ def avg(
     return linear_recurrence(1 - coef, coef * x.astype(dtype), zi, return_zf=return_zf)
 
 
-def _branch(slope, over, knee):
-    r"""One branch of the static curve, in dB: 0 where `over <= -knee/2`,
-    `slope * over` where `over >= knee/2`, and between them the quadratic
-    $\mathrm{slope}\,(\mathrm{over} + W/2)^2 / (2W)$ ($W$ = `knee`), which
-    joins the two with a continuous slope.
+def _knee(hard, slope, over, knee):
+    r"""One branch of the static curve in dB with a soft knee: the hard
+    knee's curve `hard` where $|\mathrm{over}| \ge W/2$ ($W$ = `knee`), and
+    inside the knee the quadratic
+    $\mathrm{slope}\,(\mathrm{over} + W/2)^2 / (2W)$, which meets the
+    lines on either side with their values and slopes.
 
     `over` is the level's distance past the threshold in the direction the
-    branch acts (above a compressor's, below an expander's) and `slope < 0`.
-    A zero knee never selects the quadratic: the values are the hard knee's,
-    `min(0, slope * over)`, exactly.
+    branch acts (above a compressor's, below an expander's) and
+    `slope < 0` the branch's slope there. A zero knee never selects the
+    quadratic: values and derivatives are `hard`'s.
     """
     half = knee / 2
     # the quadratic divides by the knee: where the knee is 0 it is never
     # selected, and it must not put a nan into the derivatives there
     safe = jnp.where(knee > 0, knee, 1.0)
     quadratic = slope * (over + half) ** 2 / (2 * safe)
-    return jnp.where(
-        over <= -half, 0.0, jnp.where(over >= half, slope * over, quadratic)
-    )
+    return jnp.where(jnp.abs(over) < half, quadratic, hard)
 
 
 def compexp_gain(
@@ -120,7 +119,8 @@ def compexp_gain(
     \end{cases}$$
 
     and $g_n = \min(c_n, e_n)$. Both have a continuous slope at the knee's
-    ends; with $W = 0$ they are the hard knee's values exactly.
+    ends; with $W = 0$ the curve is torchcomp's, values and derivatives
+    exactly.
 
     Unlike torchcomp, silence is allowed: levels are floored at the smallest
     normal number of the dtype (about -758 dB in float32), so the gain and
@@ -167,10 +167,22 @@ def compexp_gain(
         for v in (comp_thresh, comp_ratio, exp_thresh, exp_ratio, knee_db)
     )
     level = amp2db(x_rms.astype(dtype), floor=float(jnp.finfo(dtype).tiny))
-    # (1/R - 1)(L - T) is torchcomp's (1 - 1/R)(T - L) exactly: IEEE
-    # subtraction is antisymmetric, so the hard knee keeps its numbers
-    comp = _branch(1 / comp_ratio - 1, level - comp_thresh, knee_db)
-    exp = _branch(1 - 1 / exp_ratio, exp_thresh - level, knee_db)
+    # Outside the knees, torchcomp's expressions (so its values and, where
+    # the level sits exactly on a threshold, its derivatives): the
+    # expander's line is positive above its threshold, where the
+    # compressor's branch, at most 0, is the smaller.
+    comp = _knee(
+        jnp.minimum((1 - 1 / comp_ratio) * (comp_thresh - level), 0.0),
+        1 / comp_ratio - 1,
+        level - comp_thresh,
+        knee_db,
+    )
+    exp = _knee(
+        (1 - 1 / exp_ratio) * (exp_thresh - level),
+        1 - 1 / exp_ratio,
+        exp_thresh - level,
+        knee_db,
+    )
     gain_db = jnp.minimum(comp, exp)
     zi = jnp.ones((), dtype) if zi is None else zi
     return ballistics(db2amp(gain_db), at, rt, zi, return_zf=return_zf)
