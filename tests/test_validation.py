@@ -241,6 +241,14 @@ PARAMETER_CASES = [
         "`exp_ratio` must be finite",
     ),
     (
+        "Compressor knee_db<0",
+        lambda k: Compressor(knee_db=k),
+        (A_(-3.0),),
+        ValueError,
+        RUNTIME,
+        r"`knee_db` must be finite and lie in \[0.0, inf\)",
+    ),
+    (
         "Compressor threshold inf",
         lambda t: Compressor(threshold_db=t),
         (A_(np.inf),),
