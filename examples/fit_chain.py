@@ -118,8 +118,9 @@ def hidden_chain():
 
 
 def parameter_table(chain, p):
-    """`(label, physical value)` of every entry of the normalised vector `p`,
-    through each effect's documented ranges (`effect.ranges()`)."""
+    """The physical value of every entry of the normalised vector `p`, by
+    label, through each effect's documented ranges (`effect.ranges()`), and
+    the sum of the makeup and the drive (in dB), which the output determines."""
     rows, start = [], 0
     for effect in chain.effects:
         name = type(effect).__name__
@@ -146,13 +147,19 @@ def report(truth, start, fitted):
     print(f"{'parameter':44s} {'truth':>9s} {'start':>9s} {'fitted':>9s}   error")
     errors = {}
     for label in truth:
-        errors[label] = fitted[label] / truth[label] - 1
         claim = "*" if label in GAINS or label == DECAY_TIME else " "
+        if truth[label] == 0:  # no relative error: the difference instead
+            errors[label] = fitted[label] - truth[label]
+            error = f"{errors[label]:+8.3g} {claim}"
+        else:
+            errors[label] = fitted[label] / truth[label] - 1
+            error = f"{100 * errors[label]:+7.2f}% {claim}"
         print(
             f"{label:44s} {truth[label]:9.4g} {start[label]:9.4g} "
-            f"{fitted[label]:9.4g} {100 * errors[label]:+7.2f}% {claim}"
+            f"{fitted[label]:9.4g} {error}"
         )
-    print("(* the gains and the decay time; relative errors of the values)")
+    print("(* the gains and the decay time; relative errors of the values, or")
+    print("  differences where the truth is 0)")
     return errors
 
 
