@@ -188,21 +188,13 @@ def test_fit_chain_smoke(capsys):
     # already lowers the STFT loss several times over.
     assert result["start_offset"] <= 0.15
     assert result["final_loss"] < 0.5 * result["losses"][0]
-    _check_fit_chain_streaming(result, length=8 * 512)
-
-
-def _check_fit_chain_streaming(result, length):
-    # The fitted chain streamed in blocks equals one call to float32 rounding
-    # (in float64 a chain streams to 1e-12, see test_effects_modules.py): the
-    # blocks are as accurate as one call, both against the float64 chain, and
-    # that float32 error is far below the signal (the equaliser's 60 Hz shelf
-    # has poles near z = 1: 1.2e-4 in the smoke run, 3.5e-5 in the full run,
-    # of a peak of 0.6).
-    assert result["stream_shape"] == [length]
-    one_call, blocks = result["one_call_float32_error"], result["blocks_float32_error"]
-    assert blocks <= 2 * one_call, (blocks, one_call)
-    assert one_call <= 1e-3 * result["output_peak"], one_call
-    assert result["stream_difference"] <= one_call + blocks
+    # The fitted chain streamed in blocks equals one call to float32 rounding,
+    # far below the signal (the full run measures it against float64: the
+    # blocks and one call are both within about 1e-4 of the peak, the
+    # equaliser's 60 Hz shelf having poles near z = 1; in float64 a chain
+    # streams to 1e-12, see test_effects_modules.py).
+    assert result["stream_shape"] == [8 * 512]
+    assert result["stream_difference"] <= 1e-3 * result["output_peak"]
 
 
 def test_fit_state_space_filter_smoke(capsys):
@@ -331,4 +323,13 @@ def test_fit_chain_full_run():
     # reverb's mix and T60
     assert len(claimed) == 8, claimed
     assert max(abs(e) for e in claimed.values()) <= 0.05, claimed
-    _check_fit_chain_streaming(result, length=32 * 512)
+    # The fitted chain streamed in blocks equals one call to float32 rounding
+    # (in float64 a chain streams to 1e-12, see test_effects_modules.py): the
+    # blocks are as accurate as one call, both against the float64 chain, and
+    # that float32 error is far below the signal (the equaliser's 60 Hz shelf
+    # has poles near z = 1: 3.5e-5 in the recorded run, of a peak of 0.6).
+    assert result["stream_shape"] == [32 * 512]
+    one_call, blocks = result["one_call_float32_error"], result["blocks_float32_error"]
+    assert blocks <= 2 * one_call, (blocks, one_call)
+    assert one_call <= 1e-3 * result["output_peak"], one_call
+    assert result["stream_difference"] <= one_call + blocks
