@@ -59,18 +59,21 @@ def run_table(
     number: int,
     reference: str = "retrax",
     budget_s: float | None = None,
+    warmup: int = 2,
 ) -> list[dict]:
     """Time `libraries[lib](case)` callables; `None` means "not supported".
 
     Each repeat takes the median of `number` calls of every callable, or,
     with `budget_s`, of as many as fit in about `budget_s` seconds (1 to
-    `number`), so that a slow callable does not dominate the run."""
+    `number`), so that a slow callable does not dominate the run. Each
+    callable runs `warmup` times first (compilation), then once more to
+    measure it."""
     prepared, numbers = {}, {}
     for case in cases:
         for lib, make in libraries.items():
             fn = make(case)
             if fn is not None:
-                for _ in range(2):  # compile and warm up
+                for _ in range(warmup):  # compile and warm up
                     fn()
                 start = time.perf_counter()
                 fn()

@@ -646,7 +646,9 @@ def main(argv=None):
     parser.add_argument(
         "--budget", type=float, default=1.0, help="seconds per median, at most"
     )
-    parser.add_argument("--torch-threads", type=int, default=os.cpu_count() or 1)
+    # one torch thread: with two, its pool and XLA's collide on two shared cores
+    # (dasp's widener B=1 took 75 ms instead of 0.12 ms in one measurement)
+    parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument(
         "--smoke", action="store_true", help="tiny sizes, B = 1 and 2, one repeat"
@@ -773,7 +775,12 @@ def main(argv=None):
     print(header, file=sys.stderr)
     start = time.perf_counter()
     rows = run_table(
-        cases, libraries, repeats=args.repeats, number=args.number, budget_s=args.budget
+        cases,
+        libraries,
+        repeats=args.repeats,
+        number=args.number,
+        budget_s=args.budget,
+        warmup=1,
     )
     elapsed = time.perf_counter() - start
     load = os.getloadavg() if hasattr(os, "getloadavg") else None

@@ -102,11 +102,10 @@ def shape_noise(white: Array, n_taps: int, sample_rate: float) -> Array:
 def convolve(x: Array, ir: Array, history: Array | None) -> Array:
     """The causal convolution $(h * x)[t]$ for `t` in `[0, T)` of `x`
     `(channels or 1, T)` with `ir` `(channels, L)`, after `history`
-    `(channels, L - 1)` (`None`: silence)."""
+    `(channels, L - 1)` (`None`: silence, where only the first `T` taps of
+    `ir` matter)."""
     length, t = ir.shape[-1], x.shape[-1]
     if history is None:
-        # only the first T taps reach the output
-        ir = ir[..., :t]
         size = fft_size(t + ir.shape[-1] - 1)
         wet = jnp.fft.irfft(jnp.fft.rfft(x, size) * jnp.fft.rfft(ir, size), size)
         return wet[..., :t]
@@ -242,14 +241,17 @@ class NoiseShapedReverb(AbstractRangedEffect):
         """The impulse response's length $L$."""
         return self.noise.shape[-1]
 
-    def impulse_response(self, dtype=None) -> Float[Array, "channels length"]:
+    def impulse_response(
+        self, dtype=None, taps: int | None = None
+    ) -> Float[Array, "channels taps"]:
         """The impulse responses $h_c$ `(channels, L)` (in `dtype`, by default
-        the parameters')."""
+        the parameters'), or their first `taps` samples."""
         dtype = self.band_gains.dtype if dtype is None else dtype
+        taps = self.length if taps is None else min(taps, self.length)
         gains = self.param("band_gains", dtype)
         t60s = self.param("t60s", dtype)
-        noise = jax.lax.stop_gradient(self.noise).astype(dtype)
-        n = jnp.arange(self.length, dtype=dtype)
+        noise = jax.lax.stop_gradient(self.noise[..., :taps]).astype(dtype)
+        n = jnp.arange(taps, dtype=dtype)
         rate = (3.0 * math.log(10.0) / self.sample_rate) / t60s
         envelope = gains[:, None] * jnp.exp(-rate[:, None] * n)
         return jnp.einsum("cbn,bn->cn", noise, envelope) / N_BANDS
@@ -279,13 +281,13 @@ class NoiseShapedReverb(AbstractRangedEffect):
         mono_out = x.ndim == 1 and c == 1
         rows = x[None] if x.ndim == 1 else x
         mix = self.param("mix", dt)
-        ir = self.impulse_response(dt)
         state_shape = (self.length - 1,) if mono_out else (c, self.length - 1)
         if zi is None and not return_zf:
-            wet = convolve(rows, ir, None)
+            # from silence, only the response's first T taps reach the output
+            wet = convolve(rows, self.impulse_response(dt, rows.shape[-1]), None)
         else:
             history = state_leaf("zi", zi, state_shape, dt).reshape(c, -1)
-            wet = convolve(rows, ir, history)
+            wet = convolve(rows, self.impulse_response(dt), history)
         y = (1 - mix) * rows + mix * wet
         if not return_zf:
             return y[0] if mono_out else y
