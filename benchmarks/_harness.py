@@ -78,6 +78,11 @@ def run_table(
                 start = time.perf_counter()
                 fn()
                 once = time.perf_counter() - start
+                print(
+                    f"  prepared {case.name} / {lib}: one call {1e3 * once:.3f} ms",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 prepared[case.name, lib] = fn
                 numbers[case.name, lib] = (
                     number

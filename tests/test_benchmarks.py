@@ -41,7 +41,7 @@ def test_bench_effects_smoke(tmp_path):
     text = table.read_text()
     rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
     # every effect at both batch sizes, forward and gradient, the reverb twice
-    assert len(rows) == (7 + 1) * 2 * 2
+    assert len(rows) == (8 + 1) * 2 * 2
     for row in rows:
         retrax_ms = float(row.split("|")[2])
         assert retrax_ms > 0

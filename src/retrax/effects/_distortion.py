@@ -23,6 +23,7 @@ evaluated on safe arguments, so derivatives of every order stay finite.
 
 from typing import ClassVar
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import Array
@@ -100,6 +101,9 @@ class Distortion(AbstractRangedEffect):
     **Arguments:**
 
     - `drive_db`: the drive in dB, in $[0, 40]$ (normalised linearly).
+    - `antialias`: a Python bool (static). `False` gives plain
+      $y_n = \tanh(G x_n)$, which aliases (dasp-pytorch's and faustax's
+      distortion); the state is then kept but unused.
 
     `(channels, time)` signals are distorted channel by channel; `zi` is the
     input before the first sample (shape `()`, or `(channels,)`), zero by
@@ -108,11 +112,15 @@ class Distortion(AbstractRangedEffect):
     """
 
     drive_db: Float[Array, ""]
+    antialias: bool = eqx.field(static=True)
 
     RANGES: ClassVar[dict[str, Range]] = {"drive_db": Range(0.0, 40.0)}
 
-    def __init__(self, drive_db: Shaped[ArrayLike, ""] = 12.0):
+    def __init__(self, drive_db: Shaped[ArrayLike, ""] = 12.0, antialias: bool = True):
+        if not isinstance(antialias, bool):
+            raise ValueError(f"`antialias` must be a Python bool, got {antialias!r}.")
         self.drive_db = self.RANGES["drive_db"].check_init("drive_db", drive_db)
+        self.antialias = antialias
 
     def ranges(self) -> dict[str, Range]:
         """`drive_db` in $[0, 40]$ dB."""
@@ -134,6 +142,8 @@ class Distortion(AbstractRangedEffect):
             z = state_leaf("zi", z, (), xc.dtype)
             if xc.shape[0] == 0:
                 return xc, z
+            if not self.antialias:
+                return jnp.tanh(drive * xc), xc[-1]
             return adaa_tanh(drive * xc, drive * z), xc[-1]
 
         y, zf = per_channel(mono, x, zi)
