@@ -58,20 +58,41 @@ def run_table(
     repeats: int,
     number: int,
     reference: str = "retrax",
+    budget_s: float | None = None,
+    warmup: int = 2,
 ) -> list[dict]:
-    """Time `libraries[lib](case)` callables; `None` means "not supported"."""
-    prepared = {}
+    """Time `libraries[lib](case)` callables; `None` means "not supported".
+
+    Each repeat takes the median of `number` calls of every callable, or,
+    with `budget_s`, of as many as fit in about `budget_s` seconds (1 to
+    `number`), so that a slow callable does not dominate the run. Each
+    callable runs `warmup` times first (compilation), then once more to
+    measure it."""
+    prepared, numbers = {}, {}
     for case in cases:
         for lib, make in libraries.items():
             fn = make(case)
             if fn is not None:
-                for _ in range(3):  # compile and warm up
+                for _ in range(warmup):  # compile and warm up
                     fn()
+                start = time.perf_counter()
+                fn()
+                once = time.perf_counter() - start
+                print(
+                    f"  prepared {case.name} / {lib}: one call {1e3 * once:.3f} ms",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 prepared[case.name, lib] = fn
+                numbers[case.name, lib] = (
+                    number
+                    if budget_s is None
+                    else int(min(max(budget_s / max(once, 1e-6), 1), number))
+                )
     samples = {key: [] for key in prepared}
     for rep in range(repeats):
         for key, fn in prepared.items():
-            samples[key].append(median_ms(fn, number))
+            samples[key].append(median_ms(fn, numbers[key]))
         print(f"  repeat {rep + 1}/{repeats} done", file=sys.stderr, flush=True)
     rows = []
     for case in cases:

@@ -347,6 +347,17 @@ def test_distortion_where_consecutive_samples_are_equal():
     assert_close(run(fx.Distortion(30.0), x), np_distortion(x, 30.0), rtol=1e-12)
 
 
+def test_distortion_without_antialiasing_is_tanh():
+    x = _signal()
+    plain = fx.Distortion(14.0, antialias=False)
+    y, zf = apply(plain, jnp.asarray(x))
+    assert_close(y, np.tanh(10 ** (14.0 / 20) * x), rtol=1e-12)
+    assert_close(zf, x[-1], rtol=0)
+    assert plain.with_normalised(plain.to_normalised()).antialias is False
+    with pytest.raises(ValueError, match=r"`antialias` must be a Python bool"):
+        unchecked(fx.Distortion.__init__)(fx.Distortion(), 12.0, 1)
+
+
 def test_fdn_absorption_filters_meet_the_decay_times():
     # DC gain 10^(-3 m / (fs T60)), Nyquist gain 10^(-3 m / (fs h T60))
     from retrax.effects._fdn_reverb import absorption

@@ -8,6 +8,7 @@ from ._fdn_reverb import FDNReverb as FDNReverb
 from ._feedback_delay import FeedbackDelay as FeedbackDelay
 from ._freeverb import Freeverb as Freeverb
 from ._gain import Gain as Gain
+from ._noise_reverb import NoiseShapedReverb as NoiseShapedReverb
 from ._panner import StereoPanner as StereoPanner
 from ._ping_pong import PingPongDelay as PingPongDelay
 from ._processor import (

@@ -23,6 +23,8 @@ evaluated on safe arguments, so derivatives of every order stay finite.
 
 from typing import ClassVar
 
+import equinox as eqx
+import jax
 import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike, Float, Shaped
@@ -42,17 +44,47 @@ def _soft(u: Array) -> Array:
     return jnp.log1p(jnp.exp(-2.0 * jnp.abs(u)))
 
 
-def adaa_tanh(u: Array, previous: Array) -> Array:
-    """The antialiased tanh of `u` (time first) after the sample `previous`."""
-    before = jnp.concatenate([previous[None], u[:-1]])
+def _adaa(u: Array, previous: Array):
+    """The antialiased tanh `y` and the pieces its derivatives reuse."""
+    extended = jnp.concatenate([previous[None], u])
+    before = extended[:-1]
     h = u - before
     small = jnp.abs(h) < jnp.finfo(u.dtype).eps ** 0.25
     safe = jnp.where(small, 1.0, h)
-    exact = (jnp.abs(u) - jnp.abs(before) + _soft(u) - _soft(before)) / safe
-    mid = 0.5 * (u + before)
-    t = jnp.tanh(mid)
-    near = t * (1.0 - jnp.where(small, h, 0.0) ** 2 / 12.0 * (1.0 - t * t))
-    return jnp.where(small, near, exact)
+    # each sample's |u| and soft part once, differenced (XLA would evaluate
+    # the shifted copies again: exp and log1p dominate the cost)
+    size, soft = jnp.abs(extended), _soft(extended)
+    exact = ((size[1:] - size[:-1]) + (soft[1:] - soft[:-1])) / safe
+    t = jnp.tanh(0.5 * (u + before))
+    hs = jnp.where(small, h, 0.0)
+    near = t * (1.0 - hs**2 / 12.0 * (1.0 - t * t))
+    return jnp.where(small, near, exact), extended, small, safe, t, hs
+
+
+@jax.custom_jvp
+def adaa_tanh(u: Array, previous: Array) -> Array:
+    """The antialiased tanh of `u` (time first) after the sample `previous`."""
+    return _adaa(u, previous)[0]
+
+
+@adaa_tanh.defjvp
+def _adaa_tanh_jvp(primals, tangents):
+    # y_n depends on u_n and u_{n-1} alone: dy_n = a_n du_n + b_n du_{n-1},
+    # with a = (tanh u_n - y_n) / h and b = (y_n - tanh u_{n-1}) / h (the
+    # divided difference's partial derivatives), or the Taylor form's where
+    # h is small. Reverse mode then transposes two products and a shift
+    # instead of the log1p, exp and quotient of the value.
+    u, previous = primals
+    du, dprevious = tangents
+    y, extended, small, safe, t, hs = _adaa(u, previous)
+    f = jnp.tanh(extended)
+    sech2 = 1.0 - t * t
+    dm = sech2 * (1.0 - hs**2 / 12.0 * (1.0 - 3.0 * t * t))
+    dh = -hs / 6.0 * t * sech2
+    a = jnp.where(small, 0.5 * dm + dh, (f[1:] - y) / safe)
+    b = jnp.where(small, 0.5 * dm - dh, (y - f[:-1]) / safe)
+    dextended = jnp.concatenate([dprevious[None], du])
+    return y, a * dextended[1:] + b * dextended[:-1]
 
 
 class Distortion(AbstractRangedEffect):
@@ -69,6 +101,9 @@ class Distortion(AbstractRangedEffect):
     **Arguments:**
 
     - `drive_db`: the drive in dB, in $[0, 40]$ (normalised linearly).
+    - `antialias`: a Python bool (static). `False` gives plain
+      $y_n = \tanh(G x_n)$, which aliases (dasp-pytorch's and faustax's
+      distortion); the state is then kept but unused.
 
     `(channels, time)` signals are distorted channel by channel; `zi` is the
     input before the first sample (shape `()`, or `(channels,)`), zero by
@@ -77,11 +112,15 @@ class Distortion(AbstractRangedEffect):
     """
 
     drive_db: Float[Array, ""]
+    antialias: bool = eqx.field(static=True)
 
     RANGES: ClassVar[dict[str, Range]] = {"drive_db": Range(0.0, 40.0)}
 
-    def __init__(self, drive_db: Shaped[ArrayLike, ""] = 12.0):
+    def __init__(self, drive_db: Shaped[ArrayLike, ""] = 12.0, antialias: bool = True):
+        if not isinstance(antialias, bool):
+            raise ValueError(f"`antialias` must be a Python bool, got {antialias!r}.")
         self.drive_db = self.RANGES["drive_db"].check_init("drive_db", drive_db)
+        self.antialias = antialias
 
     def ranges(self) -> dict[str, Range]:
         """`drive_db` in $[0, 40]$ dB."""
@@ -103,6 +142,8 @@ class Distortion(AbstractRangedEffect):
             z = state_leaf("zi", z, (), xc.dtype)
             if xc.shape[0] == 0:
                 return xc, z
+            if not self.antialias:
+                return jnp.tanh(drive * xc), xc[-1]
             return adaa_tanh(drive * xc, drive * z), xc[-1]
 
         y, zf = per_channel(mono, x, zi)

@@ -53,7 +53,12 @@ class StereoPanner(AbstractRangedEffect):
                 f"`x` must be mono (time,) or stereo (2, time), got shape {x.shape}."
             )
         theta = (self.param("pan", x.dtype) + 1) * (math.pi / 4)
-        gains = jnp.stack([jnp.cos(theta), jnp.sin(theta)])[:, None]
+        gains = jnp.stack([jnp.cos(theta), jnp.sin(theta)])
+        # As einsums, the transposes are dots: XLA's CPU backend turns the
+        # transpose of a broadcasting product (a sum over time of a
+        # broadcast gain) into a reduction over materialised broadcasts, 15x
+        # slower for a batch of eight.
         if x.ndim == 1:
-            return output(gains * x, None, return_zf)
-        return output(math.sqrt(2.0) * gains * x, None, return_zf)
+            return output(jnp.einsum("c,t->ct", gains, x), None, return_zf)
+        y = jnp.einsum("c,ct->ct", math.sqrt(2.0) * gains, x)
+        return output(y, None, return_zf)

@@ -44,6 +44,8 @@ class StereoWidener(AbstractRangedEffect):
         no_state(zi)
         x = stereo(x)
         w = self.param("width", x.dtype)
-        mid = 0.5 * (x[0] + x[1])
-        side = 0.5 * (x[0] - x[1])
-        return output(jnp.stack([mid + w * side, mid - w * side]), None, return_zf)
+        # (M + w S, M - w S) as a 2 x 2 matrix times the signal: its
+        # transposes are dots (see the panner)
+        a, b = 0.5 * (1 + w), 0.5 * (1 - w)
+        matrix = jnp.stack([jnp.stack([a, b]), jnp.stack([b, a])])
+        return output(jnp.einsum("ij,jt->it", matrix, x), None, return_zf)
