@@ -24,6 +24,12 @@ from ..effects._processor import (
 from ..ops import sosfilt
 from ..ops._validate import check_in_range, check_init_range, check_rate
 from ._parametrise import biquad_denominator
+from ._unconstrained import field_array, logit, softplus_inverse, unconstrained
+
+
+# `_modules.py` imports these two names from here
+_logit = logit
+_inverse_softplus = softplus_inverse
 
 
 Shape = Literal["peak", "lowshelf", "highshelf"]
@@ -93,42 +99,48 @@ def rbj_section(
     return jnp.concatenate([b / a[0], jnp.ones((1,), a.dtype), a[1:] / a[0]])
 
 
-def _logit(p):
-    return jnp.log(p) - jnp.log1p(-p)
-
-
-def _inverse_softplus(v):
-    return v + jnp.log(-jnp.expm1(-v))
-
-
 class Biquad(AbstractEffect):
-    """A learnable second-order section that cannot become unstable.
+    r"""A learnable second-order section with a conjugate pole pair.
 
-    The poles are stored as a radius logit and an angle,
-    $r = r_{\\max}\\,\\sigma(\\rho)$, so every optax step keeps them inside
-    the unit circle; the numerator `b` is free.
+    $$H(z) = \frac{b_0 + b_1 z^{-1} + b_2 z^{-2}}
+      {1 - 2 r \cos\theta\, z^{-1} + r^2 z^{-2}}.$$
+
+    The fields are the physical values: the numerator `b`, the pole
+    `radius` $r$ and the pole `angle` $\theta$ in radians, so `eqx.tree_at`
+    replaces them. They are checked when the section runs (also under
+    `jax.jit`): a radius outside $(0, r_{\max})$ or a non-finite value raises
+    an error naming the field.
+
+    To train without leaving the stable region, train the unconstrained
+    vector of `to_unconstrained()` and build the section from it inside the
+    loss with `with_unconstrained`: $r = r_{\max}\,\sigma(\rho)$ from the
+    fourth entry $\rho$, `b` and the angle as they are, so every real vector
+    gives a stable section (short of float32 saturation: $\rho$ above about
+    17 rounds $r$ up to $r_{\max}$, below about -87 down to 0, which the
+    call rejects).
 
     As an [effect][retrax.effects.AbstractEffect], its five normalised
     parameters are `[b0, b1, b2, radius, angle]` with the ranges of
     `ranges()`: each `b` in $[-4, 4]$, the radius in
-    $[0.01, 0.99\\, r_{\\max}]$, the angle in $[0, \\pi]$ (all linear). It
+    $[0.01, 0.99\, r_{\max}]$, the angle in $[0, \pi]$ (all linear). It
     filters `(time,)` or, channel by channel, `(channels, time)` signals, and
     streams: `zi` is `sosfilt`'s state `(1, 2)` (or `(channels, 1, 2)`).
 
     **Arguments:**
 
-    - `b`: the initial numerator `(3,)`, finite.
-    - `radius`: the initial pole radius in $(0, r_{\\max})$.
-    - `angle`: the initial pole angle in radians, finite.
-    - `max_radius`: the largest reachable pole radius, a Python number in
+    - `b`: the numerator `(3,)`, finite.
+    - `radius`: the pole radius in $(0, r_{\max})$.
+    - `angle`: the pole angle in radians, finite.
+    - `max_radius`: $r_{\max}$, the largest pole radius, a Python number in
       $(0, 1)$ (default 0.999).
 
     Invalid values raise `ValueError` (an error under `jax.jit` if the module
-    is built from traced values).
+    is built from traced values, e.g. an ensemble built by `eqx.filter_vmap`
+    over the constructor).
     """
 
     b: Float[Array, " 3"]
-    raw_radius: Float[Array, ""]
+    radius: Float[Array, ""]
     angle: Float[Array, ""]
     max_radius: float = eqx.field(static=True)
 
@@ -141,25 +153,46 @@ class Biquad(AbstractEffect):
     ):
         if not 0 < max_radius < 1:
             raise ValueError(f"`max_radius` must lie in (0, 1), got {max_radius!r}.")
-        b = jnp.asarray(b, float)
-        if b.shape != (3,):
-            raise ValueError(f"`b` must have 3 coefficients, got shape {b.shape}.")
-        self.b = check_init_range("b", b)
-        radius = check_init_range("radius", jnp.asarray(radius, float), 0.0, max_radius)
-        self.raw_radius = _logit(radius / max_radius)
-        self.angle = check_init_range("angle", jnp.asarray(angle, float))
+        self.b = check_init_range("b", _numerator(b))
+        radius = field_array("radius", radius)
+        self.radius = check_init_range("radius", radius, 0.0, max_radius)
+        self.angle = check_init_range("angle", field_array("angle", angle))
         self.max_radius = float(max_radius)
 
-    @property
-    def radius(self) -> Float[Array, ""]:
-        """The pole radius."""
-        return self.max_radius * jax.nn.sigmoid(self.raw_radius)
+    def _checked(self) -> tuple[Array, Array, Array]:
+        """The numerator, radius and angle, checked at run time to be valid."""
+        b = check_in_range("b", _numerator(self.b))
+        radius = field_array("radius", self.radius)
+        radius = check_in_range("radius", radius, 0.0, self.max_radius)
+        return b, radius, check_in_range("angle", field_array("angle", self.angle))
 
     @property
     def sos(self) -> Float[Array, "1 6"]:
-        """The section as an sos row."""
-        a = biquad_denominator(self.radius, self.angle)
-        return jnp.concatenate([self.b, jnp.ones((1,), a.dtype), a])[None]
+        """The section as an sos row; invalid fields raise (also under
+        `jax.jit`)."""
+        b, radius, angle = self._checked()
+        a = biquad_denominator(radius, angle)
+        return jnp.concatenate([b, jnp.ones((1,), a.dtype), a])[None]
+
+    def to_unconstrained(self) -> Float[Array, " 5"]:
+        r"""The unconstrained vector of this section,
+        $[b_0, b_1, b_2, \operatorname{logit}(r / r_{\max}), \theta]$, the
+        inverse of `with_unconstrained`. Invalid fields raise (also under
+        `jax.jit`)."""
+        b, radius, angle = self._checked()
+        rho = logit(radius / self.max_radius)
+        return jnp.concatenate([b, jnp.stack([rho, angle])])
+
+    def with_unconstrained(self, theta: Shaped[ArrayLike, " 5"]) -> "Biquad":
+        r"""This section with numerator `theta[:3]`, pole radius
+        $r_{\max}\,\sigma(\theta_3)$ and pole angle $\theta_4$, from any real
+        `theta` `(5,)`: train `theta` (e.g. with optax) and build the section
+        from it inside the loss, and every step gives a stable section."""
+        theta = unconstrained("theta", theta, 5)
+        radius = self.max_radius * jax.nn.sigmoid(theta[3])
+        return eqx.tree_at(
+            lambda f: (f.b, f.radius, f.angle), self, (theta[:3], radius, theta[4])
+        )
 
     def ranges(self) -> dict[str, Range]:
         """The normalised parameters' ranges: `b` entries in $[-4, 4]$,
@@ -179,10 +212,8 @@ class Biquad(AbstractEffect):
         """`[b0, b1, b2, radius, angle]` normalised; values outside the
         ranges raise (also under `jax.jit`)."""
         r = self.ranges()
-        parts = [
-            jnp.ravel(r[n].normalised(r[n].check(n, getattr(self, n))))
-            for n in ("b", "radius", "angle")
-        ]
+        values = zip(("b", "radius", "angle"), self._checked(), strict=True)
+        parts = [jnp.ravel(r[n].normalised(r[n].check(n, v))) for n, v in values]
         return jnp.concatenate(parts)
 
     def with_normalised(self, p: Shaped[ArrayLike, " 5"]) -> "Biquad":
@@ -206,6 +237,13 @@ class Biquad(AbstractEffect):
         """Filter `x` `(time,)` or `(channels, time)`; batch with `jax.vmap`.
         With `return_zf`, also the final state (the `zi` of the next block)."""
         return _cascade(self.sos, x, zi, return_zf)
+
+
+def _numerator(b):
+    b = field_array("b", b, 1)
+    if b.shape != (3,):
+        raise ValueError(f"`b` must have 3 coefficients, got shape {b.shape}.")
+    return b
 
 
 def _cascade(sos, x, zi, return_zf):
@@ -281,9 +319,9 @@ class ParametricEQ(AbstractEffect):
         freqs = _increasing(freqs)
         gains_db = check_init_range("gains_db", gains_db)
         qs = check_init_range("qs", qs, 0.0)
-        self.raw_freqs = _logit(freqs / nyquist)
+        self.raw_freqs = logit(freqs / nyquist)
         self.gains_db = gains_db
-        self.raw_qs = _inverse_softplus(qs)
+        self.raw_qs = softplus_inverse(qs)
         self.sample_rate = sample_rate
 
     @property

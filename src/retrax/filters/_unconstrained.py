@@ -1,0 +1,61 @@
+"""The filter modules' physical fields and their unconstrained parametrisation.
+
+The modules store physical values (Hz, resonances, pole radii) as fields, so
+`eqx.tree_at` replaces them and the call checks them. To train without
+leaving the valid region, a module maps a real vector $\\theta$ to its fields
+through smooth bijections onto the valid intervals, a logistic sigmoid for a
+bounded interval and softplus for a half-line, and back
+(`to_unconstrained` / `with_unconstrained`).
+"""
+
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike
+
+from .._misc import check_value
+
+
+def field_array(name: str, value: ArrayLike, ndim: int = 0) -> Array:
+    """A physical field as a real, strongly typed float array with `ndim`
+    axes. Integers become the default float; a floating value keeps its
+    dtype. A wrong rank raises `ValueError` naming the field."""
+    value = jnp.asarray(value)
+    if jnp.issubdtype(value.dtype, jnp.complexfloating):
+        raise TypeError(f"`{name}` must be real, got {value.dtype}.")
+    dtype = value.dtype if jnp.issubdtype(value.dtype, jnp.floating) else float
+    # an explicit dtype makes a Python float strongly typed, so that an
+    # optimiser's first update does not change the leaf's type (and recompile)
+    value = jnp.asarray(value, dtype)
+    if value.ndim != ndim:
+        what = "a scalar" if ndim == 0 else f"an array with {ndim} axis"
+        raise ValueError(f"`{name}` must be {what}, got shape {value.shape}.")
+    return value
+
+
+def unconstrained(name: str, theta: ArrayLike, size: int) -> Array:
+    """`theta` as a real vector of shape `(size,)`, every entry finite (a
+    wrong shape raises `ValueError` at once; non-finite entries raise, also
+    under `jax.jit`)."""
+    shape = np.shape(theta)
+    if shape != (size,):
+        raise ValueError(
+            f"`{name}` must be the {size} unconstrained parameters of this filter, "
+            f"shape ({size},), got shape {shape}. Build a batch with "
+            "`eqx.filter_vmap`."
+        )
+    theta = field_array(name, theta, 1)
+    return check_value(
+        theta,
+        lambda xp, v: ~xp.isfinite(v),
+        f"`{name}` (unconstrained parameters) must be finite.",
+    )
+
+
+def logit(p: Array) -> Array:
+    """The inverse of the logistic sigmoid, for `p` in $(0, 1)$."""
+    return jnp.log(p) - jnp.log1p(-p)
+
+
+def softplus_inverse(v: Array) -> Array:
+    """The inverse of softplus, $v + \\log(1 - e^{-v})$, for $v > 0$."""
+    return v + jnp.log(-jnp.expm1(-v))
