@@ -12,6 +12,11 @@ L-BFGS, in two stages:
 2. a **waveform loss** (relative squared error), which is exactly zero at the
    true parameters and sharpens the estimate once it is close.
 
+L-BFGS trains the equaliser's unconstrained vector
+(`ParametricEQ.to_unconstrained`: logits of `freq / nyquist`, gains in dB,
+inverse softplus of the Qs), from which each loss builds the equaliser with
+`ParametricEQ.with_unconstrained`, so every step keeps each value in its
+valid range (the sections stable).
 The equaliser runs as one `sosfilt` cascade, whose gradient is the adjoint
 cascade run backwards in time.
 
@@ -152,9 +157,19 @@ def main(smoke: bool = False, plot: str | None = None) -> dict:
     # --8<-- [end:losses]
 
     # --8<-- [start:fit]
+    def of_theta(loss):
+        """`loss` of the equaliser built from its unconstrained vector."""
+        return lambda theta: loss(initial.with_unconstrained(theta))
+
     start = time.perf_counter()
-    eq, losses = lbfgs_fit(spectral_loss, initial, spectral_iterations, "spectral")
-    eq, more = lbfgs_fit(waveform_loss, eq, waveform_iterations, "waveform")
+    theta = initial.to_unconstrained()
+    theta, losses = lbfgs_fit(
+        of_theta(spectral_loss), theta, spectral_iterations, "spectral"
+    )
+    theta, more = lbfgs_fit(
+        of_theta(waveform_loss), theta, waveform_iterations, "waveform"
+    )
+    eq = initial.with_unconstrained(theta)
     elapsed = time.perf_counter() - start
     # --8<-- [end:fit]
     losses += more

@@ -264,12 +264,29 @@ def _band_edges(sample_rate: float, sections: int) -> np.ndarray:
 
 
 class ParametricEQ(AbstractEffect):
-    """A parametric equaliser: a low shelf, peaking bands and a high shelf.
+    r"""A parametric equaliser: a low shelf, peaking bands and a high shelf.
 
-    Frequencies are stored as logits of `freq / nyquist`, resonances as
-    inverse softplus of `q`, gains in dB, so every parameter is real and
-    unconstrained and the sections stay valid (and stable) under any optax
-    step. All sections run as one `sosfilt` cascade.
+    RBJ cookbook sections ([`rbj_section`][retrax.filters.rbj_section]), run
+    as one `sosfilt` cascade. The fields are the physical values: the
+    sections' frequencies `freqs` in Hz, low shelf first and high shelf
+    last, their gains `gains_db` in dB and their `qs`, so `eqx.tree_at`
+    replaces them. They are checked when the equaliser runs (also under
+    `jax.jit`): frequencies outside $(0, f_s/2)$ or not strictly increasing,
+    non-finite gains and `qs` that are not $> 0$ raise an error naming the
+    field.
+
+    To train without leaving the valid ranges, train the unconstrained
+    vector of `to_unconstrained()` and build the equaliser from it inside
+    the loss with `with_unconstrained`: frequencies
+    $\frac{f_s}{2}\,\sigma(\theta_k)$, gains as they are and Qs through
+    softplus, so every real vector gives valid, stable sections (short of
+    float32 saturation: a frequency's entry above about 17 rounds it up to
+    $f_s/2$, which the call rejects). That map does not keep the sections
+    in frequency order: a step that carries one section's frequency past its
+    neighbour's raises when the equaliser runs. Start from well-separated
+    sections, or train through the normalised parameters (e.g.
+    `with_normalised(jax.nn.sigmoid(theta))`), whose bands keep the order by
+    construction.
 
     As an [effect][retrax.effects.AbstractEffect], its `3 n` normalised
     parameters are the frequencies, the gains and the Qs (`ranges()`): the
@@ -282,20 +299,21 @@ class ParametricEQ(AbstractEffect):
 
     **Arguments:**
 
-    - `freqs`: the initial frequencies in Hz, low shelf first, high shelf
-      last, peaking bands in between (at least 2 entries).
-    - `gains_db`: the initial gains in dB, same length (default 0 dB).
-    - `qs`: the initial Q of every section (default 0.7071).
+    - `freqs`: the frequencies in Hz, low shelf first, high shelf last,
+      peaking bands in between (at least 2 entries), strictly increasing.
+    - `gains_db`: the gains in dB, same length (default 0 dB).
+    - `qs`: the Q of every section (default 0.7071).
     - `sample_rate`: $f_s$ in Hz, a positive Python number.
 
     Invalid values, and frequencies not in increasing order, raise
     `ValueError` naming the argument (an error under `jax.jit` if the module
-    is built from traced values).
+    is built from traced values, e.g. an ensemble built by `eqx.filter_vmap`
+    over the constructor).
     """
 
-    raw_freqs: Float[Array, " sections"]
+    freqs: Float[Array, " sections"]
     gains_db: Float[Array, " sections"]
-    raw_qs: Float[Array, " sections"]
+    qs: Float[Array, " sections"]
     sample_rate: float = eqx.field(static=True)
 
     def __init__(
@@ -306,38 +324,37 @@ class ParametricEQ(AbstractEffect):
         sample_rate: float | int = 44_100.0,
     ):
         sample_rate = check_rate("sample_rate", sample_rate)
-        freqs = jnp.asarray(freqs, float)
+        freqs = jnp.asarray(freqs)
         n = freqs.shape[0] if freqs.ndim == 1 else 0
-        if n < 2:
-            raise ValueError("`freqs` needs at least a low shelf and a high shelf.")
-        nyquist = sample_rate / 2
-        gains_db = jnp.zeros(n) if gains_db is None else jnp.asarray(gains_db, float)
-        qs = jnp.full(n, 0.7071, float) if qs is None else jnp.asarray(qs, float)
-        if gains_db.shape != (n,) or qs.shape != (n,):
-            raise ValueError("`gains_db` and `qs` need one entry per frequency.")
-        freqs = check_init_range("freqs", freqs, 0.0, nyquist)
-        freqs = _increasing(freqs)
-        gains_db = check_init_range("gains_db", gains_db)
-        qs = check_init_range("qs", qs, 0.0)
-        self.raw_freqs = logit(freqs / nyquist)
-        self.gains_db = gains_db
-        self.raw_qs = softplus_inverse(qs)
+        if gains_db is None:
+            gains_db = jnp.zeros(n, float)
+        if qs is None:
+            qs = jnp.full(n, 0.7071, float)
+        freqs, gains_db, qs = _sections(freqs, gains_db, qs)
+        freqs = check_init_range("freqs", freqs, 0.0, sample_rate / 2)
+        self.freqs = _increasing(freqs)
+        self.gains_db = check_init_range("gains_db", gains_db)
+        self.qs = check_init_range("qs", qs, 0.0)
         self.sample_rate = sample_rate
 
     @property
-    def freqs(self) -> Float[Array, " sections"]:
-        """The section frequencies in Hz."""
-        return jax.nn.sigmoid(self.raw_freqs) * (self.sample_rate / 2)
+    def n_sections(self) -> int:
+        """The number of sections."""
+        return int(np.shape(self.freqs)[0])
 
-    @property
-    def qs(self) -> Float[Array, " sections"]:
-        """The section resonances."""
-        return jax.nn.softplus(self.raw_qs)
+    def _checked(self) -> tuple[Array, Array, Array]:
+        """The frequencies, gains and Qs, checked at run time to be valid."""
+        freqs, gains_db, qs = _sections(self.freqs, self.gains_db, self.qs)
+        freqs = check_in_range("freqs", freqs, 0.0, self.sample_rate / 2)
+        freqs = error_if(freqs, jnp.any(jnp.diff(freqs) <= 0), _INCREASING)
+        gains_db = check_in_range("gains_db", gains_db)
+        return freqs, gains_db, check_in_range("qs", qs, 0.0)
 
     @property
     def sos(self) -> Float[Array, "sections 6"]:
-        """The cascade as sos rows."""
-        f, g, q = self.freqs, self.gains_db, self.qs
+        """The cascade as sos rows; invalid fields raise (also under
+        `jax.jit`)."""
+        f, g, q = self._checked()
         shapes = ["lowshelf"] + ["peak"] * (f.shape[0] - 2) + ["highshelf"]
         return jnp.stack(
             [
@@ -346,11 +363,36 @@ class ParametricEQ(AbstractEffect):
             ]
         )
 
+    def to_unconstrained(self) -> Float[Array, " params"]:
+        r"""The unconstrained vector `(3 n,)` of this equaliser:
+        $\operatorname{logit}(2 f_k / f_s)$ for the frequencies, then the
+        gains in dB, then $\operatorname{softplus}^{-1}(q_k)$, the inverse
+        of `with_unconstrained`. Invalid fields raise (also under
+        `jax.jit`)."""
+        freqs, gains_db, qs = self._checked()
+        return jnp.concatenate(
+            [logit(freqs / (self.sample_rate / 2)), gains_db, softplus_inverse(qs)]
+        )
+
+    def with_unconstrained(self, theta: Shaped[ArrayLike, " params"]) -> "ParametricEQ":
+        r"""This equaliser with frequencies $\frac{f_s}{2}\sigma(\theta_k)$,
+        gains `theta[n:2n]` in dB and Qs $\operatorname{softplus}(\theta_{2n+k})$
+        from any real `theta` `(3 n,)`: train `theta` (e.g. with optax) and
+        build the equaliser from it inside the loss. The frequencies' order is
+        not kept by this map (see the class)."""
+        n = self.n_sections
+        theta = unconstrained("theta", theta, 3 * n)
+        freqs = jax.nn.sigmoid(theta[:n]) * (self.sample_rate / 2)
+        qs = jax.nn.softplus(theta[2 * n :])
+        return eqx.tree_at(
+            lambda e: (e.freqs, e.gains_db, e.qs), self, (freqs, theta[n : 2 * n], qs)
+        )
+
     def ranges(self) -> dict[str, Range]:
         """The normalised parameters' ranges: `freqs` (one logarithmic band
         per section, in frequency order; section `k` is `freqs[k]`), `gains_db`
         in $[-18, 18]$ and `qs` in $[0.1, 10]$ (logarithmic)."""
-        edges = _band_edges(self.sample_rate, self.raw_freqs.shape[0])
+        edges = _band_edges(self.sample_rate, self.n_sections)
         bands = {
             f"freqs[{k}]": Range(float(lo), float(hi), log=True)
             for k, (lo, hi) in enumerate(zip(edges[:-1], edges[1:], strict=True))
@@ -363,25 +405,24 @@ class ParametricEQ(AbstractEffect):
     @property
     def n_params(self) -> int:
         """Three per section: frequency, gain and Q."""
-        return 3 * self.raw_freqs.shape[0]
+        return 3 * self.n_sections
 
     def to_normalised(self) -> Float[Array, " params"]:
         """The frequencies, gains and Qs normalised; values outside the
         ranges raise (also under `jax.jit`)."""
         r = self.ranges()
-        n = self.raw_freqs.shape[0]
-        freqs = self.freqs
+        freqs, gains_db, qs = self._checked()
         parts = [
             r[f"freqs[{k}]"].normalised(r[f"freqs[{k}]"].check("freqs", freqs[k]))
-            for k in range(n)
+            for k in range(self.n_sections)
         ]
-        for name in ("gains_db", "qs"):
-            parts.extend(r[name].normalised(r[name].check(name, getattr(self, name))))
+        for name, value in (("gains_db", gains_db), ("qs", qs)):
+            parts.extend(r[name].normalised(r[name].check(name, value)))
         return jnp.stack(parts)
 
     def with_normalised(self, p: Shaped[ArrayLike, " params"]) -> "ParametricEQ":
         """The equaliser with the parameters of `p` `(3 n,)` in $[0, 1]$."""
-        n = self.raw_freqs.shape[0]
+        n = self.n_sections
         p = check_normalised(p, 3 * n)
         r = self.ranges()
         freqs = jnp.stack([r[f"freqs[{k}]"].physical(p[k]) for k in range(n)])
@@ -404,12 +445,27 @@ class ParametricEQ(AbstractEffect):
         return _cascade(self.sos, x, zi, return_zf)
 
 
+_INCREASING = "`freqs` must increase strictly: low shelf, peaking bands, high shelf."
+
+
+def _sections(freqs, gains_db, qs):
+    """The three per-section fields as vectors of one length, at least 2."""
+    freqs = field_array("freqs", freqs, 1)
+    n = freqs.shape[0]
+    if n < 2:
+        raise ValueError("`freqs` needs at least a low shelf and a high shelf.")
+    gains_db = field_array("gains_db", gains_db, 1)
+    qs = field_array("qs", qs, 1)
+    if gains_db.shape != (n,) or qs.shape != (n,):
+        raise ValueError("`gains_db` and `qs` need one entry per frequency.")
+    return freqs, gains_db, qs
+
+
 def _increasing(freqs):
     """`freqs`, checked to increase strictly (a `ValueError` at once for
     concrete values, at run time for traced ones)."""
-    msg = "`freqs` must increase strictly: low shelf, peaking bands, high shelf."
     if isinstance(freqs, jax.core.Tracer):
-        return error_if(freqs, jnp.any(jnp.diff(freqs) <= 0), msg)
+        return error_if(freqs, jnp.any(jnp.diff(freqs) <= 0), _INCREASING)
     if np.any(np.diff(np.asarray(freqs)) <= 0):
-        raise ValueError(msg)
+        raise ValueError(_INCREASING)
     return freqs

@@ -8,6 +8,8 @@ bounded interval and softplus for a half-line, and back
 (`to_unconstrained` / `with_unconstrained`).
 """
 
+from collections.abc import Sequence
+
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike
@@ -15,7 +17,9 @@ from jaxtyping import Array, ArrayLike
 from .._misc import check_value
 
 
-def field_array(name: str, value: ArrayLike, ndim: int = 0) -> Array:
+def field_array(
+    name: str, value: ArrayLike | Sequence[float | int], ndim: int = 0
+) -> Array:
     """A physical field as a real, strongly typed float array with `ndim`
     axes. Integers become the default float; a floating value keeps its
     dtype. A wrong rank raises `ValueError` naming the field."""
@@ -32,7 +36,9 @@ def field_array(name: str, value: ArrayLike, ndim: int = 0) -> Array:
     return value
 
 
-def unconstrained(name: str, theta: ArrayLike, size: int) -> Array:
+def unconstrained(
+    name: str, theta: ArrayLike | Sequence[float | int], size: int
+) -> Array:
     """`theta` as a real vector of shape `(size,)`, every entry finite (a
     wrong shape raises `ValueError` at once; non-finite entries raise, also
     under `jax.jit`)."""
