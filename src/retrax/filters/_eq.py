@@ -73,6 +73,11 @@ def rbj_section(
     freq = check_in_range("freq", as_inexact("freq", freq), 0.0, nyquist)
     gain_db = check_in_range("gain_db", as_inexact("gain_db", gain_db))
     q = check_in_range("q", as_inexact("q", q), 0.0)
+    return _rbj(shape, freq, gain_db, q, sample_rate)
+
+
+def _rbj(shape, freq, gain_db, q, sample_rate):
+    """`rbj_section` of checked values."""
     A = 10.0 ** (gain_db / 40.0)
     w0 = 2.0 * jnp.pi * freq / sample_rate
     cos, alpha = jnp.cos(w0), jnp.sin(w0) / (2.0 * q)
@@ -357,10 +362,7 @@ class ParametricEQ(AbstractEffect):
         f, g, q = self._checked()
         shapes = ["lowshelf"] + ["peak"] * (f.shape[0] - 2) + ["highshelf"]
         return jnp.stack(
-            [
-                rbj_section(s, f[i], g[i], q[i], self.sample_rate)
-                for i, s in enumerate(shapes)
-            ]
+            [_rbj(s, f[i], g[i], q[i], self.sample_rate) for i, s in enumerate(shapes)]
         )
 
     def to_unconstrained(self) -> Float[Array, " params"]:
