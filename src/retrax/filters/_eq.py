@@ -158,10 +158,11 @@ class Biquad(AbstractEffect):
     ):
         if not 0 < max_radius < 1:
             raise ValueError(f"`max_radius` must lie in (0, 1), got {max_radius!r}.")
-        self.b = check_init_range("b", _numerator(b))
-        radius = field_array("radius", radius)
+        self.b = check_init_range("b", _numerator(b, default_float=True))
+        radius = field_array("radius", radius, default_float=True)
         self.radius = check_init_range("radius", radius, 0.0, max_radius)
-        self.angle = check_init_range("angle", field_array("angle", angle))
+        angle = field_array("angle", angle, default_float=True)
+        self.angle = check_init_range("angle", angle)
         self.max_radius = float(max_radius)
 
     def _checked(self) -> tuple[Array, Array, Array]:
@@ -190,9 +191,10 @@ class Biquad(AbstractEffect):
 
     def with_unconstrained(self, theta: Shaped[ArrayLike, " 5"]) -> "Biquad":
         r"""This section with numerator `theta[:3]`, pole radius
-        $r_{\max}\,\sigma(\theta_3)$ and pole angle $\theta_4$, from any real
-        `theta` `(5,)`: train `theta` (e.g. with optax) and build the section
-        from it inside the loss, and every step gives a stable section."""
+        $r_{\max}\,\sigma$(`theta[3]`) and pole angle `theta[4]`, from any
+        real `theta` `(5,)`: train `theta` (e.g. with optax) and build the
+        section from it inside the loss, and every step gives a stable
+        section."""
         theta = unconstrained("theta", theta, 5)
         radius = self.max_radius * jax.nn.sigmoid(theta[3])
         return eqx.tree_at(
@@ -244,8 +246,8 @@ class Biquad(AbstractEffect):
         return _cascade(self.sos, x, zi, return_zf)
 
 
-def _numerator(b):
-    b = field_array("b", b, 1)
+def _numerator(b, default_float=False):
+    b = field_array("b", b, 1, default_float=default_float)
     if b.shape != (3,):
         raise ValueError(f"`b` must have 3 coefficients, got shape {b.shape}.")
     return b
@@ -335,7 +337,7 @@ class ParametricEQ(AbstractEffect):
             gains_db = jnp.zeros(n, float)
         if qs is None:
             qs = jnp.full(n, 0.7071, float)
-        freqs, gains_db, qs = _sections(freqs, gains_db, qs)
+        freqs, gains_db, qs = _sections(freqs, gains_db, qs, default_float=True)
         freqs = check_init_range("freqs", freqs, 0.0, sample_rate / 2)
         self.freqs = _increasing(freqs)
         self.gains_db = check_init_range("gains_db", gains_db)
@@ -450,14 +452,14 @@ class ParametricEQ(AbstractEffect):
 _INCREASING = "`freqs` must increase strictly: low shelf, peaking bands, high shelf."
 
 
-def _sections(freqs, gains_db, qs):
+def _sections(freqs, gains_db, qs, default_float=False):
     """The three per-section fields as vectors of one length, at least 2."""
-    freqs = field_array("freqs", freqs, 1)
+    freqs = field_array("freqs", freqs, 1, default_float=default_float)
     n = freqs.shape[0]
     if n < 2:
         raise ValueError("`freqs` needs at least a low shelf and a high shelf.")
-    gains_db = field_array("gains_db", gains_db, 1)
-    qs = field_array("qs", qs, 1)
+    gains_db = field_array("gains_db", gains_db, 1, default_float=default_float)
+    qs = field_array("qs", qs, 1, default_float=default_float)
     if gains_db.shape != (n,) or qs.shape != (n,):
         raise ValueError("`gains_db` and `qs` need one entry per frequency.")
     return freqs, gains_db, qs

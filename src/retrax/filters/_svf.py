@@ -191,10 +191,10 @@ class SVF(AbstractEffect):
             raise ValueError(f"`mode` must be one of {sorted(_MIX)}, got {mode!r}.")
         sample_rate = check_rate("sample_rate", sample_rate)
         nyquist = sample_rate / 2
-        self.cutoff = check_init_range(
-            "cutoff", field_array("cutoff", cutoff), 0.0, nyquist
-        )
-        self.q = check_init_range("q", field_array("q", q), 0.0)
+        cutoff = field_array("cutoff", cutoff, default_float=True)
+        self.cutoff = check_init_range("cutoff", cutoff, 0.0, nyquist)
+        q = field_array("q", q, default_float=True)
+        self.q = check_init_range("q", q, 0.0)
         self.sample_rate = sample_rate
         self.mode = mode
 

@@ -18,15 +18,22 @@ from .._misc import check_value
 
 
 def field_array(
-    name: str, value: ArrayLike | Sequence[float | int], ndim: int = 0
+    name: str,
+    value: ArrayLike | Sequence[float | int],
+    ndim: int = 0,
+    *,
+    default_float: bool = False,
 ) -> Array:
     """A physical field as a real, strongly typed float array with `ndim`
-    axes. Integers become the default float; a floating value keeps its
-    dtype. A wrong rank raises `ValueError` naming the field."""
+    axes. Integers become the default float, and so does every value with
+    `default_float` (the constructors: one dtype for all fields, as the
+    effects' constructors do); otherwise a floating value keeps its dtype.
+    A wrong rank raises `ValueError` naming the field."""
     value = jnp.asarray(value)
     if jnp.issubdtype(value.dtype, jnp.complexfloating):
         raise TypeError(f"`{name}` must be real, got {value.dtype}.")
-    dtype = value.dtype if jnp.issubdtype(value.dtype, jnp.floating) else float
+    floating = jnp.issubdtype(value.dtype, jnp.floating)
+    dtype = value.dtype if floating and not default_float else float
     # an explicit dtype makes a Python float strongly typed, so that an
     # optimiser's first update does not change the leaf's type (and recompile)
     value = jnp.asarray(value, dtype)
