@@ -1,6 +1,7 @@
 """Build hook: compile retrax's CPU kernels (`src/retrax/_native`).
 
-The kernels speed up loops that XLA runs slowly (see `ballistics.cc`). They
+The kernels speed up loops that XLA runs slowly (see `ballistics.cc` and
+`allpole.cc`). They
 are compiled against the XLA FFI headers shipped with jaxlib, so jaxlib is a
 build requirement. Without a C++ compiler, or if compilation fails, the
 build still succeeds: retrax then runs its pure-JAX loops, which give the
@@ -23,7 +24,7 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 
 NATIVE = pathlib.Path("src", "retrax", "_native")
-SOURCES = ["ballistics.cc"]
+SOURCES = ["ballistics.cc", "allpole.cc"]
 LIBRARY = "_kernels.so"
 
 
@@ -55,6 +56,8 @@ class KernelBuildHook(BuildHookInterface):
         command = [
             compiler,
             "-O3",
+            # the all-pole loop's multiply-subtracts fuse where the CPU has FMA
+            "-ffp-contract=fast",
             "-std=c++17",
             "-shared",
             "-fPIC",

@@ -225,6 +225,21 @@ def np_df2(b, a, x, zi):
     return y, np.array(line)
 
 
+def allpole_eqns_in(jaxpr):
+    """Every equation of the all-pole recursion primitive in `jaxpr` (its
+    `adjoint` parameter: the transposed recursion, run backwards in time),
+    nested jaxprs included."""
+    from retrax.ops._allpole_primitive import allpole_p
+
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is allpole_p:
+            found.append(eqn)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found.extend(allpole_eqns_in(sub))
+    return found
+
+
 def scans_in(jaxpr):
     """Every `scan` equation in `jaxpr`, nested jaxprs included."""
     found = []

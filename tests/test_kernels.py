@@ -13,7 +13,7 @@ import pytest
 
 import retrax
 from retrax import _native
-from retrax.ops import ballistics
+from retrax.ops import allpole, ballistics
 
 
 ROOT = pathlib.Path(__file__).parent.parent
@@ -24,6 +24,15 @@ def _uses_kernel(dtype=jnp.float64) -> bool:
     x = jnp.linspace(0.0, 1.0, 8, dtype=dtype)
     text = jax.jit(lambda x: ballistics(x, 0.3, 0.1)).lower(x).as_text()
     return _native.BALLISTICS in text
+
+
+def _allpole_uses_kernel(dtype=jnp.float64) -> bool:
+    """Whether the CPU program of `allpole` and its gradient call the kernel."""
+    x = jnp.linspace(0.0, 1.0, 8, dtype=dtype)
+    a = jnp.asarray([-0.5, 0.1], dtype)
+    grad = jax.grad(lambda x, a: jnp.sum(jnp.abs(allpole(x, a)) ** 2), argnums=(0, 1))
+    text = jax.jit(grad).lower(x, a).as_text()
+    return text.count(f"@{_native.ALLPOLE}(") == 2  # forward and adjoint
 
 
 @pytest.fixture
@@ -37,19 +46,22 @@ def fresh_status():
     jax.clear_caches()
 
 
-def test_status_says_whether_ballistics_uses_the_kernel():
+def test_status_says_whether_the_ops_use_the_kernels():
     status = retrax.kernels()
-    assert set(status) == {"ballistics"}
-    kernel = status["ballistics"]
-    assert isinstance(kernel, retrax.KernelStatus)
-    assert kernel.library == str(_native.LIBRARY)
-    assert kernel.active == _uses_kernel()
-    if _native.LIBRARY.is_file():  # built with the package
-        assert kernel.active, kernel.reason
-        assert "compiled for jaxlib" in kernel.reason
-    else:
-        assert not kernel.active
-        assert "not built" in kernel.reason
+    assert set(status) == {"ballistics", "allpole"}
+    uses = {"ballistics": _uses_kernel(), "allpole": _allpole_uses_kernel()}
+    for name, kernel in status.items():
+        assert isinstance(kernel, retrax.KernelStatus)
+        assert kernel.library == str(_native.LIBRARY)
+        assert kernel.active == uses[name], name
+        if _native.LIBRARY.is_file():  # built with the package
+            assert kernel.active, kernel.reason
+            assert "compiled for jaxlib" in kernel.reason
+        else:
+            assert not kernel.active
+            assert "not built" in kernel.reason
+    # complex dtypes run the pure-JAX loop on the CPU too
+    assert not _allpole_uses_kernel(jnp.complex128)
 
 
 def test_disabled_kernels_are_reported_without_a_warning():
@@ -62,9 +74,13 @@ def test_disabled_kernels_are_reported_without_a_warning():
         "y = retrax.ops.ballistics(jnp.ones(4), 0.3, 0.1)\n"
         "text = jax.jit(lambda x: retrax.ops.ballistics(x, 0.3, 0.1))"
         ".lower(jnp.ones(4)).as_text()\n"
+        "a = jnp.asarray([-0.5])\n"
+        "text += jax.jit(lambda x: retrax.ops.allpole(x, a))"
+        ".lower(jnp.ones(4)).as_text()\n"
         "k = retrax.kernels()['ballistics']\n"
+        "assert retrax.kernels()['allpole'].reason == k.reason\n"
         "print(json.dumps({'active': k.active, 'reason': k.reason,"
-        " 'called': _native.BALLISTICS in text}))\n"
+        " 'called': _native.BALLISTICS in text or _native.ALLPOLE in text}))\n"
     )
     env = dict(os.environ, RETRAX_DISABLE_KERNELS="1", JAX_PLATFORMS="cpu")
     env["PYTHONPATH"] = os.pathsep.join(
@@ -91,16 +107,17 @@ def test_missing_library_is_reported_and_warned_once(
 ):
     monkeypatch.setattr(_native, "LIBRARY", tmp_path / "_kernels.so")
     monkeypatch.delenv("RETRAX_DISABLE_KERNELS", raising=False)
-    kernel = retrax.kernels()["ballistics"]
-    assert not kernel.active
-    assert "not built: _kernels.so is missing" in kernel.reason
-    assert "pip install -v" in kernel.reason
+    for kernel in retrax.kernels().values():
+        assert not kernel.active
+        assert "not built: _kernels.so is missing" in kernel.reason
+        assert "pip install -v" in kernel.reason
     x = jnp.linspace(0.0, 1.0, 8)
     with pytest.warns(_native.KernelWarning, match="not built"):
         ballistics(x, 0.3, 0.1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per process
-        assert not _uses_kernel()  # the pure-JAX loop
+        assert not _uses_kernel()  # the pure-JAX loops
+        assert not _allpole_uses_kernel()
 
 
 def test_library_that_xla_refuses_is_reported(fresh_status, monkeypatch):

@@ -163,7 +163,9 @@ def test_associative_gradients_equal_sequential():
 
 def test_tangent_uses_the_same_method():
     # Neither the primal nor the tangent recursion falls back to a sequential
-    # scan: the gradient's jaxpr holds no `scan` at all.
+    # recursion: the gradient's jaxpr holds no `scan` and no sequential
+    # all-pole primitive at all; the default (sequential) method's holds the
+    # primitive.
     rng = np.random.default_rng(8)
     x = jnp.asarray(rng.standard_normal(64))
     a = jnp.asarray(time_varying_allpole(rng, 64, 2))
@@ -173,12 +175,13 @@ def test_tangent_uses_the_same_method():
 
     text = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, a))
     assert " scan[" not in text and "scan(" not in text
+    assert "allpole_recurrence" not in text
     seq_text = str(
         jax.make_jaxpr(
             jax.grad(lambda x, a: jnp.sum(allpole(x, a) ** 2), argnums=(0, 1))
         )(x, a)
     )
-    assert "scan" in seq_text
+    assert "allpole_recurrence" in seq_text
 
 
 # ---------------------------------------------------------------- transforms

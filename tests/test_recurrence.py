@@ -1,6 +1,7 @@
 """The recurrence core and the ops built directly on it: allpole, linear_recurrence."""
 
 import contextlib
+import functools
 import io
 import re
 
@@ -16,6 +17,7 @@ import pytest
 import scipy.signal
 
 from helpers import (
+    allpole_eqns_in,
     assert_close,
     check_grads,
     naive_allpole,
@@ -35,7 +37,8 @@ from retrax.ops import (
     sosfilt,
     state_space,
 )
-from retrax.ops._recurrence import recurrence
+from retrax.ops._allpole_primitive import allpole_p, allpole_recurrence
+from retrax.ops._recurrence import _recurrence, recurrence
 from retrax.ops._state_space import chunk_length
 
 
@@ -225,8 +228,10 @@ def test_hessian_and_float32_grad():
 
 
 def test_reverse_pass_is_the_adjoint_filter():
-    # The gradient holds one forward scan and one reversed scan: JAX transposes
-    # the tangent recursion into the adjoint filter instead of unrolling.
+    # The gradient holds one forward recursion and one adjoint recursion (the
+    # primitive's transpose, run backwards in time), and no scan: nothing is
+    # unrolled and no carry history is kept (the primitive's state is the K
+    # lagged values).
     rng = np.random.default_rng(8)
     x = jnp.asarray(rng.standard_normal(100))
     a = _time_varying(rng, 100, 2, jnp.float64)
@@ -236,18 +241,120 @@ def test_reverse_pass_is_the_adjoint_filter():
         return jnp.sum(allpole(x, a, zi) ** 2)
 
     jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(x, a, zi).jaxpr
-    scans = scans_in(jaxpr)
-    assert len(scans) == 2
-    assert sorted(eqn.params["reverse"] for eqn in scans) == [False, True]
-    # Neither scan carries more than the K lagged values: no carry history.
-    for eqn in scans:
-        carry = eqn.params["jaxpr"].in_avals[: eqn.params["num_carry"]]
-        assert sum(int(np.prod(v.shape)) for v in carry) <= 2
-    # Same under vmap: still one scan each way, on a batched carry.
+    assert not scans_in(jaxpr)
+    eqns = allpole_eqns_in(jaxpr)
+    assert sorted(eqn.params["adjoint"] for eqn in eqns) == [False, True]
+    # Same under vmap: one recursion each way, on the whole batch.
     batched = jax.make_jaxpr(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))))(
         x[None].repeat(3, 0), a[None].repeat(3, 0), zi[None].repeat(3, 0)
+    ).jaxpr
+    eqns = allpole_eqns_in(batched)
+    assert sorted(eqn.params["adjoint"] for eqn in eqns) == [False, True]
+    assert all(eqn.invars[1].aval.shape == (3, 100) for eqn in eqns)
+
+
+def test_gradient_wrt_x_alone_forms_no_lag_matrix():
+    # A symbolic zero tangent of the coefficients: the gradient with respect
+    # to the signal is the adjoint recursion of the cotangent alone, with no
+    # (T, K) array of lagged outputs built or multiplied.
+    length, order = 100, 3
+    rng = np.random.default_rng(13)
+    x = jnp.asarray(rng.standard_normal(length))
+    a = _time_varying(rng, length, order, jnp.float64)
+
+    def loss(x):
+        return jnp.sum(allpole(x, a) ** 2)
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss))(x).jaxpr
+    shapes = [v.aval.shape for eqn in jaxpr.eqns for v in eqn.outvars]
+    assert (length, order) not in shapes, shapes
+    assert len(allpole_eqns_in(jaxpr)) == 2
+    assert_close(
+        jax.grad(loss)(x), jax.grad(lambda x: jnp.sum(naive_allpole(x, a) ** 2))(x)
     )
-    assert len(scans_in(batched.jaxpr)) == 2
+
+
+def _scan_reference(a, u, zi):
+    """The all-pole recursion as the core ran it before it became a primitive:
+    a scan with a custom JVP rule, whose transpose JAX derives."""
+    return _recurrence("allpole", 2, a, u, zi)
+
+
+_SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "order", [pytest.param(1, marks=_SLOW), 2, pytest.param(3, marks=_SLOW)]
+)
+def test_primitive_gradients_equal_the_scan_rules(order):
+    # The primitive (the compiled kernel on the CPU) against the scan with the
+    # custom JVP rule it replaced: values, reverse mode with respect to every
+    # input or x alone, forward mode and vmap, to 1e-12 of the largest value.
+    length = 1200
+    rng = np.random.default_rng(20 + order)
+    x = jnp.asarray(rng.standard_normal(length))
+    zi = jnp.asarray(rng.standard_normal(order))
+    w = jnp.asarray(rng.standard_normal(length))
+    cases = {
+        "constant": jnp.asarray(stable_poly(rng, order, 0.95)),
+        "per sample": _time_varying(rng, length, order, jnp.float64),
+    }
+
+    def loss(filt):
+        return lambda a, x, zi: jnp.sum(w * jnp.tanh(filt(a, x, zi)))
+
+    def same(got, want):
+        for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            assert_close(g, r, rtol=0, atol=1e-12 * float(jnp.max(jnp.abs(r))))
+
+    for a in cases.values():
+        args = (a, x, zi)
+        for argnums in ((0, 1, 2), (1,)):
+            grads = [
+                jax.jit(jax.grad(loss(f), argnums=argnums))(*args)
+                for f in (allpole_recurrence, _scan_reference)
+            ]
+            same(*grads)
+        tangents = tuple(jnp.asarray(rng.standard_normal(v.shape)) for v in args)
+        same(*(jax.jit(functools.partial(jax.jvp, f))(args, tangents)
+               for f in (allpole_recurrence, _scan_reference)))  # fmt: skip
+        batched = tuple(jnp.stack([v, 0.5 * v]) for v in args)
+        same(*(jax.jit(jax.vmap(jax.grad(loss(f), argnums=(0, 1, 2))))(*batched)
+               for f in (allpole_recurrence, _scan_reference)))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "dtype, constant",
+    [
+        (jnp.float32, True),
+        (jnp.float64, False),
+        pytest.param(jnp.float32, False, marks=_SLOW),
+        pytest.param(jnp.float64, True, marks=_SLOW),
+    ],
+)
+def test_primitive_check_grads(dtype, constant):
+    # Second order, both modes, on the kernel path (CPU, float32 and float64);
+    # float32 differences need a larger step (rounding is 1e-7, not 1e-16)
+    # and the JAX default tolerance of float32 derivatives.
+    rng = np.random.default_rng(30)
+    length, order = 12, 2
+    x = _random(rng, length, dtype)
+    zi = _random(rng, order, dtype)
+    if constant:
+        a = jnp.asarray(stable_poly(rng, order, 0.9), dtype)
+    else:
+        a = _time_varying(rng, length, order, dtype)
+    single = dtype == jnp.float32
+    tol, eps = (2e-3, 1e-3) if single else (1e-6, 1e-4)
+    options = dict(atol=tol, rtol=tol, eps=eps)
+    check_grads(allpole_recurrence, (a, x, zi), **options)
+    adjoint = functools.partial(allpole_recurrence, adjoint=True)
+    check_grads(adjoint, (a, x, jnp.zeros_like(zi)), **options)
+    # nested vmap batches the kernel once, whatever axes are mapped
+    batched = jax.vmap(jax.vmap(allpole_recurrence, (None, 1, None), 1), (0, 0, 0))
+    xs = jnp.stack([jnp.stack([x, 2 * x], 1)] * 3)
+    ys = jax.jit(batched)(jnp.stack([a] * 3), xs, jnp.stack([zi] * 3))
+    assert_close(ys[2, :, 1], allpole_recurrence(a, 2 * x, zi), rtol=10 * tol)
 
 
 def test_saved_residuals_are_inputs_output_and_lags(capsys):
@@ -281,12 +388,15 @@ def test_saved_residuals_are_inputs_output_and_lags(capsys):
 
 def _recurrences(jaxpr):
     """The time recursions of a program, as their `reverse` flags: every scan,
-    and the compiled kernel (`ffi_call`, forward). The branches of a `cond`
-    that picks one implementation per platform count once."""
+    the all-pole primitive (forward or adjoint), and the compiled kernel
+    (`ffi_call`, forward). The branches of a `cond` that picks one
+    implementation per platform count once."""
     found = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "scan":
             found.append(eqn.params["reverse"])
+        elif eqn.primitive is allpole_p:
+            found.append(eqn.params["adjoint"])
         elif eqn.primitive.name == "ffi_call":
             found.append(False)
         subs = [

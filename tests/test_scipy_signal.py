@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 import scipy.signal as ss
 
-from helpers import assert_close, check_grads, scans_in, stable_poly, unchecked
+from helpers import (
+    allpole_eqns_in,
+    assert_close,
+    check_grads,
+    scans_in,
+    stable_poly,
+    unchecked,
+)
 from retrax import ops
 
 
@@ -301,8 +308,9 @@ def test_scipy_names_grads():
 def test_gradients_run_the_adjoint_filter():
     """scipy's names differentiate through the recurrence core's rule.
 
-    Each recursion contributes one forward scan and one reversed scan (the
-    adjoint filter) to the gradient, carrying only its lagged values; no
+    Each recursion contributes one forward recursion and one adjoint
+    recursion run backwards in time (the all-pole primitive and its
+    transpose) to the gradient, carrying only its lagged values; no
     per-sample history is stored and no loop of their own is unrolled.
     """
     rng, b, a = _tf()
@@ -314,15 +322,16 @@ def test_gradients_run_the_adjoint_filter():
         return jnp.sum(y**2) + jnp.sum(zf**2)
 
     grad = jax.grad(loss, argnums=(0, 1, 2, 3))
-    scans = scans_in(jax.make_jaxpr(grad)(b, a, x, zi).jaxpr)
-    assert sorted(eqn.params["reverse"] for eqn in scans) == [False, True]
-    for eqn in scans:
-        carry = eqn.params["jaxpr"].in_avals[: eqn.params["num_carry"]]
-        assert sum(int(np.prod(v.shape)) for v in carry) <= 2
+    jaxpr = jax.make_jaxpr(grad)(b, a, x, zi).jaxpr
+    assert not scans_in(jaxpr)
+    eqns = allpole_eqns_in(jaxpr)
+    assert sorted(eqn.params["adjoint"] for eqn in eqns) == [False, True]
+    for eqn in eqns:  # the state: the 2 lagged values of each of 3 signals
+        assert eqn.invars[2].aval.shape == (3, 2)
     sos = jnp.asarray(ss.butter(6, 0.2, output="sos"))
     grad = jax.grad(lambda sos, x: jnp.sum(ops.sosfilt(sos, x) ** 2), argnums=(0, 1))
-    scans = scans_in(jax.make_jaxpr(grad)(sos, x).jaxpr)
-    assert sorted(eqn.params["reverse"] for eqn in scans) == [False] * 3 + [True] * 3
+    eqns = allpole_eqns_in(jax.make_jaxpr(grad)(sos, x).jaxpr)
+    assert sorted(eqn.params["adjoint"] for eqn in eqns) == [False] * 3 + [True] * 3
 
 
 def test_bad_input_names_the_argument():

@@ -1,6 +1,8 @@
 """Compiled CPU kernels, registered with XLA through its FFI.
 
-The package build compiles `ballistics.cc` into `_kernels.so` against the
+The package build compiles `ballistics.cc` (the attack/release smoother) and
+`allpole.cc` (the all-pole recursion of the recurrence core, forward and
+adjoint) into `_kernels.so` against the
 FFI headers of the jaxlib in the build environment (see `hatch_build.py`).
 The kernels are used if that library is present and XLA accepts its handlers;
 otherwise every op falls back to its pure-JAX loop, which computes the same
@@ -30,10 +32,14 @@ import jax
 
 LIBRARY = pathlib.Path(__file__).with_name("_kernels.so")
 BALLISTICS = "retrax_ballistics"
+ALLPOLE = "retrax_allpole"
 _DISABLE = "RETRAX_DISABLE_KERNELS"
 
 # Public kernel name -> (XLA FFI target name, symbol of its handler).
-_KERNELS = {"ballistics": (BALLISTICS, "RetraxBallistics")}
+_KERNELS = {
+    "ballistics": (BALLISTICS, "RetraxBallistics"),
+    "allpole": (ALLPOLE, "RetraxAllpole"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +76,18 @@ def _built_for(library: ctypes.CDLL) -> str:
 
 
 @functools.cache
-def _load() -> tuple[bool, str]:
-    """Load the library and register its handlers with XLA, once."""
+def _load() -> dict[str, tuple[bool, str]]:
+    """Load the library and register its handlers with XLA, once: for each
+    kernel, whether it is active and why (a library built before a kernel
+    was added lacks only that kernel's handler)."""
+
+    def every(reason):
+        return {name: (False, reason) for name in _KERNELS}
+
     if os.environ.get(_DISABLE, "") not in ("", "0"):
-        return False, f"disabled by the environment variable {_DISABLE}=1"
+        return every(f"disabled by the environment variable {_DISABLE}=1")
     if not LIBRARY.is_file():
-        return False, (
+        return every(
             f"not built: {LIBRARY.name} is missing (the package was installed "
             "without a C++ compiler, or the compilation failed; reinstall with "
             "`pip install -v` to see the build's message)"
@@ -83,41 +95,60 @@ def _load() -> tuple[bool, str]:
     try:
         library = ctypes.CDLL(str(LIBRARY))
     except OSError as e:
-        return False, f"{LIBRARY.name} could not be loaded: {e}"
+        return every(f"{LIBRARY.name} could not be loaded: {e}")
     built_for = _built_for(library)
-    try:
-        jax.devices("cpu")  # registration is checked now, not at first use
-        for target, symbol in _KERNELS.values():
+    status = {}
+    for name, (target, symbol) in _KERNELS.items():
+        try:
+            jax.devices("cpu")  # registration is checked now, not at first use
             handler = jax.ffi.pycapsule(getattr(library, symbol))
             jax.ffi.register_ffi_target(target, handler, platform="cpu")
-    except Exception as e:  # XLA's own message says why it refused
-        return False, (
-            f"XLA refused the kernels, compiled for {built_for}; rebuild retrax "
-            f"for this jaxlib ({type(e).__name__}: {e})"
-        )
-    return True, (
-        f"loaded from {LIBRARY.name} (compiled for {built_for}), used on the "
-        "CPU for float32 and float64"
-    )
+        except AttributeError:
+            status[name] = (
+                False,
+                (
+                    f"not built: {LIBRARY.name} (compiled for {built_for}) has no "
+                    f"{symbol} handler; rebuild retrax"
+                ),
+            )
+        except Exception as e:  # XLA's own message says why it refused
+            status[name] = (
+                False,
+                (
+                    f"XLA refused the kernels, compiled for {built_for}; rebuild "
+                    f"retrax for this jaxlib ({type(e).__name__}: {e})"
+                ),
+            )
+        else:
+            status[name] = (
+                True,
+                (
+                    f"loaded from {LIBRARY.name} (compiled for {built_for}), used "
+                    "on the CPU for float32 and float64"
+                ),
+            )
+    return status
 
 
-def available() -> bool:
-    """Whether the compiled kernels are loaded and registered with XLA."""
-    return _load()[0]
+def available(name: str = "ballistics") -> bool:
+    """Whether the compiled kernel `name` is loaded and registered with XLA."""
+    return _load()[name][0]
 
 
 def kernels() -> dict[str, KernelStatus]:
     """Which of retrax's compiled CPU kernels are in use, and why not.
 
     `retrax.ops.ballistics` (and so the dynamics processors built on it, such
-    as `retrax.filters.Compressor`) runs a compiled loop on the CPU, built
-    with the package when a C++ compiler is available. Without it the ops
-    run a pure-JAX loop that gives the same numbers, more slowly; this
+    as `retrax.filters.Compressor`) and the all-pole recursion behind
+    `retrax.ops.allpole`, `linear_recurrence`, `lfilter`, `lfilter_tv` and
+    `sosfilt` (values and derivatives) run compiled loops on the CPU, built
+    with the package when a C++ compiler is available. Without them the ops
+    run pure-JAX loops that give the same numbers, more slowly; this
     function says which one is in use.
 
     **Returns:**
 
-    A dict from kernel name (`"ballistics"`) to its
+    A dict from kernel name (`"ballistics"`, `"allpole"`) to its
     [`retrax.KernelStatus`][]: `active` and a `reason` in words.
 
     !!! Example
@@ -127,10 +158,9 @@ def kernels() -> dict[str, KernelStatus]:
         True
         ```
     """
-    active, reason = _load()
     return {
         name: KernelStatus(active=active, reason=reason, library=str(LIBRARY))
-        for name in _KERNELS
+        for name, (active, reason) in _load().items()
     }
 
 
@@ -138,13 +168,13 @@ def kernels() -> dict[str, KernelStatus]:
 def warn_if_missing() -> None:
     """Warn, once per process, when an op would use a kernel on the CPU but
     it is not active for a reason other than the user's own choice."""
-    active, reason = _load()
-    if active or os.environ.get(_DISABLE, "") not in ("", "0"):
+    missing = [reason for active, reason in _load().values() if not active]
+    if not missing or os.environ.get(_DISABLE, "") not in ("", "0"):
         return
     if jax.default_backend() != "cpu":
         return
     warnings.warn(
-        f"retrax's compiled CPU kernels are not in use: {reason}. The pure-JAX "
+        f"retrax's compiled CPU kernels are not in use: {missing[0]}. The pure-JAX "
         f"loops give the same numbers, more slowly. Set {_DISABLE}=1 to "
         "choose them and silence this warning; see `retrax.kernels()`.",
         KernelWarning,

@@ -24,7 +24,14 @@ from ..effects._processor import (
 from ..ops import sosfilt
 from ..ops._validate import check_in_range, check_init_range, check_rate
 from ._parametrise import biquad_denominator
-from ._unconstrained import field_array, logit, softplus_inverse, unconstrained
+from ._unconstrained import (
+    bounded,
+    field_array,
+    logit,
+    positive,
+    softplus_inverse,
+    unconstrained,
+)
 
 
 # `_modules.py` imports these two names from here
@@ -120,9 +127,9 @@ class Biquad(AbstractEffect):
     vector of `to_unconstrained()` and build the section from it inside the
     loss with `with_unconstrained`: $r = r_{\max}\,\sigma(\rho)$ from the
     fourth entry $\rho$, `b` and the angle as they are, so every real vector
-    gives a stable section (short of float32 saturation: $\rho$ above about
-    17 rounds $r$ up to $r_{\max}$, below about -87 down to 0, which the
-    call rejects).
+    gives a stable section. ($\rho$ is clipped to $[-15, 15]$ first, where
+    float32 would otherwise round $r$ onto $0$ or $r_{\max}$; there its
+    derivative is 0.)
 
     As an [effect][retrax.effects.AbstractEffect], its five normalised
     parameters are `[b0, b1, b2, radius, angle]` with the ranges of
@@ -196,7 +203,7 @@ class Biquad(AbstractEffect):
         section from it inside the loss, and every step gives a stable
         section."""
         theta = unconstrained("theta", theta, 5)
-        radius = self.max_radius * jax.nn.sigmoid(theta[3])
+        radius = self.max_radius * bounded(theta[3])
         return eqx.tree_at(
             lambda f: (f.b, f.radius, f.angle), self, (theta[:3], radius, theta[4])
         )
@@ -282,18 +289,17 @@ class ParametricEQ(AbstractEffect):
     non-finite gains and `qs` that are not $> 0$ raise an error naming the
     field.
 
-    To train without leaving the valid ranges, train the unconstrained
+    To train without leaving the valid region, train the unconstrained
     vector of `to_unconstrained()` and build the equaliser from it inside
-    the loss with `with_unconstrained`: frequencies
-    $\frac{f_s}{2}\,\sigma(\theta_k)$, gains as they are and Qs through
-    softplus, so every real vector gives valid, stable sections (short of
-    float32 saturation: a frequency's entry above about 17 rounds it up to
-    $f_s/2$, which the call rejects). That map does not keep the sections
-    in frequency order: a step that carries one section's frequency past its
-    neighbour's raises when the equaliser runs. Start from well-separated
-    sections, or train through the normalised parameters (e.g.
-    `with_normalised(jax.nn.sigmoid(theta))`), whose bands keep the order by
-    construction.
+    the loss with `with_unconstrained`: the frequencies are
+    $\frac{f_s}{2}\,\sigma(\ell_k)$ of logits $\ell_k$ that start at the
+    first entry and rise by the softplus of each next one, so they stay in
+    $(0, f_s/2)$ and in increasing order; gains as they are and Qs through
+    softplus. Every real vector gives a valid equaliser of stable sections,
+    short of float32 rounding: the logits are clipped to $[-15, 15]$ before
+    the sigmoid and the other entries below at -15 before softplus (with
+    derivative 0 there), and two sections closer than float32 can tell apart
+    raise when the equaliser runs.
 
     As an [effect][retrax.effects.AbstractEffect], its `3 n` normalised
     parameters are the frequencies, the gains and the Qs (`ranges()`): the
@@ -368,26 +374,29 @@ class ParametricEQ(AbstractEffect):
         )
 
     def to_unconstrained(self) -> Float[Array, " params"]:
-        r"""The unconstrained vector `(3 n,)` of this equaliser:
-        $\operatorname{logit}(2 f_k / f_s)$ for the frequencies, then the
-        gains in dB, then $\operatorname{softplus}^{-1}(q_k)$, the inverse
-        of `with_unconstrained`. Invalid fields raise (also under
-        `jax.jit`)."""
+        r"""The unconstrained vector `(3 n,)` of this equaliser, the inverse
+        of `with_unconstrained`: with $\ell_k = \operatorname{logit}(2 f_k /
+        f_s)$, the frequencies' entries $\ell_0$ and
+        $\operatorname{softplus}^{-1}(\ell_k - \ell_{k-1})$ for $k \ge 1$,
+        then the gains in dB, then $\operatorname{softplus}^{-1}(q_k)$.
+        Invalid fields raise (also under `jax.jit`)."""
         freqs, gains_db, qs = self._checked()
-        return jnp.concatenate(
-            [logit(freqs / (self.sample_rate / 2)), gains_db, softplus_inverse(qs)]
-        )
+        logits = logit(freqs / (self.sample_rate / 2))
+        steps = jnp.concatenate([logits[:1], softplus_inverse(jnp.diff(logits))])
+        return jnp.concatenate([steps, gains_db, softplus_inverse(qs)])
 
     def with_unconstrained(self, theta: Shaped[ArrayLike, " params"]) -> "ParametricEQ":
-        r"""This equaliser with frequencies $\frac{f_s}{2}\sigma(\theta_k)$,
-        gains `theta[n:2n]` in dB and Qs $\operatorname{softplus}(\theta_{2n+k})$
-        from any real `theta` `(3 n,)`: train `theta` (e.g. with optax) and
-        build the equaliser from it inside the loss. The frequencies' order is
-        not kept by this map (see the class)."""
+        r"""This equaliser from any real `theta` `(3 n,)`: frequencies
+        $\frac{f_s}{2}\sigma(\ell_k)$ with $\ell_0 = \theta_0$ and
+        $\ell_k = \ell_{k-1} + \operatorname{softplus}(\theta_k)$, so in
+        increasing order; gains `theta[n:2n]` in dB; Qs
+        $\operatorname{softplus}(\theta_{2n+k})$. Train `theta` (e.g. with
+        optax) and build the equaliser from it inside the loss."""
         n = self.n_sections
         theta = unconstrained("theta", theta, 3 * n)
-        freqs = jax.nn.sigmoid(theta[:n]) * (self.sample_rate / 2)
-        qs = jax.nn.softplus(theta[2 * n :])
+        steps = jnp.concatenate([theta[:1], positive(theta[1:n])])
+        freqs = bounded(jnp.cumsum(steps)) * (self.sample_rate / 2)
+        qs = positive(theta[2 * n :])
         return eqx.tree_at(
             lambda e: (e.freqs, e.gains_db, e.qs), self, (freqs, theta[n : 2 * n], qs)
         )

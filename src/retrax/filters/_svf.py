@@ -3,7 +3,6 @@
 from typing import Literal
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
@@ -25,7 +24,14 @@ from ..ops._validate import (
     check_signal,
     check_zi,
 )
-from ._unconstrained import field_array, logit, softplus_inverse, unconstrained
+from ._unconstrained import (
+    bounded,
+    field_array,
+    logit,
+    positive,
+    softplus_inverse,
+    unconstrained,
+)
 
 
 Mode = Literal["lowpass", "bandpass", "highpass", "notch", "allpass", "peak"]
@@ -152,9 +158,9 @@ class SVF(AbstractEffect):
     loss with `with_unconstrained`:
     $f_c = \frac{f_s}{2}\,\sigma(\theta_0)$ and
     $q = \operatorname{softplus}(\theta_1)$, so every real $\theta$ gives a
-    valid filter, short of float32 saturation: $\theta_0$ above about 17
-    rounds the cutoff up to $f_s/2$, and entries below about -87 round the
-    cutoff or `q` down to 0, which the call rejects.
+    valid filter. ($\theta_0$ is clipped to $[-15, 15]$ and $\theta_1$
+    below at -15 first, where float32 would otherwise round the cutoff onto
+    $0$ or $f_s/2$ and `q` onto 0; there the derivative is 0.)
 
     As an [effect][retrax.effects.AbstractEffect], its normalised parameters
     are `[cutoff, q]` with the ranges of `ranges()`: the cutoff in
@@ -219,8 +225,8 @@ class SVF(AbstractEffect):
         `theta` `(2,)`: train `theta` (e.g. with optax) and build the filter
         from it inside the loss, and every step gives a valid filter."""
         theta = unconstrained("theta", theta, 2)
-        cutoff = jax.nn.sigmoid(theta[0]) * (self.sample_rate / 2)
-        q = jax.nn.softplus(theta[1])
+        cutoff = bounded(theta[0]) * (self.sample_rate / 2)
+        q = positive(theta[1])
         return eqx.tree_at(lambda f: (f.cutoff, f.q), self, (cutoff, q))
 
     def ranges(self) -> dict[str, Range]:

@@ -5,11 +5,14 @@ The modules store physical values (Hz, resonances, pole radii) as fields, so
 leaving the valid region, a module maps a real vector $\\theta$ to its fields
 through smooth bijections onto the valid intervals, a logistic sigmoid for a
 bounded interval and softplus for a half-line, and back
-(`to_unconstrained` / `with_unconstrained`).
+(`to_unconstrained` / `with_unconstrained`). The entries are clipped to
+$[-15, 15]$ (sigmoid) and $[-15, \\infty)$ (softplus) first, where float32
+would otherwise round the fields onto the ends of their intervals.
 """
 
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike
@@ -62,6 +65,24 @@ def unconstrained(
         lambda xp, v: ~xp.isfinite(v),
         f"`{name}` (unconstrained parameters) must be finite.",
     )
+
+
+# Beyond this, float32 rounds the sigmoid to 1 (at about 17) and softplus to
+# 0 (at about -87 to -104): the entries are clipped to it, so that every
+# finite vector maps to a valid module in both precisions.
+SATURATION = 15.0
+
+
+def bounded(theta: Array) -> Array:
+    """The logistic sigmoid of `theta` clipped to `[-15, 15]`: in $(0, 1)$
+    for every finite `theta`, in float32 too."""
+    return jax.nn.sigmoid(jnp.clip(theta, -SATURATION, SATURATION))
+
+
+def positive(theta: Array) -> Array:
+    """Softplus of `theta` clipped below at -15: positive for every finite
+    `theta`, in float32 too."""
+    return jax.nn.softplus(jnp.maximum(theta, -SATURATION))
 
 
 def logit(p: Array) -> Array:

@@ -16,7 +16,9 @@ with four static structures for the transition $M$:
   every line, output = $s$ of shape `(T, N)`. It steps over blocks of
   $L = \\min_i m_i$ samples, all of whose feedback reads lie in the state.
 
-The derivative rule is a `jax.custom_jvp` whose tangent is the same recursion
+The sequential all-pole recursion is a JAX primitive with its own rules and a
+compiled CPU kernel (`_allpole_primitive`). For the other structures and
+methods, the derivative rule is a `jax.custom_jvp` whose tangent is the same recursion
 driven by the tangent input, $\\dot u_t + \\dot M(c_t) s_{t-1}$. JAX transposes
 that linear scan into the time-reversed adjoint filter, so reverse mode costs
 one backwards scan and stores only the coefficients and the lagged outputs,
@@ -41,7 +43,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._errors import varying_axes as _varying_axes
+from ._allpole_primitive import (
+    DEFAULT_UNROLL as DEFAULT_UNROLL,
+    TANGENT_UNROLL as TANGENT_UNROLL,
+    _varying_like as _varying_like,
+    allpole_recurrence,
+    scan_allpole as _scan_allpole,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,55 +62,6 @@ class DelayLines:
 Structure = Literal["allpole", "diagonal", "dense"] | DelayLines
 Method = Literal["sequential", "associative"]
 METHODS = ("sequential", "associative")
-
-# Measured on a 2-core x86 CPU (order 2, T=44,100, float32): the forward scan
-# is fastest at unroll 2 both unbatched and under `vmap` (B=8; 4 or more is up
-# to 4x slower batched, 1 is 2x slower unbatched). The tangent scan, which
-# reverse mode transposes into the adjoint filter, is fastest batched at
-# unroll 1 (unroll 2 doubles the B=8 gradient's time).
-DEFAULT_UNROLL = 2
-TANGENT_UNROLL = 1
-
-
-def _varying_like(init, *args):
-    """`init` marked as varying over every manual mesh axis that `args` vary over.
-
-    Inside `shard_map`, a scan's carry must vary over the same mesh axes as
-    its output: a zero initial state would otherwise clash with a sharded
-    signal.
-    """
-    want = frozenset().union(*(_varying_axes(a) for a in args))
-    missing = tuple(sorted(want - _varying_axes(init)))
-    return lax.pcast(init, missing, to="varying") if missing else init
-
-
-def _scan_allpole(a, u, zi, unroll):
-    zi = _varying_like(zi, a, u)
-    order = zi.shape[0]
-    carry0 = tuple(zi[k] for k in range(order))
-
-    def combine(carry, ut, ak):
-        y = ut
-        for k in range(order):
-            y = y - ak[k] * carry[k]
-        return (y,) + carry[:-1], y
-
-    if a.ndim == 1:
-        coeffs = tuple(a[k] for k in range(order))
-
-        def step(carry, ut):
-            return combine(carry, ut, coeffs)
-
-        xs = u
-    else:
-
-        def step(carry, inp):
-            ut, ak = inp
-            return combine(carry, ut, ak)
-
-        xs = (u, tuple(a[:, k] for k in range(order)))
-    _, y = lax.scan(step, carry0, xs, unroll=unroll)
-    return y
 
 
 def _scan_diagonal(a, u, zi, unroll):
@@ -287,7 +246,6 @@ def _transition_tangent(structure: Structure, dcoeffs, prev):
     return jnp.einsum("tij,tj->ti", dcoeffs, prev)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 5))
 def recurrence(
     structure: Structure, unroll: int, coeffs, u, zi, method: Method = "sequential"
 ):
@@ -295,9 +253,20 @@ def recurrence(
 
     `coeffs` is constant (no time axis) or per-sample (leading axis `T`), `u`
     has a leading time axis, and `zi` is the state before the first sample.
-    `unroll` applies to the sequential method only.
+    `unroll` applies to the sequential method only. The sequential all-pole
+    recursion is the primitive of `_allpole_primitive` (a compiled kernel on
+    the CPU); the others run `_recurrence`.
     """
     check_method(method)
+    if structure == "allpole" and method == "sequential":
+        return allpole_recurrence(coeffs, u, zi, unroll=unroll)
+    return _recurrence(structure, unroll, coeffs, u, zi, method)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 5))
+def _recurrence(
+    structure: Structure, unroll: int, coeffs, u, zi, method: Method = "sequential"
+):
     if isinstance(structure, DelayLines):
         if method != "sequential":
             raise ValueError("A delay network runs with `method='sequential'` only.")
@@ -307,12 +276,12 @@ def recurrence(
     return _SCANS[structure](coeffs, u, zi, unroll)
 
 
-@recurrence.defjvp
+@_recurrence.defjvp
 def _recurrence_jvp(structure, unroll, method, primals, tangents):
     coeffs, u, zi = primals
     dcoeffs, du, dzi = tangents
-    out = recurrence(structure, unroll, coeffs, u, zi, method)
+    out = _recurrence(structure, unroll, coeffs, u, zi, method)
     prev = previous_states(structure, out, zi)
     drive = du + _transition_tangent(structure, dcoeffs, prev)
-    dout = recurrence(structure, TANGENT_UNROLL, coeffs, drive, dzi, method)
+    dout = _recurrence(structure, TANGENT_UNROLL, coeffs, drive, dzi, method)
     return out, dout

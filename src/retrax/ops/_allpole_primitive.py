@@ -1,0 +1,430 @@
+r"""The all-pole recursion of the recurrence core as a JAX primitive.
+
+`allpole_p` computes, for one signal (`u` of shape `(T,)`) or a batch of
+them (`(B, T)`, under `vmap`),
+
+- `adjoint=False`: $y_t = u_t - \sum_k a_{t,k}\, y_{t-k-1}$ with
+  $y_{-k-1} = z_k$, $t = 0, \dots, T-1$;
+- `adjoint=True`: the transposed recursion, run backwards in time,
+  $w_s = u_s - \sum_k a_{s+k+1,k}\, w_{s+k+1}$ with $w_{T+k} = z_k$ and,
+  for per-sample coefficients, $a_{t,k} = 0$ past the end ($t \ge T$);
+
+with `a` per sample (`(T, K)`, or `(B, T, K)`) or constant (`(K,)`, or
+`(B, K)`) and the state `z` of shape `(K,)` (or `(B, K)`).
+
+Its rules, as JAX's documentation on defining primitives describes:
+
+- abstract evaluation: the output is typed as `u` (its sharding and the mesh
+  axes it varies over inside `shard_map`, which `allpole_recurrence` makes
+  the same for every operand);
+- lowering: on the CPU, for float32 and float64, a compiled C++ loop called
+  through the XLA FFI (`retrax._native`, `allpole.cc`) that advances the
+  batch's signals together in SIMD lanes; everywhere else (other devices,
+  complex dtypes, or without the compiled library) the `lax.scan` of the
+  same recursion;
+- batching: the batch goes to the kernel as its leading axis, whichever
+  axis `vmap` maps (nested maps merge into one batch axis);
+- JVP: the tangent is the same primitive driven by
+  $\dot u_t - \sum_k \dot a_{t,k} y_{t-k-1}$ (or its adjoint counterpart),
+  and a symbolic zero tangent of `a` skips that term, so a derivative with
+  respect to `u` alone never forms the lagged outputs;
+- transpose: the forward recursion's transpose is the adjoint one and the
+  other way round, on the same kernel; the state's cotangent is a $K \times K$
+  read-out of the first (or last) $K$ cotangents.
+
+So reverse mode runs one adjoint recursion backwards in time and stores the
+coefficients and the output, and forward mode, reverse mode and every higher
+order compose without unrolling the loop.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax._src import dispatch as _dispatch  # no public hook for this yet
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+from jax.interpreters.mlir import ir
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from .. import _native
+from .._errors import varying_axes as _varying_axes
+
+
+# Measured on a 2-core x86 CPU (order 2, T=44,100, float32): the forward scan
+# is fastest at unroll 2 both unbatched and under `vmap`; the tangent scan,
+# which reverse mode transposes into the adjoint filter, at unroll 1.
+DEFAULT_UNROLL = 2
+TANGENT_UNROLL = 1
+
+_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _varying_like(init, *args):
+    """`init` marked as varying over every manual mesh axis that `args` vary over.
+
+    Inside `shard_map`, a scan's carry (and every operand of the primitive)
+    must vary over the same mesh axes as its output.
+    """
+    want = frozenset().union(*(_varying_axes(a) for a in args))
+    missing = tuple(sorted(want - _varying_axes(init)))
+    return lax.pcast(init, missing, to="varying") if missing else init
+
+
+allpole_p = Primitive("allpole_recurrence")
+
+
+def allpole_recurrence(a, u, zi, *, adjoint: bool = False, unroll: int = 2):
+    """Bind `allpole_p` (see the module docstring); order 0 is the identity."""
+    if zi.shape[-1] == 0:
+        return u
+    a, u, zi = (_varying_like(v, a, u, zi) for v in (a, u, zi))
+    return allpole_p.bind(a, u, zi, adjoint=bool(adjoint), unroll=int(unroll))
+
+
+def _per_sample(a, u) -> bool:
+    return a.ndim == u.ndim + 1
+
+
+# ---------------------------------------------------------------- abstract eval
+
+
+def _abstract_eval(a, u, zi, *, adjoint, unroll):
+    del adjoint, unroll
+    if u.ndim not in (1, 2) or zi.ndim != u.ndim or a.ndim not in (u.ndim, u.ndim + 1):
+        raise ValueError(
+            f"allpole_recurrence: bad operand ranks a{a.shape}, u{u.shape}, "
+            f"zi{zi.shape}"
+        )
+    if not (a.dtype == u.dtype == zi.dtype):
+        raise TypeError(
+            f"allpole_recurrence: mixed dtypes {a.dtype}, {u.dtype}, {zi.dtype}"
+        )
+    return u.update(weak_type=False)
+
+
+allpole_p.def_abstract_eval(_abstract_eval)
+
+
+@functools.cache
+def _compiled(adjoint: bool, unroll: int):
+    return jax.jit(
+        lambda a, u, zi: allpole_p.bind(a, u, zi, adjoint=adjoint, unroll=unroll)
+    )
+
+
+allpole_p.def_impl(lambda a, u, zi, **params: _compiled(**params)(a, u, zi))
+
+
+# ---------------------------------------------------------------- the scan
+
+
+def shifted(a):
+    """The adjoint's per-sample coefficients: `out[..., s, k] = a[..., s+k+1, k]`,
+    zero past the end."""
+    length, order = a.shape[-2:]
+    cols = []
+    for k in range(order):
+        col = a[..., k + 1 :, k]
+        pad = [(0, 0)] * (col.ndim - 1) + [(0, length - col.shape[-1])]
+        cols.append(jnp.pad(col, pad))
+    return jnp.stack(cols, axis=-1)
+
+
+def scan_allpole(a, u, zi, unroll, reverse=False):
+    """The forward recursion of one signal as a `lax.scan` (`reverse`: run
+    from the last sample to the first, the state being the next outputs)."""
+    zi = _varying_like(zi, a, u)
+    order = zi.shape[0]
+    carry0 = tuple(zi[k] for k in range(order))
+
+    def combine(carry, ut, ak):
+        y = ut
+        for k in range(order):
+            y = y - ak[k] * carry[k]
+        return (y,) + carry[:-1], y
+
+    if a.ndim == 1:
+        coeffs = tuple(a[k] for k in range(order))
+
+        def step(carry, ut):
+            return combine(carry, ut, coeffs)
+
+        xs = u
+    else:
+
+        def step(carry, inp):
+            ut, ak = inp
+            return combine(carry, ut, ak)
+
+        xs = (u, tuple(a[:, k] for k in range(order)))
+    _, y = lax.scan(step, carry0, xs, unroll=unroll, reverse=reverse)
+    return y
+
+
+def _sharded_like(x, u):
+    """`x` (batch axis first) with the batch sharding of `u` under an explicit
+    mesh, by broadcasting it against zeros of `u`'s batch."""
+    spec = jax.typeof(u).sharding.spec
+    if not u.shape[-1] or not spec or spec[0] is None:  # nothing to align
+        return x
+    zeros = jnp.zeros_like(u[:, :1])
+    return x + zeros.reshape(zeros.shape[:1] + (1,) * (x.ndim - 1))
+
+
+def _scan(a, u, zi, *, adjoint, unroll):
+    """`allpole_p` as a scan (per signal, `vmap`ped over a batch)."""
+    if adjoint and _per_sample(a, u):
+        a = shifted(a)
+    run = functools.partial(scan_allpole, unroll=unroll, reverse=adjoint)
+    if u.ndim == 2:
+        # `vmap` under an explicit mesh needs its operands' batch axes
+        # sharded alike; the batching rule broadcasts unbatched ones unsharded.
+        a, zi = _sharded_like(a, u), _sharded_like(zi, u)
+        run = jax.vmap(run)
+    return run(a, u, zi)
+
+
+# ---------------------------------------------------------------- lowering
+
+
+def _kernel_call(a, u, zi, *, adjoint):
+    """The compiled kernel on operands with a batch axis in front: `u` of
+    shape `(B, T)`, handed over time-major (XLA lays the operands out so:
+    `[t, b]`, `[t, k, b]` and `[k, b]`, major to minor)."""
+    layouts = [(1, 2, 0) if a.ndim == 3 else (1, 0), (1, 0), (1, 0)]
+    call = jax.ffi.ffi_call(
+        _native.ALLPOLE,
+        jax.ShapeDtypeStruct(u.shape, u.dtype),
+        input_layouts=layouts,
+        output_layouts=(1, 0),
+    )
+    return call(a, u, zi, adjoint=adjoint)
+
+
+# The kernel filters each signal on its own. XLA cannot see that through a
+# custom call, and would gather a sharded batch onto every device;
+# `custom_partitioning` tells it so: the batch axis keeps its sharding, the
+# time and lag axes are whole on each device, and each device runs the kernel
+# on its own signals.
+
+
+def _sharding_rule(mesh, operand_types, result_types):
+    del mesh, result_types
+    a_rank = len(ir.RankedTensorType(operand_types[0]).shape)
+    a = "b t k" if a_rank == 3 else "b k"
+    # the factors that stay whole, in the order the rule first names them
+    whole = ("t", "k") if a_rank == 3 else ("k", "t")
+    return f"{a}, b t, b k -> b t", {"need_replication_factors": whole}
+
+
+def _batch_shardings(mesh, arg_shapes):
+    u = arg_shapes[1]
+    spec = tuple(u.sharding.spec) + (None,)
+    batch = spec[0]
+
+    def sharding(x):
+        return NamedSharding(mesh, P(batch, *(None,) * (x.ndim - 1)))
+
+    return sharding(u), tuple(sharding(x) for x in arg_shapes)
+
+
+@functools.cache
+def _partitioned(adjoint: bool):
+    def call(a, u, zi):
+        return _kernel_call(a, u, zi, adjoint=adjoint)
+
+    def partition(mesh, arg_shapes, result_shape):
+        del result_shape
+        out, args = _batch_shardings(mesh, arg_shapes)
+        return mesh, call, out, args
+
+    def infer(mesh, arg_shapes, result_shape):
+        del result_shape
+        return _batch_shardings(mesh, arg_shapes)[0]
+
+    wrapped = custom_partitioning(call)
+    wrapped.def_partition(
+        partition=partition,
+        infer_sharding_from_operands=infer,
+        sharding_rule=_sharding_rule,
+    )
+    return wrapped
+
+
+def _kernel(a, u, zi, *, adjoint, partitioned):
+    if u.ndim == 1:  # one signal: a batch of one, without sharding to keep
+        out = _kernel_call(a[None], u[None], zi[None], adjoint=adjoint)
+        return out[0]
+    if partitioned:
+        return _partitioned(adjoint)(a, u, zi)
+    return _kernel_call(a, u, zi, adjoint=adjoint)
+
+
+def _kernel_lowering(ctx, a, u, zi, *, adjoint, unroll):
+    del unroll
+    # Partitioning matters only in a program over several devices.
+    axis_context = ctx.module_context.axis_context
+    devices = getattr(axis_context, "num_devices", None)
+    if devices is None:  # inside shard_map, or a mesh of its own
+        devices = getattr(getattr(axis_context, "mesh", None), "size", 2)
+    rule = mlir.lower_fun(
+        functools.partial(_kernel, adjoint=adjoint, partitioned=devices > 1),
+        multiple_results=False,
+    )
+    return rule(ctx, a, u, zi)
+
+
+_scan_lowering = mlir.lower_fun(_scan, multiple_results=False)
+
+
+def _cpu_lowering(ctx, a, u, zi, *, adjoint, unroll):
+    if ctx.avals_in[1].dtype in _KERNEL_DTYPES:
+        if _native.available("allpole"):
+            return _kernel_lowering(ctx, a, u, zi, adjoint=adjoint, unroll=unroll)
+        _native.warn_if_missing()
+    return _scan_lowering(ctx, a, u, zi, adjoint=adjoint, unroll=unroll)
+
+
+mlir.register_lowering(allpole_p, _scan_lowering)
+# The CPU lowering may partition the kernel's batch over the program's
+# devices (`custom_partitioning`), which needs them known while lowering.
+_dispatch.prim_requires_devices_during_lowering.add(allpole_p)
+mlir.register_lowering(allpole_p, _cpu_lowering, platform="cpu")
+
+
+# ---------------------------------------------------------------- batching
+
+
+def _batch(args, dims, *, adjoint, unroll):
+    size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not None)
+    a, u, zi = (
+        jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
+        for x, d in zip(args, dims, strict=True)
+    )
+    inner = u.shape[1:-1]  # a batch axis the primitive had already: merge
+    if inner:
+        a, u, zi = (x.reshape(size * inner[0], *x.shape[2:]) for x in (a, u, zi))
+    out = allpole_recurrence(a, u, zi, adjoint=adjoint, unroll=unroll)
+    return out.reshape(size, *inner, out.shape[-1]), 0
+
+
+batching.primitive_batchers[allpole_p] = _batch
+
+
+# ---------------------------------------------------------------- JVP
+
+
+def _lagged(values, state, k, adjoint):
+    """`values` delayed by k + 1 steps (forward: $y_{t-k-1}$ with the state
+    before the start) or advanced (adjoint: $w_{s+k+1}$ with the state past
+    the end), along the last axis."""
+    order = state.shape[-1]
+    length = values.shape[-1]
+    if length:
+        # With an explicit mesh the operands of a concatenation must be
+        # sharded alike: give the (possibly replicated) state the batch
+        # sharding of the values by broadcasting it against them.
+        state = state + jnp.zeros_like(values[..., :1])
+    if adjoint:
+        full = jnp.concatenate([values, state], axis=-1)
+        return full[..., k + 1 : k + 1 + length]
+    full = jnp.concatenate([state[..., ::-1], values], axis=-1)
+    return full[..., order - k - 1 : order - k - 1 + length]
+
+
+def _advanced(values, k):
+    """`out[..., s] = values[..., s + k + 1]`, zero past the end."""
+    length = values.shape[-1]
+    tail = values[..., k + 1 :]
+    pad = [(0, 0)] * (values.ndim - 1) + [(0, length - tail.shape[-1])]
+    return jnp.pad(tail, pad)
+
+
+def _coefficient_drive(da, out, zi, adjoint):
+    """The tangent's drive from the coefficients' tangent `da`:
+    $-\\sum_k \\dot a_{t,k} y_{t-k-1}$ (forward) or
+    $-\\sum_k \\dot a_{s+k+1,k} w_{s+k+1}$ (adjoint)."""
+    order = zi.shape[-1]
+    per_sample = da.ndim == out.ndim + 1
+    drive = jnp.zeros_like(out)
+    for k in range(order):
+        if per_sample and adjoint:  # zero past the end: the state is not read
+            drive = drive - _advanced(da[..., k] * out, k)
+        elif per_sample:
+            drive = drive - da[..., k] * _lagged(out, zi, k, adjoint)
+        else:
+            drive = drive - da[..., k, None] * _lagged(out, zi, k, adjoint)
+    return drive
+
+
+def _jvp(primals, tangents, *, adjoint, unroll):
+    a, u, zi = primals
+    da, du, dzi = tangents
+    out = allpole_recurrence(a, u, zi, adjoint=adjoint, unroll=unroll)
+    drive = None
+    if type(da) is not ad.Zero:
+        drive = _coefficient_drive(da, out, zi, adjoint)
+    if type(du) is not ad.Zero:
+        drive = du if drive is None else drive + du
+    if drive is None and type(dzi) is ad.Zero:
+        return out, ad.Zero.from_primal_value(out)
+    drive = jnp.zeros_like(u) if drive is None else drive
+    dzi = jnp.zeros_like(zi) if type(dzi) is ad.Zero else dzi
+    dout = allpole_recurrence(a, drive, dzi, adjoint=adjoint, unroll=TANGENT_UNROLL)
+    return out, dout
+
+
+ad.primitive_jvps[allpole_p] = _jvp
+
+
+# ---------------------------------------------------------------- transpose
+
+
+def _state_cotangent(a, ct, order, per_sample):
+    """$\\bar z_j = -\\sum_{t=0}^{K-1-j} a_{t,t+j}\\, \\bar u_t$: how the state
+    enters the first K steps of the forward recursion, transposed."""
+    n = min(order, ct.shape[-1])
+    t = np.arange(n)[None, :]
+    k = t + np.arange(order)[:, None]  # (j, t) -> k = t + j
+    valid = k < order
+    k = np.where(valid, k, 0)
+    if per_sample:
+        coeffs = a[..., np.broadcast_to(t, k.shape), k]
+    else:
+        coeffs = a[..., k]
+    coeffs = jnp.where(valid, coeffs, 0)
+    return -jnp.sum(coeffs * ct[..., None, :n], axis=-1)
+
+
+def _transpose(ct, a, u, zi, *, adjoint, unroll):
+    if ad.is_undefined_primal(a):
+        raise NotImplementedError(
+            "allpole_recurrence is not linear in its coefficients"
+        )
+    u_aval = u.aval if ad.is_undefined_primal(u) else jax.typeof(u)
+    zi_aval = zi.aval if ad.is_undefined_primal(zi) else jax.typeof(zi)
+    if type(ct) is ad.Zero:
+        ct_u = ad.Zero(u_aval) if ad.is_undefined_primal(u) else None
+        ct_zi = ad.Zero(zi_aval) if ad.is_undefined_primal(zi) else None
+        return None, ct_u, ct_zi
+    zeros = jnp.zeros(zi_aval.shape, zi_aval.dtype)
+    # The forward recursion's transpose is the adjoint one, and back.
+    ct_u = allpole_recurrence(a, ct, zeros, adjoint=not adjoint, unroll=unroll)
+    ct_zi = None
+    if ad.is_undefined_primal(zi):
+        order = zi_aval.shape[-1]
+        per_sample = a.ndim == u_aval.ndim + 1
+        if not adjoint:
+            ct_zi = _state_cotangent(a, ct_u, order, per_sample)
+        elif per_sample:  # the adjoint reads no state past the end
+            ct_zi = jnp.zeros(zi_aval.shape, zi_aval.dtype)
+        else:  # the state enters the last K steps: the same, time-reversed
+            ct_zi = _state_cotangent(a, ct_u[..., ::-1], order, False)
+    return None, (ct_u if ad.is_undefined_primal(u) else None), ct_zi
+
+
+ad.primitive_transposes[allpole_p] = _transpose
