@@ -190,7 +190,8 @@ class Biquad(AbstractEffect):
     def to_unconstrained(self) -> Float[Array, " 5"]:
         r"""The unconstrained vector of this section,
         $[b_0, b_1, b_2, \operatorname{logit}(r / r_{\max}), \theta]$, the
-        inverse of `with_unconstrained`. Invalid fields raise (also under
+        inverse of `with_unconstrained` (entries beyond its clipping
+        do not round-trip). Invalid fields raise (also under
         `jax.jit`)."""
         b, radius, angle = self._checked()
         rho = logit(radius / self.max_radius)
@@ -379,6 +380,7 @@ class ParametricEQ(AbstractEffect):
         f_s)$, the frequencies' entries $\ell_0$ and
         $\operatorname{softplus}^{-1}(\ell_k - \ell_{k-1})$ for $k \ge 1$,
         then the gains in dB, then $\operatorname{softplus}^{-1}(q_k)$.
+        Entries beyond the map's clipping do not round-trip.
         Invalid fields raise (also under `jax.jit`)."""
         freqs, gains_db, qs = self._checked()
         logits = logit(freqs / (self.sample_rate / 2))

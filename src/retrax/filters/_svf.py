@@ -214,7 +214,8 @@ class SVF(AbstractEffect):
     def to_unconstrained(self) -> Float[Array, " 2"]:
         r"""The unconstrained vector $\theta$ of this filter:
         $[\operatorname{logit}(2 f_c / f_s), \operatorname{softplus}^{-1}(q)]$,
-        the inverse of `with_unconstrained`. Invalid fields raise (also under
+        the inverse of `with_unconstrained` (entries beyond its clipping
+        do not round-trip). Invalid fields raise (also under
         `jax.jit`)."""
         cutoff, q = self._checked()
         return jnp.stack([logit(cutoff / (self.sample_rate / 2)), softplus_inverse(q)])
