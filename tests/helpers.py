@@ -192,13 +192,38 @@ def np_state_space(A, B, C, D, x, zi):
     return np.stack(ys), h
 
 
-def np_compexp_gain(x_rms, ct, cr, et, er, at, rt):
+def np_gain_computer(level, ct, cr, et, er, knee=0.0):
+    """The static curve of `compexp_gain` in dB, sample by sample: the
+    output level of Giannoulis, Massberg and Reiss's (2012) soft-knee gain
+    computer minus the input level, for the compressor and (mirrored, as in
+    dasp-pytorch's expander) the expander; the lower of the two. `knee=0`
+    is torchcomp's hard knee; `knee` a scalar or one width per sample."""
+    out = np.zeros(len(level))
+    knees = np.broadcast_to(np.asarray(knee, float), out.shape)
+    for t, (lv, knee) in enumerate(zip(np.asarray(level, float), knees, strict=True)):
+        # compressor: the output level, below / in / above the knee
+        if 2 * (lv - ct) < -knee:
+            comp = lv
+        elif 2 * abs(lv - ct) <= knee and knee > 0:
+            comp = lv + (1 / cr - 1) * (lv - ct + knee / 2) ** 2 / (2 * knee)
+        else:
+            comp = ct + (lv - ct) / cr
+        # expander, with its slope 1/er below the threshold
+        if 2 * (lv - et) > knee:
+            exp = lv
+        elif 2 * abs(lv - et) <= knee and knee > 0:
+            exp = lv + (1 - 1 / er) * (lv - et - knee / 2) ** 2 / (2 * knee)
+        else:
+            exp = et + (lv - et) / er
+        out[t] = min(comp, exp) - lv
+    return out
+
+
+def np_compexp_gain(x_rms, ct, cr, et, er, at, rt, knee=0.0, zi=1.0):
     """`compexp_gain` in numpy: the static curve in dB, then the ballistics."""
     level = 20 * np.log10(np.asarray(x_rms))
-    g = np.minimum(
-        np.minimum((1 - 1 / cr) * (ct - level), 0.0), (1 - 1 / er) * (et - level)
-    )
-    return np_ballistics(10 ** (g / 20), at, rt, 1.0)
+    g = np_gain_computer(level, ct, cr, et, er, knee)
+    return np_ballistics(10 ** (g / 20), at, rt, zi)
 
 
 def np_limiter_gain(x, threshold, at, rt):

@@ -10,7 +10,9 @@ from helpers import (
     assert_close,
     check_grads,
     np_compexp_gain,
+    np_gain_computer,
     np_limiter_gain,
+    raises_eagerly_and_under_jit,
     unchecked,
 )
 from retrax.dynamics import (
@@ -64,6 +66,33 @@ def test_compexp_gain_matches_reference():
     assert_close(compexp_gain(x, *params), np_compexp_gain(x, *params))
 
 
+def test_compexp_gain_soft_knee_matches_reference():
+    # Levels through both knees, some at (up to rounding) the thresholds and
+    # the knees' ends; widths below, at and above the thresholds' distance
+    # (18 dB), where the two knees meet.
+    rng = np.random.default_rng(5)
+    levels = np.concatenate(
+        [
+            np.linspace(-60.0, 6.0, 200),
+            [-12.0, -9.0, -15.0, -30.0, -27.0, -33.0, -24.0],
+            rng.uniform(-50.0, 0.0, 50),
+        ]
+    )
+    x = jnp.asarray(10 ** (levels / 20))
+    params = (-12.0, 4.0, -30.0, 0.5, 0.3, 0.05)
+    f = jax.jit(lambda x, k: compexp_gain(x, *params, knee_db=k))
+    for knee in (0.0, 6.0, 18.0, 30.0):
+        assert_close(f(x, knee), np_compexp_gain(x, *params, knee=knee), rtol=1e-12)
+    # inside the knee the curve differs from the hard one; outside it does not
+    hard, soft = np.asarray(f(x, 0.0)), np.asarray(f(x, 6.0))
+    assert np.max(np.abs(soft - hard)) > 1e-3
+    # per-sample widths, the static curve alone (instant ballistics)
+    knees = rng.uniform(0.0, 20.0, x.shape[0])
+    static = jax.jit(lambda x, k: compexp_gain(x, *params[:4], 1.0, 1.0, knee_db=k))
+    want = 10 ** (np_gain_computer(levels, *params[:4], knees) / 20)
+    assert_close(static(x, jnp.asarray(knees)), want, rtol=1e-12)
+
+
 def test_limiter_gain_matches_reference():
     rng = np.random.default_rng(2)
     x = jnp.asarray(rng.standard_normal(400)) * 0.8
@@ -97,6 +126,20 @@ def test_gradients_of_every_parameter():
     check_grads(
         limiter_gain, (y, jnp.asarray(-4.0), jnp.asarray(0.3), jnp.asarray(0.05))
     )
+
+
+@pytest.mark.slow
+def test_soft_knee_gradients():
+    # Second order, both modes, in every argument, with levels inside both
+    # knees (-12 +- 4 dB and -30 +- 4 dB) and outside them.
+    levels = np.array([-20.0, -13.0, -10.5, -8.5, -6.0, -29.0, -31.5, -40.0, -11.0])
+    x = jnp.asarray(10 ** (levels / 20))
+    args = tuple(jnp.asarray(v) for v in (-12.0, 4.0, -30.0, 0.5, 0.3, 0.05, 8.0))
+
+    def f(x, ct, cr, et, er, at, rt, knee):
+        return compexp_gain(x, ct, cr, et, er, at, rt, knee_db=knee)
+
+    check_grads(f, (x, *args), eps=1e-6)
 
 
 @pytest.mark.parametrize("signal", ["silent", "silent_start", "constant"])
@@ -134,6 +177,12 @@ def test_bad_input():
         compexp_gain(x, -10.0, 0.5, -40.0, 0.5, 0.2, 0.05)
     with pytest.raises(eqx.EquinoxRuntimeError, match="exp_ratio"):
         compexp_gain(x, -10.0, 4.0, -40.0, 2.0, 0.2, 0.05)
+    for knee in (-1.0, np.nan, np.inf):
+        raises_eagerly_and_under_jit(
+            lambda k: compexp_gain(x, -10.0, 4.0, -40.0, 0.5, 0.2, 0.05, knee_db=k),
+            jnp.asarray(knee),
+            match=r"`knee_db` must be finite and lie in \[0.0, inf\)",
+        )
     with pytest.raises(eqx.EquinoxRuntimeError, match="threshold"):
         limiter_gain(x, 3.0, 0.2, 0.05)
     with pytest.raises(eqx.EquinoxRuntimeError, match="coef"):

@@ -180,6 +180,23 @@ def test_fit_fdn_reverb_smoke(capsys):
     assert np.all(np.abs(result["errors"]) < 0.05), result["errors"]
 
 
+def test_fit_chain_smoke(capsys):
+    result = load_example("fit_chain.py").main(smoke=True)
+    out = capsys.readouterr().out
+    assert "STFT loss" in out and "max |blocks - one call|" in out
+    # From normalised parameters within 0.15 of the target's, the short run
+    # already lowers the STFT loss several times over.
+    assert result["start_offset"] <= 0.15
+    assert result["final_loss"] < 0.5 * result["losses"][0]
+    # The fitted chain streamed in blocks equals one call to float32 rounding,
+    # far below the signal (the full run measures it against float64: the
+    # blocks and one call are both within about 1e-4 of the peak, the
+    # equaliser's 60 Hz shelf having poles near z = 1; in float64 a chain
+    # streams to 1e-12, see test_effects_modules.py).
+    assert result["stream_shape"] == [8 * 512]
+    assert result["stream_difference"] <= 1e-3 * result["output_peak"]
+
+
 def test_fit_state_space_filter_smoke(capsys):
     result = load_example("parameter_estimation/fit_state_space_filter.py").main(
         smoke=True
@@ -292,3 +309,27 @@ def test_two_relations_full_run(capsys, tmp_path):
     assert result["converged"] and result["stable"]
     np.testing.assert_allclose(result["after"][:, 1:], result["targets"], atol=5e-3)
     assert result["final_loss"] < 1e-3 * result["history"][0]
+
+
+@pytest.mark.slow
+def test_fit_chain_full_run():
+    result = run_example_as_users_do("fit_chain.py")
+    # "reduces the multi-resolution STFT loss by at least 100x and recovers
+    # the gains and the decay time within 5%", from a start within 0.15
+    assert result["start_offset"] <= 0.15
+    assert result["reduction"] >= 100, result["reduction"]
+    claimed = result["claimed_errors"]
+    # the 3 EQ gains, makeup + drive, the delay's feedback and mix, the
+    # reverb's mix and T60
+    assert len(claimed) == 8, claimed
+    assert max(abs(e) for e in claimed.values()) <= 0.05, claimed
+    # The fitted chain streamed in blocks equals one call to float32 rounding
+    # (in float64 a chain streams to 1e-12, see test_effects_modules.py): the
+    # blocks are as accurate as one call, both against the float64 chain, and
+    # that float32 error is far below the signal (the equaliser's 60 Hz shelf
+    # has poles near z = 1: 3.5e-5 in the recorded run, of a peak of 0.6).
+    assert result["stream_shape"] == [32 * 512]
+    one_call, blocks = result["one_call_float32_error"], result["blocks_float32_error"]
+    assert blocks <= 2 * one_call, (blocks, one_call)
+    assert one_call <= 1e-3 * result["output_peak"], one_call
+    assert result["stream_difference"] <= one_call + blocks

@@ -265,6 +265,13 @@ def test_compexp_gain():
     x = _level(T)
     params = (-12.0, 4.0, -30.0, 0.5, 0.3, 0.05)
     check_float32(compexp_gain, (x, *params), np_compexp_gain(x, *params))
+    # with a soft knee (8 dB) around both thresholds, its width differentiated
+
+    def soft(x, *p):
+        return compexp_gain(x, *p[:-1], knee_db=p[-1])
+
+    want = np_compexp_gain(x, *params, knee=8.0)
+    check_float32(soft, (x, *params, 8.0), want)
 
 
 def test_limiter_gain():
@@ -326,10 +333,16 @@ def test_svf_module_from_unconstrained():
 def test_compressor_module():
     rng = np.random.default_rng(11)
     x = rng.standard_normal(256) * np.linspace(0.01, 1.0, 256)
-    # The expander acts too (on the quiet start), so every parameter matters.
+    # The expander acts too (on the quiet start), so every parameter matters;
+    # the levels pass through the soft knee, and the gain leads by 4 samples.
     check_module_float32(
         lambda: Compressor(
-            threshold_db=-20.0, ratio=4.0, exp_threshold_db=-30.0, sample_rate=8_000.0
+            threshold_db=-20.0,
+            ratio=4.0,
+            exp_threshold_db=-30.0,
+            sample_rate=8_000.0,
+            knee_db=10.0,
+            lookahead_samples=4,
         ),
         x,
     )

@@ -241,6 +241,14 @@ PARAMETER_CASES = [
         "`exp_ratio` must be finite",
     ),
     (
+        "Compressor knee_db<0",
+        lambda k: Compressor(knee_db=k),
+        (A_(-3.0),),
+        ValueError,
+        RUNTIME,
+        r"`knee_db` must be finite and lie in \[0.0, inf\)",
+    ),
+    (
         "Compressor threshold inf",
         lambda t: Compressor(threshold_db=t),
         (A_(np.inf),),
@@ -798,3 +806,40 @@ def test_empty_block_passes_the_state_on():
     assert_close(zf, zi)
     _, zf = phase(_EMPTY, SR, 1.25, return_zf=True)
     assert_close(zf, A_(0.25))
+
+
+def test_effect_fields_set_to_python_numbers_by_tree_at():
+    # eqx.tree_at may put a Python float where the constructor stored an array;
+    # the call-time range check must take it (it used to fail inside
+    # equinox's error threading) and give the same output as a module built
+    # with that value.
+    from retrax.effects import Chorus, Delay, FeedbackDelay, Gain, StereoPanner
+
+    x = jnp.sin(jnp.arange(256.0) / 7.0)
+    cases = [
+        (Gain(0.0), lambda m: m.gain_db, 6.0, Gain(6.0)),
+        (
+            Delay(2.0, 0.5, max_delay_ms=5.0, sample_rate=8_000.0),
+            lambda m: m.mix,
+            0.25,
+            Delay(2.0, 0.25, max_delay_ms=5.0, sample_rate=8_000.0),
+        ),
+        (
+            FeedbackDelay(0.5, 0.5, delay_samples=8),
+            lambda m: m.feedback,
+            0.3,
+            FeedbackDelay(0.3, 0.5, delay_samples=8),
+        ),
+        (StereoPanner(0.0), lambda m: m.pan, 0.5, StereoPanner(0.5)),
+        (
+            Chorus(sample_rate=8_000.0),
+            lambda m: m.mix,
+            0.75,
+            Chorus(mix=0.75, sample_rate=8_000.0),
+        ),
+    ]
+    for module, where, value, expected in cases:
+        moved = eqx.tree_at(where, module, value)
+        assert_close(moved(x), expected(x), rtol=1e-12, atol=1e-12)
+        jitted = jax.jit(lambda m, x: m(x))(moved, x)  # the float leaf traced
+        assert_close(jitted, expected(x), rtol=1e-12, atol=1e-12)

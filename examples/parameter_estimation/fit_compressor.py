@@ -147,23 +147,29 @@ def main(smoke: bool = False, plot: str | None = None) -> dict:
     # --8<-- [end:loss]
 
     # --8<-- [start:training]
-    # The four unknowns, threshold in units of 10 dB so that all four move on
-    # similar scales; the RMS time, expander and makeup keep their values.
-    def unknowns(comp):
-        return (
-            comp.threshold_db / 10,
-            comp.raw_ratio,
-            comp.log_attack_ms,
-            comp.log_release_ms,
+    # The four unknowns as an unconstrained vector, mapped to the module's
+    # physical fields inside the loss, so that every L-BFGS step gives a valid
+    # compressor: threshold in units of 10 dB (all four then move on similar
+    # scales), ratio = 1 + softplus(u), times = exp(u). The RMS time,
+    # expander and makeup keep their values.
+    def unknowns(threshold_db, ratio, attack_ms, release_ms):
+        ratio = jnp.asarray(ratio, float) - 1
+        return jnp.stack(
+            [
+                jnp.asarray(threshold_db, float) / 10,
+                ratio + jnp.log(-jnp.expm1(-ratio)),  # softplus's inverse
+                jnp.log(jnp.asarray(attack_ms, float)),
+                jnp.log(jnp.asarray(release_ms, float)),
+            ]
         )
 
     defaults = Compressor(sample_rate=sample_rate)
 
     def with_unknowns(p, comp=defaults):
         return eqx.tree_at(
-            lambda c: (c.threshold_db, c.raw_ratio, c.log_attack_ms, c.log_release_ms),
+            lambda c: (c.threshold_db, c.ratio, c.attack_ms, c.release_ms),
             comp,
-            (10 * p[0], p[1], p[2], p[3]),
+            (10 * p[0], 1 + jax.nn.softplus(p[1]), jnp.exp(p[2]), jnp.exp(p[3])),
         )
 
     def loss_fn(p):
@@ -188,10 +194,7 @@ def main(smoke: bool = False, plot: str | None = None) -> dict:
     starts = [(-10.0, 2.0, 2.0, 50.0), (-35.0, 1.5, 30.0, 400.0)]
     if not smoke:
         starts += [(-15.0, 8.0, 20.0, 80.0)]
-    p = jax.tree.map(
-        lambda *v: jnp.stack(v),
-        *(unknowns(Compressor(*s, sample_rate=sample_rate)) for s in starts),
-    )
+    p = jnp.stack([unknowns(*s) for s in starts])
     # optax's L-BFGS state holds weakly typed scalars, which turn strong after
     # one step: make them strong now, so that `step` compiles once, not twice.
     state = jax.tree.map(lambda v: jnp.asarray(v, v.dtype), jax.vmap(optimizer.init)(p))
@@ -208,11 +211,8 @@ def main(smoke: bool = False, plot: str | None = None) -> dict:
     elapsed = time.perf_counter() - start
     final = jax.jit(jax.vmap(loss_fn))(p)
     best = int(jnp.argmin(final))
-    fitted = with_unknowns(jax.tree.map(lambda v: v[best], p))
-    initial = [
-        settings(with_unknowns(jax.tree.map(lambda v, i=i: v[i], p_initial)))
-        for i in range(len(starts))
-    ]
+    fitted = with_unknowns(p[best])
+    initial = [settings(with_unknowns(p_initial[i])) for i in range(len(starts))]
 
     truth, found = settings(true_comp), settings(fitted)
     errors = {k: abs(found[k] / truth[k] - 1) for k in truth}

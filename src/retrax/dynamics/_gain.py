@@ -54,6 +54,26 @@ def avg(
     return linear_recurrence(1 - coef, coef * x.astype(dtype), zi, return_zf=return_zf)
 
 
+def _knee(hard, slope, over, knee):
+    r"""One branch of the static curve in dB with a soft knee: the hard
+    knee's curve `hard` where $|\mathrm{over}| \ge W/2$ ($W$ = `knee`), and
+    inside the knee the quadratic
+    $\mathrm{slope}\,(\mathrm{over} + W/2)^2 / (2W)$, which meets the
+    lines on either side with their values and slopes.
+
+    `over` is the level's distance past the threshold in the direction the
+    branch acts (above a compressor's, below an expander's) and
+    `slope < 0` the branch's slope there. A zero knee never selects the
+    quadratic: values and derivatives are `hard`'s.
+    """
+    half = knee / 2
+    # the quadratic divides by the knee: where the knee is 0 it is never
+    # selected, and it must not put a nan into the derivatives there
+    safe = jnp.where(knee > 0, knee, 1.0)
+    quadratic = slope * (over + half) ** 2 / (2 * safe)
+    return jnp.where(jnp.abs(over) < half, quadratic, hard)
+
+
 def compexp_gain(
     x_rms: Shaped[ArrayLike, " time"],
     comp_thresh: _Param,
@@ -63,12 +83,14 @@ def compexp_gain(
     at: _Param,
     rt: _Param,
     *,
+    knee_db: _Param = 0.0,
     zi: Shaped[ArrayLike, ""] | float | None = None,
     return_zf: bool = False,
 ) -> Float[Array, " time"] | tuple[Float[Array, " time"], Float[Array, ""]]:
-    r"""Compressor-expander gain: a hard-knee static curve, then ballistics.
+    r"""Compressor-expander gain: a static curve in dB, then ballistics.
 
-    With $L_n = 20 \log_{10} x_n$ (the level in dB of `x_rms`),
+    With $L_n = 20 \log_{10} x_n$ (the level in dB of `x_rms`) and the hard
+    knee (`knee_db = 0`, the default),
 
     $$g_n = \min\bigl(0,\ (1 - 1/R_c)(T_c - L_n),\ (1 - 1/R_e)(T_e - L_n)\bigr),$$
 
@@ -76,6 +98,29 @@ def compexp_gain(
     coefficient `at` (used while the gain falls) and release `rt`, starting
     from unity gain. Same formula and argument order as torchcomp 0.2's
     `compexp_gain`, for one signal (batch with `jax.vmap`).
+
+    A soft knee of width $W$ = `knee_db` > 0 replaces each corner of the
+    curve by the quadratic of Giannoulis, Massberg and Reiss (2012), as in
+    dasp-pytorch's compressor: the compressor's branch is
+
+    $$c_n = \begin{cases}
+    0 & L_n - T_c \le -W/2, \\
+    (1/R_c - 1)\,(L_n - T_c + W/2)^2 / (2W) & |L_n - T_c| < W/2, \\
+    (1/R_c - 1)\,(L_n - T_c) & L_n - T_c \ge W/2,
+    \end{cases}$$
+
+    (the output level $L_n + c_n$ is the paper's gain computer), the
+    expander's is the same curve mirrored about its threshold,
+
+    $$e_n = \begin{cases}
+    0 & L_n - T_e \ge W/2, \\
+    (1 - 1/R_e)\,(L_n - T_e - W/2)^2 / (2W) & |L_n - T_e| < W/2, \\
+    (1 - 1/R_e)\,(T_e - L_n) & L_n - T_e \le -W/2,
+    \end{cases}$$
+
+    and $g_n = \min(c_n, e_n)$. Both have a continuous slope at the knee's
+    ends; with $W = 0$ the curve is torchcomp's, values and derivatives
+    exactly.
 
     Unlike torchcomp, silence is allowed: levels are floored at the smallest
     normal number of the dtype (about -758 dB in float32), so the gain and
@@ -90,6 +135,8 @@ def compexp_gain(
     - `exp_ratio`: expansion ratio, in (0, 1).
     - `at`, `rt`: attack and release coefficients in (0, 1] (see `ms2coef`),
       scalars or per sample.
+    - `knee_db`: the knee's width $W$ in dB, finite and $\ge 0$, shared by
+      the compressor and the expander; a scalar or per sample.
     - `zi`: the gain before the first sample; defaults to 1.
     - `return_zf`: also return the last gain, to stream in blocks.
 
@@ -109,15 +156,34 @@ def compexp_gain(
         "exp_ratio", as_inexact("exp_ratio", exp_ratio), 0.0, 1.0
     )
     at, rt = _coef("at", at), _coef("rt", rt)
-    dtype = result_dtype(x_rms, comp_thresh, comp_ratio, exp_thresh, exp_ratio, at, rt)
-    comp_thresh, comp_ratio, exp_thresh, exp_ratio = (
-        jnp.asarray(v, dtype) for v in (comp_thresh, comp_ratio, exp_thresh, exp_ratio)
+    knee_db = check_in_range(
+        "knee_db", as_inexact("knee_db", knee_db), 0.0, None, low_open=False
+    )
+    dtype = result_dtype(
+        x_rms, comp_thresh, comp_ratio, exp_thresh, exp_ratio, at, rt, knee_db
+    )
+    comp_thresh, comp_ratio, exp_thresh, exp_ratio, knee_db = (
+        jnp.asarray(v, dtype)
+        for v in (comp_thresh, comp_ratio, exp_thresh, exp_ratio, knee_db)
     )
     level = amp2db(x_rms.astype(dtype), floor=float(jnp.finfo(dtype).tiny))
-    gain_db = jnp.minimum(
+    # Outside the knees, torchcomp's expressions (so its values and, where
+    # the level sits exactly on a threshold, its derivatives): the
+    # expander's line is positive above its threshold, where the
+    # compressor's branch, at most 0, is the smaller.
+    comp = _knee(
         jnp.minimum((1 - 1 / comp_ratio) * (comp_thresh - level), 0.0),
-        (1 - 1 / exp_ratio) * (exp_thresh - level),
+        1 / comp_ratio - 1,
+        level - comp_thresh,
+        knee_db,
     )
+    exp = _knee(
+        (1 - 1 / exp_ratio) * (exp_thresh - level),
+        1 - 1 / exp_ratio,
+        exp_thresh - level,
+        knee_db,
+    )
+    gain_db = jnp.minimum(comp, exp)
     zi = jnp.ones((), dtype) if zi is None else zi
     return ballistics(db2amp(gain_db), at, rt, zi, return_zf=return_zf)
 

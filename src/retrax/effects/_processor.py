@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PyTree, Shaped
 
-from .._misc import check_value
+from .._misc import as_inexact, check_value
 from ..ops._validate import check_in_range, check_init_range, real_array
 
 
@@ -71,10 +71,17 @@ class Range:
             name, value, self.low, self.high, low_open=False, high_open=False
         )
 
-    def check(self, name: str, value: Array) -> Array:
-        """`value`, checked at run time (also under `jax.jit`) to lie in the range."""
+    def check(self, name: str, value: ArrayLike) -> Array:
+        """`value` as an array, checked at run time (also under `jax.jit`) to
+        lie in the range. A Python number (as `eqx.tree_at` may set a field)
+        becomes an array of the default float."""
         return check_in_range(
-            name, value, self.low, self.high, low_open=False, high_open=False
+            name,
+            as_inexact(name, value),
+            self.low,
+            self.high,
+            low_open=False,
+            high_open=False,
         )
 
 

@@ -34,11 +34,6 @@ from ._unconstrained import (
 )
 
 
-# `_modules.py` imports these two names from here
-_logit = logit
-_inverse_softplus = softplus_inverse
-
-
 Shape = Literal["peak", "lowshelf", "highshelf"]
 
 

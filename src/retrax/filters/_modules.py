@@ -3,6 +3,7 @@
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 
 from .._misc import as_inexact, check_positive_int
@@ -18,55 +19,109 @@ from ..effects._processor import (
 )
 from ..ops import diag_state_space
 from ..ops._validate import check_in_range, check_init_range, check_rate
-from ._eq import _inverse_softplus, _logit
+
+
+# The values each parameter may take (`low`, `high`, whether `low` is
+# excluded), checked at construction and at every call: `eqx.tree_at` or an
+# optimiser may have moved a field since.
+_LIMITS = {
+    "threshold_db": (None, None, True),
+    "ratio": (1.0, None, True),
+    "attack_ms": (0.0, None, True),
+    "release_ms": (0.0, None, True),
+    "makeup_db": (None, None, True),
+    "knee_db": (0.0, None, False),
+    "exp_threshold_db": (None, None, True),
+    "exp_ratio": (0.0, 1.0, True),
+    "rms_ms": (0.0, None, True),
+}
+
+
+def _check_lookahead(value: object) -> int:
+    """The lookahead, a static Python `int` `>= 0` (it fixes the state's shape)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(
+            "`lookahead_samples` must be a Python int >= 0 (a length in samples, "
+            f"fixed when the program is traced), got {value!r}."
+        )
+    return int(value)
 
 
 class Compressor(AbstractEffect):
-    """A feed-forward compressor/expander with makeup gain, all parameters learnable.
+    r"""A feed-forward compressor/expander with soft knee, lookahead and makeup gain.
 
-    The level is the RMS over a one-pole average, `sqrt(avg(x**2, c))`; the
-    gain is `compexp_gain` of that level; the output is
-    `x * gain * db2amp(makeup_db)`. Times are learned as logs of
-    milliseconds and the ratios through softplus and sigmoid, so every optax
-    step keeps them valid (compression ratio > 1, expansion ratio in (0, 1),
-    times > 0).
+    The level is the RMS over a one-pole average, `sqrt(avg(x**2, c))` with
+    the coefficient `c` of `rms_ms`; the gain $g_t$ is
+    [`compexp_gain`][retrax.dynamics.compexp_gain] of that level (a static
+    curve in dB with the knee `knee_db`, then attack and release
+    ballistics); the output is
+
+    $$y_t = x_{t - D}\, g_t\, 10^{\mathrm{makeup\_db}/20},$$
+
+    with the lookahead $D$ = `lookahead_samples`: the gain is computed from
+    the undelayed signal and applied to the signal $D$ samples later, so it
+    falls before a transient reaches the output (the output lags the input
+    by $D$ samples; dasp-pytorch's `lookahead_samples`). $D = 0$ is a plain
+    feed-forward compressor.
 
     **Arguments:**
 
-    - `threshold_db`, `ratio`: the compressor's threshold (dB) and ratio (> 1).
-    - `attack_ms`, `release_ms`: the gain's attack and release times.
-    - `makeup_db`: the makeup gain in dB.
-    - `exp_threshold_db`, `exp_ratio`: the expander's threshold and ratio in
-      (0, 1); the default threshold (-120 dB) leaves the expander idle.
-    - `rms_ms`: the averaging time of the level detector.
-    - `sample_rate`: $f_s$ in Hz, a positive Python number.
+    - `threshold_db`, `ratio`: the compressor's threshold (dB, finite) and
+      ratio (> 1).
+    - `attack_ms`, `release_ms`: the gain's attack and release times (ms,
+      > 0; see [`ms2coef`][retrax.dynamics.ms2coef]).
+    - `makeup_db`: the makeup gain in dB, finite.
+    - `exp_threshold_db`, `exp_ratio`: the expander's threshold (dB) and
+      ratio in (0, 1); the default threshold (-120 dB) leaves the expander
+      idle.
+    - `rms_ms`: the averaging time of the level detector (ms, > 0).
+    - `sample_rate`: $f_s$ in Hz, a positive Python number (static).
+    - `knee_db`: the width of the soft knee in dB, $\ge 0$ (0, the default,
+      is a hard knee), around both thresholds: the quadratic knee of
+      Giannoulis, Massberg and Reiss (2012), as in dasp-pytorch.
+    - `lookahead_samples`: the lookahead $D$, a Python int $\ge 0$ (static:
+      it fixes the state's shape). For a lookahead of $m$ ms pass
+      `round(m * sample_rate / 1000)`.
 
-    Every value must be finite and the times positive; invalid values raise
-    `ValueError` naming the argument (an error under `jax.jit` if the module
-    is built from traced values).
+    The parameters are stored as given, in physical units, one field each
+    (`threshold_db`, `ratio`, `attack_ms`, `release_ms`, `makeup_db`,
+    `knee_db`, `exp_threshold_db`, `exp_ratio`, `rms_ms`): `eqx.tree_at`
+    replaces them, e.g. `eqx.tree_at(lambda c: c.ratio, comp, 8.0)`, and
+    optax trains them. Their values are checked when the module is built
+    (`ValueError` naming the argument; an error at run time if it is built
+    from traced values, e.g. under `eqx.filter_vmap`, which builds an
+    ensemble) and again at every call (an error naming the field, also under
+    `jax.jit`), since a replaced or trained field may have left its range.
+    To train without leaving the ranges, train unconstrained values of your
+    own and map them (e.g. `1 + softplus(u)` for the ratio, `exp(u)` for the
+    times), or train the normalised parameters below.
 
-    As an [effect][retrax.effects.AbstractEffect], its five normalised
-    parameters are `[threshold_db, ratio, attack_ms, release_ms, makeup_db]`
-    with the ranges of `ranges()`: threshold in $[-60, 0]$ dB, ratio in
-    $[1.1, 20]$, attack in $[0.1, 100]$ ms, release in $[5, 1000]$ ms (these
-    three logarithmic) and makeup in $[-12, 24]$ dB; the expander and the
-    detector's averaging time are fields outside the normalised vector. It
-    compresses `(time,)` or, channel by channel, `(channels, time)` signals
-    (each channel with its own detector), and streams: `zi` is the pair
-    `(power, gain)` of the detector's running mean power and the smoothed
-    gain before the first sample (scalars, or `(channels,)`), by default
-    `(0, 1)`.
+    As an [effect][retrax.effects.AbstractEffect], its six normalised
+    parameters are `[threshold_db, ratio, attack_ms, release_ms, makeup_db,
+    knee_db]` with the ranges of `ranges()`: threshold in $[-60, 0]$ dB,
+    ratio in $[1.1, 20]$, attack in $[0.1, 100]$ ms, release in
+    $[5, 1000]$ ms (these three logarithmic), makeup in $[-12, 24]$ dB and
+    knee in $[0, 24]$ dB; the expander, the detector's averaging time and
+    the lookahead stay outside the normalised vector. It compresses
+    `(time,)` or, channel by channel, `(channels, time)` signals (each
+    channel with its own detector), and streams: `zi` is the triple
+    `(power, gain, delayed)` of the detector's running mean power, the
+    smoothed gain before the first sample (scalars, or `(channels,)`) and
+    the last $D$ input samples, oldest first (`(D,)`, or `(channels, D)`),
+    by default `(0, 1, zeros)`; entries may be `None` for their defaults.
     """
 
     threshold_db: Float[Array, ""]
-    raw_ratio: Float[Array, ""]
-    log_attack_ms: Float[Array, ""]
-    log_release_ms: Float[Array, ""]
+    ratio: Float[Array, ""]
+    attack_ms: Float[Array, ""]
+    release_ms: Float[Array, ""]
     makeup_db: Float[Array, ""]
+    knee_db: Float[Array, ""]
     exp_threshold_db: Float[Array, ""]
-    raw_exp_ratio: Float[Array, ""]
-    log_rms_ms: Float[Array, ""]
+    exp_ratio: Float[Array, ""]
+    rms_ms: Float[Array, ""]
     sample_rate: float = eqx.field(static=True)
+    lookahead_samples: int = eqx.field(static=True)
 
     def __init__(
         self,
@@ -79,77 +134,72 @@ class Compressor(AbstractEffect):
         exp_ratio: Shaped[ArrayLike, ""] = 0.5,
         rms_ms: Shaped[ArrayLike, ""] = 10.0,
         sample_rate: float | int = 44_100.0,
+        *,
+        knee_db: Shaped[ArrayLike, ""] = 0.0,
+        lookahead_samples: int = 0,
     ):
-        sample_rate = check_rate("sample_rate", sample_rate)
+        self.sample_rate = check_rate("sample_rate", sample_rate)
+        self.lookahead_samples = _check_lookahead(lookahead_samples)
+        values = {
+            "threshold_db": threshold_db,
+            "ratio": ratio,
+            "attack_ms": attack_ms,
+            "release_ms": release_ms,
+            "makeup_db": makeup_db,
+            "knee_db": knee_db,
+            "exp_threshold_db": exp_threshold_db,
+            "exp_ratio": exp_ratio,
+            "rms_ms": rms_ms,
+        }
+        for name, value in values.items():
+            low, high, low_open = _LIMITS[name]
+            checked = check_init_range(
+                name, jnp.asarray(value, float), low, high, low_open=low_open
+            )
+            setattr(self, name, checked)
 
-        def f(name, value, low=None, high=None):
-            return check_init_range(name, jnp.asarray(value, float), low, high)
+    def _checked(self, name: str) -> Array:
+        """The field `name`, checked (at run time, also under `jax.jit`) to
+        hold a valid value."""
+        low, high, low_open = _LIMITS[name]
+        # `as_inexact`: `eqx.tree_at` may have put a Python number here
+        value = as_inexact(name, getattr(self, name))
+        return check_in_range(name, value, low, high, low_open=low_open)
 
-        self.threshold_db = f("threshold_db", threshold_db)
-        self.raw_ratio = _inverse_softplus(f("ratio", ratio, 1.0) - 1.0)
-        self.log_attack_ms = jnp.log(f("attack_ms", attack_ms, 0.0))
-        self.log_release_ms = jnp.log(f("release_ms", release_ms, 0.0))
-        self.makeup_db = f("makeup_db", makeup_db)
-        self.exp_threshold_db = f("exp_threshold_db", exp_threshold_db)
-        self.raw_exp_ratio = _logit(f("exp_ratio", exp_ratio, 0.0, 1.0))
-        self.log_rms_ms = jnp.log(f("rms_ms", rms_ms, 0.0))
-        self.sample_rate = sample_rate
-
-    @property
-    def ratio(self) -> Float[Array, ""]:
-        """The compression ratio."""
-        return 1.0 + jax.nn.softplus(self.raw_ratio)
-
-    @property
-    def exp_ratio(self) -> Float[Array, ""]:
-        """The expansion ratio."""
-        return jax.nn.sigmoid(self.raw_exp_ratio)
-
-    @property
-    def attack_ms(self) -> Float[Array, ""]:
-        """The attack time in ms."""
-        return jnp.exp(self.log_attack_ms)
-
-    @property
-    def release_ms(self) -> Float[Array, ""]:
-        """The release time in ms."""
-        return jnp.exp(self.log_release_ms)
-
-    def gain(self, x: Shaped[ArrayLike, " time"]) -> Float[Array, " time"]:
-        """The linear gain (without makeup) applied to one signal."""
-        x = as_inexact("x", x)
+    def _gain(self, x, power, gain):
+        """The gain `(T,)` for one channel from the detector's `power` and
+        the smoothed `gain` before it, and their final values."""
         dt = x.dtype
         sr = self.sample_rate
-        power = avg(x * x, ms2coef(jnp.exp(self.log_rms_ms), sr).astype(dt))
-        rms = jnp.sqrt(jnp.maximum(power, jnp.finfo(dt).tiny))
-        return compexp_gain(
-            rms,
-            self.threshold_db.astype(dt),
-            self.ratio.astype(dt),
-            self.exp_threshold_db.astype(dt),
-            self.exp_ratio.astype(dt),
-            ms2coef(self.attack_ms, sr).astype(dt),
-            ms2coef(self.release_ms, sr).astype(dt),
-        )
 
-    def _gain(self, x, zi):
-        dt = x.dtype
-        sr = self.sample_rate
-        coef = ms2coef(jnp.exp(self.log_rms_ms), sr).astype(dt)
-        power, power_zf = avg(x * x, coef, zi[0], return_zf=True)
+        def coef(name):
+            return ms2coef(self._checked(name), sr).astype(dt)
+
+        def value(name):
+            return self._checked(name).astype(dt)
+
+        power, power_zf = avg(x * x, coef("rms_ms"), power, return_zf=True)
         rms = jnp.sqrt(jnp.maximum(power, jnp.finfo(dt).tiny))
         gain, gain_zf = compexp_gain(
             rms,
-            self.threshold_db.astype(dt),
-            self.ratio.astype(dt),
-            self.exp_threshold_db.astype(dt),
-            self.exp_ratio.astype(dt),
-            ms2coef(self.attack_ms, sr).astype(dt),
-            ms2coef(self.release_ms, sr).astype(dt),
-            zi=zi[1],
+            value("threshold_db"),
+            value("ratio"),
+            value("exp_threshold_db"),
+            value("exp_ratio"),
+            coef("attack_ms"),
+            coef("release_ms"),
+            knee_db=value("knee_db"),
+            zi=gain,
             return_zf=True,
         )
-        return gain, (power_zf, gain_zf)
+        return gain, power_zf, gain_zf
+
+    def gain(self, x: Shaped[ArrayLike, " time"]) -> Float[Array, " time"]:
+        """The linear gain $g_t$ (without makeup) for one signal `(time,)`,
+        from silence; with a lookahead it multiplies the delayed signal."""
+        x = as_inexact("x", x)
+        zero = jnp.zeros((), x.dtype)
+        return self._gain(x, zero, jnp.ones((), x.dtype))[0]
 
     def ranges(self) -> dict[str, Range]:
         """The normalised parameters' ranges (see the class docstring)."""
@@ -159,37 +209,31 @@ class Compressor(AbstractEffect):
             "attack_ms": Range(0.1, 100.0, log=True),
             "release_ms": Range(5.0, 1000.0, log=True),
             "makeup_db": Range(-12.0, 24.0),
+            "knee_db": Range(0.0, 24.0),
         }
 
     @property
     def n_params(self) -> int:
-        """5: threshold, ratio, attack, release and makeup."""
-        return 5
+        """6: threshold, ratio, attack, release, makeup and knee."""
+        return 6
 
-    def to_normalised(self) -> Float[Array, " 5"]:
-        """The five parameters normalised; values outside the ranges raise
+    def to_normalised(self) -> Float[Array, " 6"]:
+        """The six parameters normalised; values outside the ranges raise
         (also under `jax.jit`)."""
         return jnp.stack(
             [
-                r.normalised(r.check(name, getattr(self, name)))
+                r.normalised(r.check(name, as_inexact(name, getattr(self, name))))
                 for name, r in self.ranges().items()
             ]
         )
 
-    def with_normalised(self, p: Shaped[ArrayLike, " 5"]) -> "Compressor":
-        """The compressor with the five parameters of `p` in $[0, 1]$ and
-        this one's expander, detector time and sample rate."""
-        p = check_normalised(p, 5)
-        values = {
-            name: r.physical(p[i]) for i, (name, r) in enumerate(self.ranges().items())
-        }
-        return Compressor(
-            **values,
-            exp_threshold_db=self.exp_threshold_db,
-            exp_ratio=self.exp_ratio,
-            rms_ms=jnp.exp(self.log_rms_ms),
-            sample_rate=self.sample_rate,
-        )
+    def with_normalised(self, p: Shaped[ArrayLike, " 6"]) -> "Compressor":
+        """The compressor with the six parameters of `p` in $[0, 1]$ and
+        this one's expander, detector time, lookahead and sample rate."""
+        p = check_normalised(p, 6)
+        names = list(self.ranges())
+        values = [r.physical(p[i]) for i, r in enumerate(self.ranges().values())]
+        return eqx.tree_at(lambda c: [getattr(c, n) for n in names], self, values)
 
     def __call__(
         self,
@@ -199,19 +243,27 @@ class Compressor(AbstractEffect):
         return_zf: bool = False,
     ) -> Float[Array, "*channels time"] | tuple[Float[Array, "*channels time"], tuple]:
         """Compress `x` `(time,)` or `(channels, time)`; batch with
-        `jax.vmap`. With `return_zf`, also the final `(power, gain)` state."""
+        `jax.vmap`. With `return_zf`, also the final `(power, gain, delayed)`
+        state."""
         x = signal(x)
-        makeup = db2amp(check_in_range("makeup_db", self.makeup_db)).astype(x.dtype)
-        if zi is not None and not (isinstance(zi, tuple) and len(zi) == 2):
-            raise ValueError("`zi` must be the pair (power, gain) of a compressor.")
+        makeup = db2amp(self._checked("makeup_db")).astype(x.dtype)
+        if zi is not None and not (isinstance(zi, tuple) and len(zi) == 3):
+            raise ValueError(
+                "`zi` must be the triple (power, gain, delayed) of a compressor."
+            )
+        lookahead = self.lookahead_samples
 
         def mono(xc, z):
-            power, gain = (None, None) if z is None else z
+            power, gain, delayed = (None, None, None) if z is None else z
             power = state_leaf("zi[0]", power, (), xc.dtype)
             gain = jnp.ones((), xc.dtype) if gain is None else gain
             gain = state_leaf("zi[1]", gain, (), xc.dtype)
-            g, zf = self._gain(xc, (power, gain))
-            return xc * g * makeup, zf
+            delayed = state_leaf("zi[2]", delayed, (lookahead,), xc.dtype)
+            g, power_zf, gain_zf = self._gain(xc, power, gain)
+            # the signal D samples late: the kept samples, then this block's
+            line = jnp.concatenate([delayed, xc])
+            n = xc.shape[0]
+            return line[:n] * g * makeup, (power_zf, gain_zf, line[n:])
 
         y, zf = per_channel(mono, x, zi)
         return output(y, zf, return_zf)
