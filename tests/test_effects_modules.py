@@ -661,7 +661,7 @@ def test_parametric_eq_bands_stay_in_frequency_order():
     with pytest.raises(ValueError, match="`freqs` must increase strictly"):
         ParametricEQ([200.0, 100.0, 2_000.0])
     raises_eagerly_and_under_jit(
-        lambda f: ParametricEQ(f).raw_freqs,
+        lambda f: ParametricEQ(f).freqs,
         jnp.asarray([100.0, 100.0, 3_000.0]),
         match="`freqs` must increase strictly",
     )
@@ -671,19 +671,142 @@ def test_parametric_eq_bands_stay_in_frequency_order():
         ParametricEQ([20.0, 30.0, 2_000.0], sample_rate=8_000),
         match="`freqs` must be finite and lie in",
     )
+    # moved out of order by tree_at (or an optimiser): the call raises
+    crossed = eqx.tree_at(lambda e: e.freqs, eq, jnp.asarray([20.0, 2_500.0, 2_000.0]))
+    x = jnp.asarray(_signal())
+    raises_eagerly_and_under_jit(
+        lambda e, x: e(x), crossed, x, match="`freqs` must increase strictly"
+    )
+
+
+# Each filter module, one physical field and a valid new value for it, and
+# the module built with that value.
+TREE_AT = [
+    ("svf", lambda e: e.cutoff, 450.0, lambda v: SVF(v, 1.3, 8_000.0, "bandpass")),
+    ("svf", lambda e: e.q, 4.0, lambda v: SVF(300.0, v, 8_000.0, "bandpass")),
+    (
+        "biquad",
+        lambda e: e.radius,
+        0.95,
+        lambda v: Biquad(jnp.asarray([0.5, 0.2, -0.1]), v, 0.9),
+    ),
+    (
+        "biquad",
+        lambda e: e.b,
+        [1.0, -0.3, 0.2],
+        lambda v: Biquad(jnp.asarray(v), 0.7, 0.9),
+    ),
+    (
+        "parametric_eq",
+        lambda e: e.freqs,
+        [50.0, 300.0, 1_500.0],
+        lambda v: ParametricEQ(v, [3.0, -4.0, 2.0], [0.8, 1.5, 0.9], 8_000),
+    ),
+    (
+        "parametric_eq",
+        lambda e: e.qs,
+        [0.6, 3.0, 1.1],
+        lambda v: ParametricEQ([20.0, 200.0, 2_000.0], [3.0, -4.0, 2.0], v, 8_000),
+    ),
+]
+
+
+def test_filter_modules_physical_fields_with_tree_at():
+    x = jnp.asarray(_signal())
+    modules = dict(FILTERS)
+    for name, where, value, build in TREE_AT:
+        moved = eqx.tree_at(where, modules[name], jnp.asarray(value))
+        assert_close(run(moved, x), run(build(value), x), rtol=1e-13)
+    # a Python number, as the field's value
+    svf = eqx.tree_at(lambda e: e.cutoff, modules["svf"], 450.0)
+    assert_close(run(svf, x), run(TREE_AT[0][3](450.0), x), rtol=1e-13)
+    # invalid values set by tree_at (or an optimiser) raise when the module
+    # runs, naming the field, eagerly and under jit (the sections' modules
+    # through their `sos`, which their call runs: a cheaper compilation)
+    for name, where, value, match in [
+        ("svf", lambda e: e.cutoff, 4_000.0, r"`cutoff` must be finite and lie in"),
+        ("svf", lambda e: e.q, 0.0, r"`q` must be finite and lie in \(0.0, inf\)"),
+        ("biquad", lambda e: e.radius, 0.999, r"`radius` must be finite and lie in"),
+        ("parametric_eq", lambda e: e.qs, [0.6, -1.0, 1.1], r"`qs` must be finite"),
+    ]:
+        bad = eqx.tree_at(where, modules[name], jnp.asarray(value))
+        if name == "svf":
+            raises_eagerly_and_under_jit(lambda e, x: e(x), bad, x, match=match)
+        else:
+            raises_eagerly_and_under_jit(lambda e: e.sos, bad, match=match)
+    for name, where, value, match in [
+        ("biquad", lambda e: e.b, [1.0, np.inf, 0.0], r"`b` must be finite"),
+        ("parametric_eq", lambda e: e.gains_db, [0.0, np.nan, 1.0], r"`gains_db`"),
+    ]:
+        with pytest.raises(Exception, match=match):
+            _ = eqx.tree_at(where, modules[name], jnp.asarray(value)).sos
+    with pytest.raises(ValueError, match=r"`cutoff` must be a scalar"):
+        eqx.tree_at(lambda e: e.cutoff, modules["svf"], jnp.ones(T))(x)
+
+
+@pytest.mark.parametrize(("name", "effect"), FILTERS[:3], ids=FILTER_IDS[:3])
+def test_unconstrained_parameters(name, effect):
+    # the documented training map: a round trip, and any real vector is a
+    # valid module
+    theta = effect.to_unconstrained()
+    assert theta.shape == (effect.n_params,)
+    back = effect.with_unconstrained(theta)
+    for got, want in zip(jax.tree.leaves(back), jax.tree.leaves(effect), strict=True):
+        assert_close(got, want, rtol=1e-13)
+    x = jnp.asarray(_signal())
+    rng = np.random.default_rng(6)
+    shift = rng.uniform(-2, 2, theta.shape)
+    moved = effect.with_unconstrained(theta + shift)
+    assert bool(jnp.all(jnp.isfinite(run(moved, x))))
+    assert_close(moved.to_unconstrained(), theta + shift, rtol=1e-10)
+    if name == "parametric_eq":
+        # the sections stay in frequency order (within the logits' clipping
+        # at +-15, where float32 cannot tell sections apart)
+        spread = effect.with_unconstrained(theta + rng.uniform(-4, 4, theta.shape))
+        assert bool(jnp.all(jnp.diff(spread.freqs) > 0))
+        assert bool(jnp.all(jnp.isfinite(run(spread, x))))
+    else:
+        # far out too (the entries clipped where float32 would saturate)
+        far = effect.with_unconstrained(theta + 40 * rng.standard_normal(theta.shape))
+        assert bool(jnp.all(jnp.isfinite(run(far, x))))
+    with pytest.raises(ValueError, match=r"`theta` must be the"):
+        unchecked(type(effect).with_unconstrained)(effect, theta[:-1])
+    raises_eagerly_and_under_jit(
+        lambda t: effect.with_unconstrained(t).to_unconstrained(),
+        theta.at[-1].set(jnp.nan),
+        match=r"`theta` \(unconstrained parameters\) must be finite",
+    )
 
 
 def test_filter_modules_build_under_tracing():
-    # constructors take traced values: an ensemble from filter_vmap
-    cutoffs = jnp.asarray([200.0, 500.0, 1_000.0])
-    svfs = eqx.filter_vmap(lambda c: SVF(c, 0.9, 8_000.0))(cutoffs)
-    assert_close(eqx.filter_vmap(lambda e: e.cutoff)(svfs), cutoffs, rtol=1e-13)
+    # constructors take traced values: filter_vmap builds an ensemble, and
+    # filter_vmap runs it, as the modules built one by one run
+    x = jnp.asarray(_signal())
+    cases = [
+        (lambda c: SVF(c, 0.9, 8_000.0), "cutoff", [200.0, 500.0, 1_000.0]),
+        (
+            lambda r: Biquad(jnp.asarray([0.5, 0.2, -0.1]), r, 0.9),
+            "radius",
+            [0.3, 0.7, 0.95],
+        ),
+        (
+            lambda f: ParametricEQ(f, [3.0, -4.0, 2.0], [0.8, 1.5, 0.9], 8_000),
+            "freqs",
+            [[20.0, 200.0, 2_000.0], [50.0, 400.0, 3_000.0]],
+        ),
+    ]
+    for build, field, values in cases:
+        ensemble = eqx.filter_vmap(build)(jnp.asarray(values))
+        assert_close(getattr(ensemble, field), values, rtol=1e-15)
+        ys = eqx.filter_jit(eqx.filter_vmap(lambda e: e(x)))(ensemble)
+        want = jnp.stack([run(build(jnp.asarray(v)), x) for v in values])
+        assert_close(ys, want, rtol=1e-13)
     comps = eqx.filter_vmap(lambda t: Compressor(t, sample_rate=8_000.0))(
         jnp.asarray([-30.0, -10.0])
     )
     assert comps.threshold_db.shape == (2,)
     raises_eagerly_and_under_jit(
-        lambda c: SVF(c, 0.9, 8_000.0).raw_cutoff, 5_000.0, match="`cutoff`"
+        lambda c: SVF(c, 0.9, 8_000.0).cutoff, 5_000.0, match="`cutoff`"
     )
 
 

@@ -318,6 +318,18 @@ def test_parametric_eq_module():
     )
 
 
+def test_svf_module_from_unconstrained():
+    # the documented training path (fit_svf.py's): the module built from its
+    # unconstrained vector, and the gradient with respect to that vector (the
+    # other modules' maps are the same sigmoid and softplus)
+    def make():
+        return SVF(1_200.0, 2.0, 16_000.0, "bandpass")
+
+    x = np.random.default_rng(12).standard_normal(T)
+    theta = np.asarray(make().to_unconstrained())
+    check_float32(lambda theta, x: make().with_unconstrained(theta)(x), (theta, x))
+
+
 def test_compressor_module():
     rng = np.random.default_rng(11)
     x = rng.standard_normal(256) * np.linspace(0.01, 1.0, 256)

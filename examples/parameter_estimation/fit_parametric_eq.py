@@ -16,9 +16,15 @@ its bands in the wrong places, learns all twelve parameters in two stages:
    where a gradient method creeps along the loss's narrow valleys; it stops
    when no step lowers the loss any more (its floating-point floor).
 
-The equaliser runs as one `sosfilt` cascade, whose gradient is the adjoint
-cascade run backwards in time and whose forward-mode derivative is the same
-cascade driven by the tangent.
+Both stages train the equaliser's unconstrained vector
+(`ParametricEQ.to_unconstrained`: the low shelf's logit of `freq / nyquist`
+and inverse softplus of the logit steps to the next sections, the gains in
+dB, inverse softplus of the Qs), from which each loss builds the equaliser
+with `ParametricEQ.with_unconstrained`, so every step, and every point a line
+search tries, is a valid equaliser: frequencies in range and in order, stable
+sections. The equaliser runs as one `sosfilt` cascade, whose gradient is the
+adjoint cascade run backwards in time and whose forward-mode derivative is the
+same cascade driven by the tangent.
 
 Run: `python examples/parameter_estimation/fit_parametric_eq.py` (add
 `--smoke` for a few-second check and `--plot PATH` to save a PNG). Target and
@@ -202,11 +208,20 @@ def main(smoke: bool = False, plot: str | None = None) -> dict:
     # --8<-- [end:losses]
 
     # --8<-- [start:fit]
+    def of_theta(fn):
+        """`fn` of the equaliser built from its unconstrained vector."""
+        return lambda theta: fn(initial.with_unconstrained(jnp.concatenate(theta)))
+
     start = time.perf_counter()
-    eq, losses = lbfgs_fit(spectral_loss, initial, spectral_iterations, "spectral")
-    eq, more = levenberg_marquardt_fit(
-        waveform_residuals, eq, waveform_iterations, "waveform"
+    # the entries of the frequencies, the gains and the Qs, as three arrays
+    theta = jnp.split(initial.to_unconstrained(), 3)
+    theta, losses = lbfgs_fit(
+        of_theta(spectral_loss), theta, spectral_iterations, "spectral"
     )
+    theta, more = levenberg_marquardt_fit(
+        of_theta(waveform_residuals), theta, waveform_iterations, "waveform"
+    )
+    eq = initial.with_unconstrained(jnp.concatenate(theta))
     elapsed = time.perf_counter() - start
     # --8<-- [end:fit]
     losses += more

@@ -3,9 +3,11 @@
 A resonant lowpass `SVF` (cutoff 1.8 kHz, Q 3) colours a mix of plucked
 strings (Karplus-Strong) and a little noise. A second `SVF`, started an octave
 and a half too low and without resonance, learns cutoff and Q with Adam
-(optax) until its output matches the target. The module stores the cutoff as
-a logit of `cutoff / nyquist` and Q through softplus, so every step is a valid
-filter; every gradient runs the SVF's adjoint backwards in time.
+(optax) until its output matches the target. Adam trains the filter's
+unconstrained vector (`SVF.to_unconstrained`: the logit of `cutoff / nyquist`
+and the inverse softplus of Q), from which the loss builds the filter with
+`SVF.with_unconstrained`, so every step is a valid filter; every gradient runs
+the SVF's adjoint backwards in time.
 
 Run: `python examples/parameter_estimation/fit_svf.py` (add `--smoke` for a
 few-second check and `--plot PATH` to save a PNG). Target and fitted audio go
@@ -18,6 +20,7 @@ import time
 import wave
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -104,35 +107,40 @@ def main(smoke: bool = False, plot: str | None = None) -> dict:
     # --8<-- [end:target]
 
     # --8<-- [start:training]
-    model = SVF(cutoff=500.0, q=0.7071, sample_rate=sample_rate)
-    initial = model
+    initial = SVF(cutoff=500.0, q=0.7071, sample_rate=sample_rate)
+    # [logit(cutoff / nyquist), inverse softplus(q)]: any real vector is a
+    # valid filter, so Adam trains this and the loss builds the SVF from it
+    theta = initial.to_unconstrained()
 
-    def loss_fn(model):
+    def loss_fn(theta):
+        model = initial.with_unconstrained(theta)
         return jnp.mean((model(x) - target) ** 2) / jnp.mean(target**2)
 
     optimizer = optax.adam(optax.cosine_decay_schedule(0.05, steps, alpha=0.01))
-    state = optimizer.init(eqx.filter(model, eqx.is_array))
+    state = optimizer.init(theta)
 
     @eqx.filter_jit
-    def step(model, state):
-        loss, grads = eqx.filter_value_and_grad(loss_fn)(model)
+    def step(theta, state):
+        loss, grads = jax.value_and_grad(loss_fn)(theta)
         updates, state = optimizer.update(grads, state)
-        return eqx.apply_updates(model, updates), state, loss
+        return optax.apply_updates(theta, updates), state, loss
 
     # --8<-- [end:training]
 
     losses = []
     start = time.perf_counter()
     for i in range(steps):
-        model, state, loss = step(model, state)
+        theta, state, loss = step(theta, state)
         losses.append(float(loss))
         if i % max(steps // 5, 1) == 0:
+            model = initial.with_unconstrained(theta)
             print(
                 f"step {i:4d}  relative loss {losses[-1]:.3e}  "
                 f"cutoff {float(model.cutoff):7.1f} Hz  q {float(model.q):.3f}"
             )
     elapsed = time.perf_counter() - start
-    final_loss = float(loss_fn(model))
+    model = initial.with_unconstrained(theta)
+    final_loss = float(loss_fn(theta))
 
     cutoff_error = abs(float(model.cutoff / true_filter.cutoff) - 1)
     q_error = abs(float(model.q / true_filter.q) - 1)

@@ -24,6 +24,14 @@ from ..effects._processor import (
 from ..ops import sosfilt
 from ..ops._validate import check_in_range, check_init_range, check_rate
 from ._parametrise import biquad_denominator
+from ._unconstrained import (
+    bounded,
+    field_array,
+    logit,
+    positive,
+    softplus_inverse,
+    unconstrained,
+)
 
 
 Shape = Literal["peak", "lowshelf", "highshelf"]
@@ -67,6 +75,11 @@ def rbj_section(
     freq = check_in_range("freq", as_inexact("freq", freq), 0.0, nyquist)
     gain_db = check_in_range("gain_db", as_inexact("gain_db", gain_db))
     q = check_in_range("q", as_inexact("q", q), 0.0)
+    return _rbj(shape, freq, gain_db, q, sample_rate)
+
+
+def _rbj(shape, freq, gain_db, q, sample_rate):
+    """`rbj_section` of checked values."""
     A = 10.0 ** (gain_db / 40.0)
     w0 = 2.0 * jnp.pi * freq / sample_rate
     cos, alpha = jnp.cos(w0), jnp.sin(w0) / (2.0 * q)
@@ -93,42 +106,48 @@ def rbj_section(
     return jnp.concatenate([b / a[0], jnp.ones((1,), a.dtype), a[1:] / a[0]])
 
 
-def _logit(p):
-    return jnp.log(p) - jnp.log1p(-p)
-
-
-def _inverse_softplus(v):
-    return v + jnp.log(-jnp.expm1(-v))
-
-
 class Biquad(AbstractEffect):
-    """A learnable second-order section that cannot become unstable.
+    r"""A learnable second-order section with a conjugate pole pair.
 
-    The poles are stored as a radius logit and an angle,
-    $r = r_{\\max}\\,\\sigma(\\rho)$, so every optax step keeps them inside
-    the unit circle; the numerator `b` is free.
+    $$H(z) = \frac{b_0 + b_1 z^{-1} + b_2 z^{-2}}
+      {1 - 2 r \cos\theta\, z^{-1} + r^2 z^{-2}}.$$
+
+    The fields are the physical values: the numerator `b`, the pole
+    `radius` $r$ and the pole `angle` $\theta$ in radians, so `eqx.tree_at`
+    replaces them. They are checked when the section runs (also under
+    `jax.jit`): a radius outside $(0, r_{\max})$ or a non-finite value raises
+    an error naming the field.
+
+    To train without leaving the stable region, train the unconstrained
+    vector of `to_unconstrained()` and build the section from it inside the
+    loss with `with_unconstrained`: $r = r_{\max}\,\sigma(\rho)$ from the
+    fourth entry $\rho$, `b` and the angle as they are, so every real vector
+    gives a stable section. ($\rho$ is clipped to $[-15, 15]$ first, where
+    float32 would otherwise round $r$ onto $0$ or $r_{\max}$; there its
+    derivative is 0.)
 
     As an [effect][retrax.effects.AbstractEffect], its five normalised
     parameters are `[b0, b1, b2, radius, angle]` with the ranges of
     `ranges()`: each `b` in $[-4, 4]$, the radius in
-    $[0.01, 0.99\\, r_{\\max}]$, the angle in $[0, \\pi]$ (all linear). It
+    $[0.01, 0.99\, r_{\max}]$, the angle in $[0, \pi]$ (all linear). It
     filters `(time,)` or, channel by channel, `(channels, time)` signals, and
     streams: `zi` is `sosfilt`'s state `(1, 2)` (or `(channels, 1, 2)`).
 
     **Arguments:**
 
-    - `b`: the initial numerator `(3,)`, finite.
-    - `radius`: the initial pole radius in $(0, r_{\\max})$.
-    - `angle`: the initial pole angle in radians, finite.
-    - `max_radius`: the largest reachable pole radius, a Python number in
+    - `b`: the numerator `(3,)`, finite.
+    - `radius`: the pole radius in $(0, r_{\max})$.
+    - `angle`: the pole angle in radians, finite.
+    - `max_radius`: $r_{\max}$, the largest pole radius, a Python number in
       $(0, 1)$ (default 0.999).
 
     Invalid values raise `ValueError` (an error under `jax.jit` if the module
-    is built from traced values).
+    is built from traced values, e.g. an ensemble built by `eqx.filter_vmap`
+    over the constructor).
     """
 
     b: Float[Array, " 3"]
-    raw_radius: Float[Array, ""]
+    radius: Float[Array, ""]
     angle: Float[Array, ""]
     max_radius: float = eqx.field(static=True)
 
@@ -141,25 +160,49 @@ class Biquad(AbstractEffect):
     ):
         if not 0 < max_radius < 1:
             raise ValueError(f"`max_radius` must lie in (0, 1), got {max_radius!r}.")
-        b = jnp.asarray(b, float)
-        if b.shape != (3,):
-            raise ValueError(f"`b` must have 3 coefficients, got shape {b.shape}.")
-        self.b = check_init_range("b", b)
-        radius = check_init_range("radius", jnp.asarray(radius, float), 0.0, max_radius)
-        self.raw_radius = _logit(radius / max_radius)
-        self.angle = check_init_range("angle", jnp.asarray(angle, float))
+        self.b = check_init_range("b", _numerator(b, default_float=True))
+        radius = field_array("radius", radius, default_float=True)
+        self.radius = check_init_range("radius", radius, 0.0, max_radius)
+        angle = field_array("angle", angle, default_float=True)
+        self.angle = check_init_range("angle", angle)
         self.max_radius = float(max_radius)
 
-    @property
-    def radius(self) -> Float[Array, ""]:
-        """The pole radius."""
-        return self.max_radius * jax.nn.sigmoid(self.raw_radius)
+    def _checked(self) -> tuple[Array, Array, Array]:
+        """The numerator, radius and angle, checked at run time to be valid."""
+        b = check_in_range("b", _numerator(self.b))
+        radius = field_array("radius", self.radius)
+        radius = check_in_range("radius", radius, 0.0, self.max_radius)
+        return b, radius, check_in_range("angle", field_array("angle", self.angle))
 
     @property
     def sos(self) -> Float[Array, "1 6"]:
-        """The section as an sos row."""
-        a = biquad_denominator(self.radius, self.angle)
-        return jnp.concatenate([self.b, jnp.ones((1,), a.dtype), a])[None]
+        """The section as an sos row; invalid fields raise (also under
+        `jax.jit`)."""
+        b, radius, angle = self._checked()
+        a = biquad_denominator(radius, angle)
+        return jnp.concatenate([b, jnp.ones((1,), a.dtype), a])[None]
+
+    def to_unconstrained(self) -> Float[Array, " 5"]:
+        r"""The unconstrained vector of this section,
+        $[b_0, b_1, b_2, \operatorname{logit}(r / r_{\max}), \theta]$, the
+        inverse of `with_unconstrained` (entries beyond its clipping
+        do not round-trip). Invalid fields raise (also under
+        `jax.jit`)."""
+        b, radius, angle = self._checked()
+        rho = logit(radius / self.max_radius)
+        return jnp.concatenate([b, jnp.stack([rho, angle])])
+
+    def with_unconstrained(self, theta: Shaped[ArrayLike, " 5"]) -> "Biquad":
+        r"""This section with numerator `theta[:3]`, pole radius
+        $r_{\max}\,\sigma$(`theta[3]`) and pole angle `theta[4]`, from any
+        real `theta` `(5,)`: train `theta` (e.g. with optax) and build the
+        section from it inside the loss, and every step gives a stable
+        section."""
+        theta = unconstrained("theta", theta, 5)
+        radius = self.max_radius * bounded(theta[3])
+        return eqx.tree_at(
+            lambda f: (f.b, f.radius, f.angle), self, (theta[:3], radius, theta[4])
+        )
 
     def ranges(self) -> dict[str, Range]:
         """The normalised parameters' ranges: `b` entries in $[-4, 4]$,
@@ -179,10 +222,8 @@ class Biquad(AbstractEffect):
         """`[b0, b1, b2, radius, angle]` normalised; values outside the
         ranges raise (also under `jax.jit`)."""
         r = self.ranges()
-        parts = [
-            jnp.ravel(r[n].normalised(r[n].check(n, getattr(self, n))))
-            for n in ("b", "radius", "angle")
-        ]
+        values = zip(("b", "radius", "angle"), self._checked(), strict=True)
+        parts = [jnp.ravel(r[n].normalised(r[n].check(n, v))) for n, v in values]
         return jnp.concatenate(parts)
 
     def with_normalised(self, p: Shaped[ArrayLike, " 5"]) -> "Biquad":
@@ -208,6 +249,13 @@ class Biquad(AbstractEffect):
         return _cascade(self.sos, x, zi, return_zf)
 
 
+def _numerator(b, default_float=False):
+    b = field_array("b", b, 1, default_float=default_float)
+    if b.shape != (3,):
+        raise ValueError(f"`b` must have 3 coefficients, got shape {b.shape}.")
+    return b
+
+
 def _cascade(sos, x, zi, return_zf):
     x = signal(x)
     sos = sos.astype(x.dtype)
@@ -226,12 +274,28 @@ def _band_edges(sample_rate: float, sections: int) -> np.ndarray:
 
 
 class ParametricEQ(AbstractEffect):
-    """A parametric equaliser: a low shelf, peaking bands and a high shelf.
+    r"""A parametric equaliser: a low shelf, peaking bands and a high shelf.
 
-    Frequencies are stored as logits of `freq / nyquist`, resonances as
-    inverse softplus of `q`, gains in dB, so every parameter is real and
-    unconstrained and the sections stay valid (and stable) under any optax
-    step. All sections run as one `sosfilt` cascade.
+    RBJ cookbook sections ([`rbj_section`][retrax.filters.rbj_section]), run
+    as one `sosfilt` cascade. The fields are the physical values: the
+    sections' frequencies `freqs` in Hz, low shelf first and high shelf
+    last, their gains `gains_db` in dB and their `qs`, so `eqx.tree_at`
+    replaces them. They are checked when the equaliser runs (also under
+    `jax.jit`): frequencies outside $(0, f_s/2)$ or not strictly increasing,
+    non-finite gains and `qs` that are not $> 0$ raise an error naming the
+    field.
+
+    To train without leaving the valid region, train the unconstrained
+    vector of `to_unconstrained()` and build the equaliser from it inside
+    the loss with `with_unconstrained`: the frequencies are
+    $\frac{f_s}{2}\,\sigma(\ell_k)$ of logits $\ell_k$ that start at the
+    first entry and rise by the softplus of each next one, so they stay in
+    $(0, f_s/2)$ and in increasing order; gains as they are and Qs through
+    softplus. Every real vector gives a valid equaliser of stable sections,
+    short of float32 rounding: the logits are clipped to $[-15, 15]$ before
+    the sigmoid and the other entries below at -15 before softplus (with
+    derivative 0 there), and two sections closer than float32 can tell apart
+    raise when the equaliser runs.
 
     As an [effect][retrax.effects.AbstractEffect], its `3 n` normalised
     parameters are the frequencies, the gains and the Qs (`ranges()`): the
@@ -244,20 +308,21 @@ class ParametricEQ(AbstractEffect):
 
     **Arguments:**
 
-    - `freqs`: the initial frequencies in Hz, low shelf first, high shelf
-      last, peaking bands in between (at least 2 entries).
-    - `gains_db`: the initial gains in dB, same length (default 0 dB).
-    - `qs`: the initial Q of every section (default 0.7071).
+    - `freqs`: the frequencies in Hz, low shelf first, high shelf last,
+      peaking bands in between (at least 2 entries), strictly increasing.
+    - `gains_db`: the gains in dB, same length (default 0 dB).
+    - `qs`: the Q of every section (default 0.7071).
     - `sample_rate`: $f_s$ in Hz, a positive Python number.
 
     Invalid values, and frequencies not in increasing order, raise
     `ValueError` naming the argument (an error under `jax.jit` if the module
-    is built from traced values).
+    is built from traced values, e.g. an ensemble built by `eqx.filter_vmap`
+    over the constructor).
     """
 
-    raw_freqs: Float[Array, " sections"]
+    freqs: Float[Array, " sections"]
     gains_db: Float[Array, " sections"]
-    raw_qs: Float[Array, " sections"]
+    qs: Float[Array, " sections"]
     sample_rate: float = eqx.field(static=True)
 
     def __init__(
@@ -268,51 +333,76 @@ class ParametricEQ(AbstractEffect):
         sample_rate: float | int = 44_100.0,
     ):
         sample_rate = check_rate("sample_rate", sample_rate)
-        freqs = jnp.asarray(freqs, float)
+        freqs = jnp.asarray(freqs)
         n = freqs.shape[0] if freqs.ndim == 1 else 0
-        if n < 2:
-            raise ValueError("`freqs` needs at least a low shelf and a high shelf.")
-        nyquist = sample_rate / 2
-        gains_db = jnp.zeros(n) if gains_db is None else jnp.asarray(gains_db, float)
-        qs = jnp.full(n, 0.7071, float) if qs is None else jnp.asarray(qs, float)
-        if gains_db.shape != (n,) or qs.shape != (n,):
-            raise ValueError("`gains_db` and `qs` need one entry per frequency.")
-        freqs = check_init_range("freqs", freqs, 0.0, nyquist)
-        freqs = _increasing(freqs)
-        gains_db = check_init_range("gains_db", gains_db)
-        qs = check_init_range("qs", qs, 0.0)
-        self.raw_freqs = _logit(freqs / nyquist)
-        self.gains_db = gains_db
-        self.raw_qs = _inverse_softplus(qs)
+        if gains_db is None:
+            gains_db = jnp.zeros(n, float)
+        if qs is None:
+            qs = jnp.full(n, 0.7071, float)
+        freqs, gains_db, qs = _sections(freqs, gains_db, qs, default_float=True)
+        freqs = check_init_range("freqs", freqs, 0.0, sample_rate / 2)
+        self.freqs = _increasing(freqs)
+        self.gains_db = check_init_range("gains_db", gains_db)
+        self.qs = check_init_range("qs", qs, 0.0)
         self.sample_rate = sample_rate
 
     @property
-    def freqs(self) -> Float[Array, " sections"]:
-        """The section frequencies in Hz."""
-        return jax.nn.sigmoid(self.raw_freqs) * (self.sample_rate / 2)
+    def n_sections(self) -> int:
+        """The number of sections."""
+        return int(np.shape(self.freqs)[0])
 
-    @property
-    def qs(self) -> Float[Array, " sections"]:
-        """The section resonances."""
-        return jax.nn.softplus(self.raw_qs)
+    def _checked(self) -> tuple[Array, Array, Array]:
+        """The frequencies, gains and Qs, checked at run time to be valid."""
+        freqs, gains_db, qs = _sections(self.freqs, self.gains_db, self.qs)
+        freqs = check_in_range("freqs", freqs, 0.0, self.sample_rate / 2)
+        freqs = error_if(freqs, jnp.any(jnp.diff(freqs) <= 0), _INCREASING)
+        gains_db = check_in_range("gains_db", gains_db)
+        return freqs, gains_db, check_in_range("qs", qs, 0.0)
 
     @property
     def sos(self) -> Float[Array, "sections 6"]:
-        """The cascade as sos rows."""
-        f, g, q = self.freqs, self.gains_db, self.qs
+        """The cascade as sos rows; invalid fields raise (also under
+        `jax.jit`)."""
+        f, g, q = self._checked()
         shapes = ["lowshelf"] + ["peak"] * (f.shape[0] - 2) + ["highshelf"]
         return jnp.stack(
-            [
-                rbj_section(s, f[i], g[i], q[i], self.sample_rate)
-                for i, s in enumerate(shapes)
-            ]
+            [_rbj(s, f[i], g[i], q[i], self.sample_rate) for i, s in enumerate(shapes)]
+        )
+
+    def to_unconstrained(self) -> Float[Array, " params"]:
+        r"""The unconstrained vector `(3 n,)` of this equaliser, the inverse
+        of `with_unconstrained`: with $\ell_k = \operatorname{logit}(2 f_k /
+        f_s)$, the frequencies' entries $\ell_0$ and
+        $\operatorname{softplus}^{-1}(\ell_k - \ell_{k-1})$ for $k \ge 1$,
+        then the gains in dB, then $\operatorname{softplus}^{-1}(q_k)$.
+        Entries beyond the map's clipping do not round-trip.
+        Invalid fields raise (also under `jax.jit`)."""
+        freqs, gains_db, qs = self._checked()
+        logits = logit(freqs / (self.sample_rate / 2))
+        steps = jnp.concatenate([logits[:1], softplus_inverse(jnp.diff(logits))])
+        return jnp.concatenate([steps, gains_db, softplus_inverse(qs)])
+
+    def with_unconstrained(self, theta: Shaped[ArrayLike, " params"]) -> "ParametricEQ":
+        r"""This equaliser from any real `theta` `(3 n,)`: frequencies
+        $\frac{f_s}{2}\sigma(\ell_k)$ with $\ell_0 = \theta_0$ and
+        $\ell_k = \ell_{k-1} + \operatorname{softplus}(\theta_k)$, so in
+        increasing order; gains `theta[n:2n]` in dB; Qs
+        $\operatorname{softplus}(\theta_{2n+k})$. Train `theta` (e.g. with
+        optax) and build the equaliser from it inside the loss."""
+        n = self.n_sections
+        theta = unconstrained("theta", theta, 3 * n)
+        steps = jnp.concatenate([theta[:1], positive(theta[1:n])])
+        freqs = bounded(jnp.cumsum(steps)) * (self.sample_rate / 2)
+        qs = positive(theta[2 * n :])
+        return eqx.tree_at(
+            lambda e: (e.freqs, e.gains_db, e.qs), self, (freqs, theta[n : 2 * n], qs)
         )
 
     def ranges(self) -> dict[str, Range]:
         """The normalised parameters' ranges: `freqs` (one logarithmic band
         per section, in frequency order; section `k` is `freqs[k]`), `gains_db`
         in $[-18, 18]$ and `qs` in $[0.1, 10]$ (logarithmic)."""
-        edges = _band_edges(self.sample_rate, self.raw_freqs.shape[0])
+        edges = _band_edges(self.sample_rate, self.n_sections)
         bands = {
             f"freqs[{k}]": Range(float(lo), float(hi), log=True)
             for k, (lo, hi) in enumerate(zip(edges[:-1], edges[1:], strict=True))
@@ -325,25 +415,24 @@ class ParametricEQ(AbstractEffect):
     @property
     def n_params(self) -> int:
         """Three per section: frequency, gain and Q."""
-        return 3 * self.raw_freqs.shape[0]
+        return 3 * self.n_sections
 
     def to_normalised(self) -> Float[Array, " params"]:
         """The frequencies, gains and Qs normalised; values outside the
         ranges raise (also under `jax.jit`)."""
         r = self.ranges()
-        n = self.raw_freqs.shape[0]
-        freqs = self.freqs
+        freqs, gains_db, qs = self._checked()
         parts = [
             r[f"freqs[{k}]"].normalised(r[f"freqs[{k}]"].check("freqs", freqs[k]))
-            for k in range(n)
+            for k in range(self.n_sections)
         ]
-        for name in ("gains_db", "qs"):
-            parts.extend(r[name].normalised(r[name].check(name, getattr(self, name))))
+        for name, value in (("gains_db", gains_db), ("qs", qs)):
+            parts.extend(r[name].normalised(r[name].check(name, value)))
         return jnp.stack(parts)
 
     def with_normalised(self, p: Shaped[ArrayLike, " params"]) -> "ParametricEQ":
         """The equaliser with the parameters of `p` `(3 n,)` in $[0, 1]$."""
-        n = self.raw_freqs.shape[0]
+        n = self.n_sections
         p = check_normalised(p, 3 * n)
         r = self.ranges()
         freqs = jnp.stack([r[f"freqs[{k}]"].physical(p[k]) for k in range(n)])
@@ -366,12 +455,27 @@ class ParametricEQ(AbstractEffect):
         return _cascade(self.sos, x, zi, return_zf)
 
 
+_INCREASING = "`freqs` must increase strictly: low shelf, peaking bands, high shelf."
+
+
+def _sections(freqs, gains_db, qs, default_float=False):
+    """The three per-section fields as vectors of one length, at least 2."""
+    freqs = field_array("freqs", freqs, 1, default_float=default_float)
+    n = freqs.shape[0]
+    if n < 2:
+        raise ValueError("`freqs` needs at least a low shelf and a high shelf.")
+    gains_db = field_array("gains_db", gains_db, 1, default_float=default_float)
+    qs = field_array("qs", qs, 1, default_float=default_float)
+    if gains_db.shape != (n,) or qs.shape != (n,):
+        raise ValueError("`gains_db` and `qs` need one entry per frequency.")
+    return freqs, gains_db, qs
+
+
 def _increasing(freqs):
     """`freqs`, checked to increase strictly (a `ValueError` at once for
     concrete values, at run time for traced ones)."""
-    msg = "`freqs` must increase strictly: low shelf, peaking bands, high shelf."
     if isinstance(freqs, jax.core.Tracer):
-        return error_if(freqs, jnp.any(jnp.diff(freqs) <= 0), msg)
+        return error_if(freqs, jnp.any(jnp.diff(freqs) <= 0), _INCREASING)
     if np.any(np.diff(np.asarray(freqs)) <= 0):
-        raise ValueError(msg)
+        raise ValueError(_INCREASING)
     return freqs

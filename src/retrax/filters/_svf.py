@@ -3,7 +3,6 @@
 from typing import Literal
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
@@ -24,6 +23,14 @@ from ..ops._validate import (
     check_rate,
     check_signal,
     check_zi,
+)
+from ._unconstrained import (
+    bounded,
+    field_array,
+    logit,
+    positive,
+    softplus_inverse,
+    unconstrained,
 )
 
 
@@ -138,11 +145,22 @@ def svf(
 
 
 class SVF(AbstractEffect):
-    """A state-variable filter with learnable cutoff and resonance.
+    r"""A state-variable filter with learnable cutoff and resonance.
 
-    The parameters are stored unconstrained so that any optax step keeps them
-    valid: the cutoff as the logit of `cutoff / nyquist` (so it stays in
-    $(0, f_s/2)$) and the resonance as the inverse softplus of `q`.
+    The fields are the physical values: `cutoff` in Hz and the resonance `q`,
+    so `eqx.tree_at(lambda f: f.cutoff, svf, 1_000.0)` sets the cutoff. They
+    are checked when the filter runs (also under `jax.jit`): a cutoff outside
+    $(0, f_s/2)$ or a `q` that is not $> 0$ raises an error naming the
+    field.
+
+    To train without leaving the valid region, train the unconstrained
+    vector of `to_unconstrained()` and build the filter from it inside the
+    loss with `with_unconstrained`:
+    $f_c = \frac{f_s}{2}\,\sigma(\theta_0)$ and
+    $q = \operatorname{softplus}(\theta_1)$, so every real $\theta$ gives a
+    valid filter. ($\theta_0$ is clipped to $[-15, 15]$ and $\theta_1$
+    below at -15 first, where float32 would otherwise round the cutoff onto
+    $0$ or $f_s/2$ and `q` onto 0; there the derivative is 0.)
 
     As an [effect][retrax.effects.AbstractEffect], its normalised parameters
     are `[cutoff, q]` with the ranges of `ranges()`: the cutoff in
@@ -153,17 +171,18 @@ class SVF(AbstractEffect):
 
     **Arguments:**
 
-    - `cutoff`: the initial cutoff in Hz, in $(0, f_s/2)$.
-    - `q`: the initial resonance, > 0.
+    - `cutoff`: the cutoff in Hz, in $(0, f_s/2)$.
+    - `q`: the resonance, > 0.
     - `sample_rate`: $f_s$ in Hz, a positive Python number.
     - `mode`: the response, as in `svf`.
 
     Invalid values raise `ValueError` naming the argument (an error under
-    `jax.jit` if the module is built from traced values).
+    `jax.jit` if the module is built from traced values, e.g. an ensemble
+    built by `eqx.filter_vmap` over the constructor).
     """
 
-    raw_cutoff: Float[Array, ""]
-    raw_q: Float[Array, ""]
+    cutoff: Float[Array, ""]
+    q: Float[Array, ""]
     sample_rate: float = eqx.field(static=True)
     mode: Mode = eqx.field(static=True)
 
@@ -178,23 +197,38 @@ class SVF(AbstractEffect):
             raise ValueError(f"`mode` must be one of {sorted(_MIX)}, got {mode!r}.")
         sample_rate = check_rate("sample_rate", sample_rate)
         nyquist = sample_rate / 2
-        cutoff = check_init_range("cutoff", jnp.asarray(cutoff, float), 0.0, nyquist)
-        ratio = cutoff / nyquist
-        self.raw_cutoff = jnp.log(ratio) - jnp.log1p(-ratio)
-        q = check_init_range("q", jnp.asarray(q, float), 0.0)
-        self.raw_q = q + jnp.log(-jnp.expm1(-q))  # inverse softplus
+        cutoff = field_array("cutoff", cutoff, default_float=True)
+        self.cutoff = check_init_range("cutoff", cutoff, 0.0, nyquist)
+        q = field_array("q", q, default_float=True)
+        self.q = check_init_range("q", q, 0.0)
         self.sample_rate = sample_rate
         self.mode = mode
 
-    @property
-    def cutoff(self) -> Float[Array, ""]:
-        """The cutoff in Hz."""
-        return jax.nn.sigmoid(self.raw_cutoff) * (self.sample_rate / 2)
+    def _checked(self) -> tuple[Array, Array]:
+        """The cutoff and resonance, checked at run time to be valid."""
+        cutoff = check_in_range(
+            "cutoff", field_array("cutoff", self.cutoff), 0.0, self.sample_rate / 2
+        )
+        return cutoff, check_in_range("q", field_array("q", self.q), 0.0)
 
-    @property
-    def q(self) -> Float[Array, ""]:
-        """The resonance."""
-        return jax.nn.softplus(self.raw_q)
+    def to_unconstrained(self) -> Float[Array, " 2"]:
+        r"""The unconstrained vector $\theta$ of this filter:
+        $[\operatorname{logit}(2 f_c / f_s), \operatorname{softplus}^{-1}(q)]$,
+        the inverse of `with_unconstrained` (entries beyond its clipping
+        do not round-trip). Invalid fields raise (also under
+        `jax.jit`)."""
+        cutoff, q = self._checked()
+        return jnp.stack([logit(cutoff / (self.sample_rate / 2)), softplus_inverse(q)])
+
+    def with_unconstrained(self, theta: Shaped[ArrayLike, " 2"]) -> "SVF":
+        r"""This filter with cutoff $\frac{f_s}{2}\sigma(\theta_0)$ and
+        resonance $\operatorname{softplus}(\theta_1)$, from any real
+        `theta` `(2,)`: train `theta` (e.g. with optax) and build the filter
+        from it inside the loss, and every step gives a valid filter."""
+        theta = unconstrained("theta", theta, 2)
+        cutoff = bounded(theta[0]) * (self.sample_rate / 2)
+        q = positive(theta[1])
+        return eqx.tree_at(lambda f: (f.cutoff, f.q), self, (cutoff, q))
 
     def ranges(self) -> dict[str, Range]:
         """The normalised parameters' ranges: `cutoff` in
@@ -214,8 +248,12 @@ class SVF(AbstractEffect):
         """`[cutoff, q]` normalised; values outside the ranges raise (also
         under `jax.jit`)."""
         r = self.ranges()
+        cutoff, q = self._checked()
         return jnp.stack(
-            [r[n].normalised(r[n].check(n, getattr(self, n))) for n in ("cutoff", "q")]
+            [
+                r[n].normalised(r[n].check(n, v))
+                for n, v in (("cutoff", cutoff), ("q", q))
+            ]
         )
 
     def with_normalised(self, p: Shaped[ArrayLike, " 2"]) -> "SVF":
@@ -239,8 +277,9 @@ class SVF(AbstractEffect):
         """Filter `x` `(time,)` or `(channels, time)`; batch with `jax.vmap`.
         With `return_zf`, also the final state (the `zi` of the next block)."""
         x = signal(x)
-        cutoff = self.cutoff.astype(x.dtype)
-        q = self.q.astype(x.dtype)
+        # `svf` checks their values, naming them as the fields are named
+        cutoff = field_array("cutoff", self.cutoff).astype(x.dtype)
+        q = field_array("q", self.q).astype(x.dtype)
 
         def mono(xc, z):
             z = state_leaf("zi", z, (2,), xc.dtype)
