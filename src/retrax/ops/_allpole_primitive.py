@@ -191,18 +191,30 @@ def _scan(a, u, zi, *, adjoint, unroll):
 # ---------------------------------------------------------------- lowering
 
 
+# Up to this many signals the kernel takes its operands time-major, which XLA
+# transposes them to (cheap while they are small, and the kernel then reads
+# each step's lanes in one load); a wider batch stays batch-major, the
+# user's layout, which the kernel reads block by block (XLA's transposes of a
+# wide batch cost several times the filter).
+TIME_MAJOR_BATCH = 64
+
+
 def _kernel_call(a, u, zi, *, adjoint):
     """The compiled kernel on operands with a batch axis in front: `u` of
-    shape `(B, T)`, handed over time-major (XLA lays the operands out so:
-    `[t, b]`, `[t, k, b]` and `[k, b]`, major to minor)."""
-    layouts = [(1, 2, 0) if a.ndim == 3 else (1, 0), (1, 0), (1, 0)]
+    shape `(B, T)`, handed over time-major for a narrow batch (XLA lays the
+    operands out so: `[t, b]`, `[t, k, b]` and `[k, b]`, major to minor) and
+    as they are for a wide one."""
+    batch_major = u.shape[0] > TIME_MAJOR_BATCH
+    layouts = {}
+    if not batch_major:
+        layouts = dict(
+            input_layouts=[(1, 2, 0) if a.ndim == 3 else (1, 0), (1, 0), (1, 0)],
+            output_layouts=(1, 0),
+        )
     call = jax.ffi.ffi_call(
-        _native.ALLPOLE,
-        jax.ShapeDtypeStruct(u.shape, u.dtype),
-        input_layouts=layouts,
-        output_layouts=(1, 0),
+        _native.ALLPOLE, jax.ShapeDtypeStruct(u.shape, u.dtype), **layouts
     )
-    return call(a, u, zi, adjoint=adjoint)
+    return call(a, u, zi, adjoint=adjoint, batch_major=batch_major)
 
 
 # The kernel filters each signal on its own. XLA cannot see that through a
