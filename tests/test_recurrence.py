@@ -373,7 +373,7 @@ def test_primitive_check_grads(dtype, constant):
     ],
 )
 def test_wide_batch_kernel_equals_the_scan(dtype, order):
-    # A batch wider than TIME_MAJOR_BATCH reaches the kernel in its own
+    # A batch (wider than TIME_MAJOR_BATCH) reaches the kernel in its own
     # batch-major layout, in blocked groups of 16, 8, 4, 2 and 1 signals
     # (83 = 5 * 16 + 2 + 1) over blocks of 128 samples (300 is not a
     # multiple): forward and adjoint, constant and per-sample coefficients,

@@ -9,10 +9,11 @@
 // With constant coefficients `a[t, k] = a[k]` in both.
 //
 // The operands arrive in one of two layouts, as the attribute `batch_major`
-// says. Batch-major (the user's `(B, T)`, for a wide batch, which XLA would
-// transpose slowly): sample t of signal b at `b * T + t`, per-sample
-// coefficients at `(b * T + t) * K + k`, constant coefficients and states at
-// `b * K + k`. Time-major (the lowering asks XLA for it for a narrow batch):
+// says. Batch-major (the user's `(B, T)`, which the lowering hands over for a
+// batch, since XLA's transposes of it cost more than the filter): sample t
+// of signal b at `b * T + t`, per-sample coefficients at
+// `(b * T + t) * K + k`, constant coefficients and states at `b * K + k`.
+// Time-major (up to `TIME_MAJOR_BATCH` signals in the lowering, one today):
 // sample t of signal b at `t * B + b`, per-sample coefficients at
 // `(t * K + k) * B + b`, constant coefficients and states at `k * B + b`.
 // The recursion of one signal is a chain of dependent multiply-adds; the
@@ -172,9 +173,9 @@ inline __attribute__((always_inline)) void Blocked(
 }
 
 // Every signal. A batch stored batch-major runs in blocked groups of 16, 8,
-// 4, 2, then 1; one stored time-major (a narrow batch, which XLA transposes
-// cheaply) in groups of 64, 16, 8, 4, 2, then 1 held in registers, straight
-// through its memory (a single signal's layouts coincide).
+// 4, 2, then 1; one stored time-major (and a single signal, whose layouts
+// coincide) in groups of 64, 16, 8, 4, 2, then 1 held in registers, straight
+// through its memory.
 template <typename T, int K, bool per_sample, bool adjoint>
 inline __attribute__((always_inline)) void Batch(const T* a, const T* u,
                                                  const T* zi, T* y,
