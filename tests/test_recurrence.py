@@ -27,6 +27,7 @@ from helpers import (
     time_varying_allpole,
     unchecked,
 )
+from retrax import _native
 from retrax.ops import (
     allpole,
     ballistics,
@@ -37,7 +38,12 @@ from retrax.ops import (
     sosfilt,
     state_space,
 )
-from retrax.ops._allpole_primitive import allpole_p, allpole_recurrence
+from retrax.ops._allpole_primitive import (
+    TIME_MAJOR_BATCH,
+    _scan as _primitive_scan,
+    allpole_p,
+    allpole_recurrence,
+)
 from retrax.ops._recurrence import _recurrence, recurrence
 from retrax.ops._state_space import chunk_length
 
@@ -355,6 +361,46 @@ def test_primitive_check_grads(dtype, constant):
     xs = jnp.stack([jnp.stack([x, 2 * x], 1)] * 3)
     ys = jax.jit(batched)(jnp.stack([a] * 3), xs, jnp.stack([zi] * 3))
     assert_close(ys[2, :, 1], allpole_recurrence(a, 2 * x, zi), rtol=10 * tol)
+
+
+@pytest.mark.parametrize(
+    "dtype, order",
+    [
+        pytest.param(jnp.float64, 1, marks=_SLOW),
+        (jnp.float64, 2),
+        (jnp.float64, 3),
+        pytest.param(jnp.float32, 2, marks=_SLOW),
+    ],
+)
+def test_wide_batch_kernel_equals_the_scan(dtype, order):
+    # A batch (wider than TIME_MAJOR_BATCH) reaches the kernel in its own
+    # batch-major layout, in blocked groups of 16, 8, 4, 2 and 1 signals
+    # (83 = 5 * 16 + 2 + 1) over blocks of 128 samples (300 is not a
+    # multiple): forward and adjoint, constant and per-sample coefficients,
+    # against the pure-JAX lowering.
+    batch, length = 83, 300
+    assert batch > TIME_MAJOR_BATCH
+    rng = np.random.default_rng(40 + order)
+    u = _random(rng, (batch, length), dtype)
+    zi = _random(rng, (batch, order), dtype)
+    constant = jnp.asarray(
+        np.stack([stable_poly(rng, order, 0.95) for _ in range(batch)]), dtype
+    )
+    per_sample = jnp.stack(
+        [_time_varying(rng, length, order, dtype) for _ in range(batch)]
+    )
+    tol = 1e-5 if dtype == jnp.float32 else 1e-12
+    for a in (constant, per_sample):
+        for adjoint in (False, True):
+            run = jax.jit(functools.partial(allpole_recurrence, adjoint=adjoint))
+            if _native.available("allpole"):
+                assert f"@{_native.ALLPOLE}(" in run.lower(a, u, zi).as_text()
+            got = run(a, u, zi)
+            want = jax.jit(
+                functools.partial(_primitive_scan, adjoint=adjoint, unroll=1)
+            )(a, u, zi)
+            scale = float(jnp.max(jnp.abs(want)))
+            assert_close(got, want, rtol=0, atol=tol * scale)
 
 
 def test_saved_residuals_are_inputs_output_and_lags(capsys):

@@ -191,18 +191,32 @@ def _scan(a, u, zi, *, adjoint, unroll):
 # ---------------------------------------------------------------- lowering
 
 
+# Up to this many signals the kernel takes its operands time-major (XLA
+# transposes them to that layout); a batch of more stays batch-major, the
+# user's layout, which the kernel reads block by block. Measured on a 2-core
+# x86 CPU (order 2, T = 44,100, float32), reading in place was as fast or
+# faster from B = 2 on (B = 64: 8.7 against 11.3 ms forward, 29 against
+# 73 ms gradient) and XLA's transposes of a wide batch cost several times the
+# filter; for one signal the two layouts are the same.
+TIME_MAJOR_BATCH = 1
+
+
 def _kernel_call(a, u, zi, *, adjoint):
     """The compiled kernel on operands with a batch axis in front: `u` of
-    shape `(B, T)`, handed over time-major (XLA lays the operands out so:
-    `[t, b]`, `[t, k, b]` and `[k, b]`, major to minor)."""
-    layouts = [(1, 2, 0) if a.ndim == 3 else (1, 0), (1, 0), (1, 0)]
+    shape `(B, T)`, handed over as they are (batch-major) for a batch, and
+    time-major up to `TIME_MAJOR_BATCH` signals (XLA lays the operands out
+    so: `[t, b]`, `[t, k, b]` and `[k, b]`, major to minor)."""
+    batch_major = u.shape[0] > TIME_MAJOR_BATCH
+    layouts = {}
+    if not batch_major:
+        layouts = dict(
+            input_layouts=[(1, 2, 0) if a.ndim == 3 else (1, 0), (1, 0), (1, 0)],
+            output_layouts=(1, 0),
+        )
     call = jax.ffi.ffi_call(
-        _native.ALLPOLE,
-        jax.ShapeDtypeStruct(u.shape, u.dtype),
-        input_layouts=layouts,
-        output_layouts=(1, 0),
+        _native.ALLPOLE, jax.ShapeDtypeStruct(u.shape, u.dtype), **layouts
     )
-    return call(a, u, zi, adjoint=adjoint)
+    return call(a, u, zi, adjoint=adjoint, batch_major=batch_major)
 
 
 # The kernel filters each signal on its own. XLA cannot see that through a
