@@ -24,7 +24,33 @@ def comb_history(u, delay: int, g, zi):
     return jnp.concatenate([zi[::-1], w]), zf
 
 
-class FeedbackDelay(AbstractRangedEffect):
+class AbstractFeedbackDelay(AbstractRangedEffect):
+    """What the feedback delays share: a static loop delay of `delay_samples`
+    and the parameters `feedback` in $[0, 0.95]$ and `mix` in $[0, 1]$.
+    Subclasses are final and implement `__call__`."""
+
+    feedback: Float[Array, ""]
+    mix: Float[Array, ""]
+    delay_samples: int = eqx.field(static=True)
+
+    RANGES = {"feedback": Range(0.0, 0.95), "mix": Range(0.0, 1.0)}
+
+    def __init__(
+        self,
+        feedback: Shaped[ArrayLike, ""] = 0.5,
+        mix: Shaped[ArrayLike, ""] = 0.5,
+        delay_samples: int = 11_025,
+    ):
+        self.delay_samples = check_delay("delay_samples", delay_samples)
+        self.feedback = self.RANGES["feedback"].check_init("feedback", feedback)
+        self.mix = self.RANGES["mix"].check_init("mix", mix)
+
+    def ranges(self) -> dict[str, Range]:
+        """`feedback` in $[0, 0.95]$, `mix` in $[0, 1]$."""
+        return self.RANGES
+
+
+class FeedbackDelay(AbstractFeedbackDelay):
     r"""A feedback delay: echoes every $D$ samples, each `feedback` times the last.
 
     $$w_t = x_t + g\, w_{t-D}, \qquad
@@ -48,26 +74,6 @@ class FeedbackDelay(AbstractRangedEffect):
     last $D$ values of $w$, newest first, shape `(D,)` (or `(channels, D)`).
     Parameters out of range raise an error (also under `jax.jit`).
     """
-
-    feedback: Float[Array, ""]
-    mix: Float[Array, ""]
-    delay_samples: int = eqx.field(static=True)
-
-    RANGES = {"feedback": Range(0.0, 0.95), "mix": Range(0.0, 1.0)}
-
-    def __init__(
-        self,
-        feedback: Shaped[ArrayLike, ""] = 0.5,
-        mix: Shaped[ArrayLike, ""] = 0.5,
-        delay_samples: int = 11_025,
-    ):
-        self.delay_samples = check_delay("delay_samples", delay_samples)
-        self.feedback = self.RANGES["feedback"].check_init("feedback", feedback)
-        self.mix = self.RANGES["mix"].check_init("mix", mix)
-
-    def ranges(self) -> dict[str, Range]:
-        """`feedback` in $[0, 0.95]$, `mix` in $[0, 1]$."""
-        return self.RANGES
 
     def __call__(
         self,

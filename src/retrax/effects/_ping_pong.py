@@ -1,15 +1,13 @@
 """A stereo delay whose echoes alternate between the left and right channels."""
 
-import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from ..ops._validate import check_delay
-from ._feedback_delay import comb_history
-from ._processor import AbstractRangedEffect, Range, output, state_leaf, stereo
+from ._feedback_delay import AbstractFeedbackDelay, comb_history
+from ._processor import output, state_leaf, stereo
 
 
-class PingPongDelay(AbstractRangedEffect):
+class PingPongDelay(AbstractFeedbackDelay):
     r"""A ping-pong delay: two delay lines of $D$ samples that feed each other.
 
     The mono sum $u = (x_L + x_R)/2$ enters the left line; each line's output
@@ -35,26 +33,6 @@ class PingPongDelay(AbstractRangedEffect):
     newest first, shape `(2D,)`. Parameters out of range raise an error
     (also under `jax.jit`).
     """
-
-    feedback: Float[Array, ""]
-    mix: Float[Array, ""]
-    delay_samples: int = eqx.field(static=True)
-
-    RANGES = {"feedback": Range(0.0, 0.95), "mix": Range(0.0, 1.0)}
-
-    def __init__(
-        self,
-        feedback: Shaped[ArrayLike, ""] = 0.5,
-        mix: Shaped[ArrayLike, ""] = 0.5,
-        delay_samples: int = 11_025,
-    ):
-        self.delay_samples = check_delay("delay_samples", delay_samples)
-        self.feedback = self.RANGES["feedback"].check_init("feedback", feedback)
-        self.mix = self.RANGES["mix"].check_init("mix", mix)
-
-    def ranges(self) -> dict[str, Range]:
-        """`feedback` in $[0, 0.95]$, `mix` in $[0, 1]$."""
-        return self.RANGES
 
     def __call__(
         self,
