@@ -369,16 +369,20 @@ def test_primitive_check_grads(dtype, constant):
         pytest.param(jnp.float64, 1, marks=_SLOW),
         (jnp.float64, 2),
         (jnp.float64, 3),
+        (jnp.float64, 4),
+        pytest.param(jnp.float64, 5, marks=_SLOW),  # past the tiled orders
         pytest.param(jnp.float32, 2, marks=_SLOW),
     ],
 )
 def test_wide_batch_kernel_equals_the_scan(dtype, order):
     # A batch (wider than TIME_MAJOR_BATCH) reaches the kernel in its own
-    # batch-major layout, in blocked groups of 16, 8, 4, 2 and 1 signals
-    # (83 = 5 * 16 + 2 + 1) over blocks of 128 samples (300 is not a
-    # multiple): forward and adjoint, constant and per-sample coefficients,
-    # against the pure-JAX lowering.
-    batch, length = 83, 300
+    # batch-major layout: with AVX2, in register tiles of 8 (float32) or 4
+    # (float64) signals by as many samples, the last group partly filled
+    # (83 = 10 * 8 + 3 = 20 * 4 + 3) and the last samples one lane at a time
+    # (301 = 37 * 8 + 5 = 75 * 4 + 1); otherwise in blocked groups of 16, 8,
+    # 4, 2 and 1 signals over blocks of 128 samples. Forward and adjoint,
+    # constant and per-sample coefficients, against the pure-JAX lowering.
+    batch, length = 83, 301
     assert batch > TIME_MAJOR_BATCH
     rng = np.random.default_rng(40 + order)
     u = _random(rng, (batch, length), dtype)
