@@ -60,8 +60,11 @@ def test_status_says_whether_the_ops_use_the_kernels():
         else:
             assert not kernel.active
             assert "not built" in kernel.reason
-    # complex dtypes run the pure-JAX loop on the CPU too
-    assert not _allpole_uses_kernel(jnp.complex128)
+    # the all-pole kernel computes complex dtypes too, the ballistics only
+    # real ones (its switch compares)
+    for dtype in (jnp.complex64, jnp.complex128):
+        assert _allpole_uses_kernel(dtype) == uses["allpole"], dtype
+        assert dtype.__name__ in status["allpole"].reason or not uses["allpole"]
 
 
 def test_disabled_kernels_are_reported_without_a_warning():

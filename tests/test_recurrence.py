@@ -44,6 +44,12 @@ from retrax.ops._allpole_primitive import (
     allpole_p,
     allpole_recurrence,
 )
+from retrax.ops._allpole_lags import (
+    _drive as _lag_drive_reference,
+    _outer as _lag_outer_reference,
+    lag_drive,
+    lag_outer,
+)
 from retrax.ops._recurrence import _recurrence, recurrence
 from retrax.ops._state_space import chunk_length
 
@@ -379,8 +385,8 @@ def test_wide_batch_kernel_equals_the_scan(dtype, order):
     # batch-major layout: with AVX2, in register tiles of 8 (float32) or 4
     # (float64) signals by as many samples, the last group partly filled
     # (83 = 10 * 8 + 3 = 20 * 4 + 3) and the last samples one lane at a time
-    # (301 = 37 * 8 + 5 = 75 * 4 + 1); otherwise in blocked groups of 16, 8,
-    # 4, 2 and 1 signals over blocks of 128 samples. Forward and adjoint,
+    # (301 = 37 * 8 + 5 = 75 * 4 + 1); otherwise in blocked groups of 8, 4
+    # and 1 signals over blocks of 128 samples. Forward and adjoint,
     # constant and per-sample coefficients, against the pure-JAX lowering.
     batch, length = 83, 301
     assert batch > TIME_MAJOR_BATCH
@@ -405,6 +411,58 @@ def test_wide_batch_kernel_equals_the_scan(dtype, order):
             )(a, u, zi)
             scale = float(jnp.max(jnp.abs(want)))
             assert_close(got, want, rtol=0, atol=tol * scale)
+
+
+@pytest.mark.parametrize("dtype", REAL)
+@pytest.mark.parametrize("adjoint", [False, True])
+def test_lag_products_equal_their_expressions(dtype, adjoint):
+    # The coefficients' cotangent (`lag_outer`, a compiled loop on the CPU)
+    # and the drive it transposes, against their XLA expressions: orders 1 to
+    # 5 (past the kernel's fixed orders), signals shorter than the order, one
+    # signal and a batch; and the pair transposes each other, in every operand.
+    rng = np.random.default_rng(50)
+    for order, length, batch in [(1, 7, 3), (2, 33, 5), (3, 2, 2), (5, 19, 0)]:
+        shape = (batch,) if batch else ()
+        ct = _random(rng, (*shape, length), dtype)
+        out = _random(rng, (*shape, length), dtype)
+        zi = _random(rng, (*shape, order), dtype)
+        da = _random(rng, (*shape, length, order), dtype)
+        run = jax.jit(lambda c, o, z: lag_outer(c, o, z, adjoint=adjoint))
+        if _native.available("allpole"):
+            assert f"@{_native.ALLPOLE_LAGS}(" in run.lower(ct, out, zi).as_text()
+        want = _lag_outer_reference(ct, out, zi, adjoint=adjoint)
+        tol = 1e-6 if dtype == jnp.float32 else 1e-15
+        assert_close(run(ct, out, zi), want, rtol=0, atol=tol * float(jnp.max(jnp.abs(want))))
+        assert_close(
+            lag_drive(da, out, zi, adjoint=adjoint),
+            _lag_drive_reference(da, out, zi, adjoint=adjoint),
+            rtol=tol,
+        )
+        # <outer(ct), da> = <ct, drive(da)>, and the transposes in the other
+        # operands (higher orders) are the expressions'
+        assert_close(
+            jnp.vdot(run(ct, out, zi), da),
+            jnp.vdot(ct, lag_drive(da, out, zi, adjoint=adjoint)),
+            rtol=100 * tol,
+        )
+        for f, ref, first in [
+            (lag_drive, _lag_drive_reference, da),
+            (lag_outer, _lag_outer_reference, ct),
+        ]:
+            shape = jax.eval_shape(lambda *v, f=f: f(*v, adjoint=adjoint), first, out, zi)
+            cot = _random(rng, shape.shape, dtype)
+            for argnum in (0, 1, 2):
+                args = [first, out, zi]
+
+                def linear(v, f=f, argnum=argnum, args=args):
+                    return f(*args[:argnum], v, *args[argnum + 1 :], adjoint=adjoint)
+
+                def linear_ref(v, ref=ref, argnum=argnum, args=args):
+                    return ref(*args[:argnum], v, *args[argnum + 1 :], adjoint=adjoint)
+
+                got = jax.linear_transpose(linear, args[argnum])(cot)
+                ref_t = jax.linear_transpose(linear_ref, args[argnum])(cot)
+                assert_close(got[0], ref_t[0], rtol=100 * tol, atol=100 * tol)
 
 
 def test_saved_residuals_are_inputs_output_and_lags(capsys):

@@ -33,12 +33,18 @@ import jax
 LIBRARY = pathlib.Path(__file__).with_name("_kernels.so")
 BALLISTICS = "retrax_ballistics"
 ALLPOLE = "retrax_allpole"
+ALLPOLE_LAGS = "retrax_allpole_lags"
 _DISABLE = "RETRAX_DISABLE_KERNELS"
 
-# Public kernel name -> (XLA FFI target name, symbol of its handler).
+# Public kernel name -> its (XLA FFI target name, symbol of the handler)s.
 _KERNELS = {
-    "ballistics": (BALLISTICS, "RetraxBallistics"),
-    "allpole": (ALLPOLE, "RetraxAllpole"),
+    "ballistics": ((BALLISTICS, "RetraxBallistics"),),
+    "allpole": ((ALLPOLE, "RetraxAllpole"), (ALLPOLE_LAGS, "RetraxAllpoleLags")),
+}
+# The dtypes each kernel computes (others run the pure-JAX loop).
+_DTYPES = {
+    "ballistics": "float32 and float64",
+    "allpole": "float32, float64, complex64 and complex128",
 }
 
 
@@ -49,8 +55,8 @@ class KernelStatus:
     **Fields:**
 
     - `active`: `True` if the kernel is loaded and registered with XLA; ops
-      then use it on the CPU for float32 and float64 (on other devices, and
-      for other dtypes, they run their pure-JAX loop).
+      then use it on the CPU for the dtypes its `reason` names (on other
+      devices, and for other dtypes, they run their pure-JAX loop).
     - `reason`: why it is active or not, in words (for example the library
       is missing because the package was built without a C++ compiler, it
       was disabled with `RETRAX_DISABLE_KERNELS=1`, or XLA refused it).
@@ -98,11 +104,12 @@ def _load() -> dict[str, tuple[bool, str]]:
         return every(f"{LIBRARY.name} could not be loaded: {e}")
     built_for = _built_for(library)
     status = {}
-    for name, (target, symbol) in _KERNELS.items():
+    for name, handlers in _KERNELS.items():
         try:
             jax.devices("cpu")  # registration is checked now, not at first use
-            handler = jax.ffi.pycapsule(getattr(library, symbol))
-            jax.ffi.register_ffi_target(target, handler, platform="cpu")
+            for target, symbol in handlers:
+                handler = jax.ffi.pycapsule(getattr(library, symbol))
+                jax.ffi.register_ffi_target(target, handler, platform="cpu")
         except AttributeError:
             status[name] = (
                 False,
@@ -124,7 +131,7 @@ def _load() -> dict[str, tuple[bool, str]]:
                 True,
                 (
                     f"loaded from {LIBRARY.name} (compiled for {built_for}), used "
-                    "on the CPU for float32 and float64"
+                    f"on the CPU for {_DTYPES[name]}"
                 ),
             )
     return status

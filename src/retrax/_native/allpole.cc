@@ -24,6 +24,7 @@
 // CPUs, the blocked and grouped loops.
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -31,6 +32,27 @@
 namespace ffi = xla::ffi;
 
 namespace {
+
+// complex64 and complex128 as XLA stores them (real, then imaginary part),
+// with the products written out: std::complex's operator* checks for NaNs
+// and infinities (Annex G) on every product, which would dominate the loop.
+// The recursion and its adjoint are complex-linear (the transposed
+// recursion does not conjugate, as JAX's transposes do not).
+template <typename R>
+struct Complex {
+  R re, im;
+  Complex() = default;
+  constexpr Complex(R r, R i = R(0)) : re(r), im(i) {}
+  Complex& operator-=(const Complex& o) {
+    re -= o.re;
+    im -= o.im;
+    return *this;
+  }
+  Complex operator-() const { return {-re, -im}; }
+  friend Complex operator*(const Complex& a, const Complex& b) {
+    return {a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re};
+  }
+};
 
 // One group of W signals starting at lane `first` of a batch of `batch`
 // stored time-major (K > 0: the order at compile time; K == 0: `order` at
@@ -175,10 +197,10 @@ inline __attribute__((always_inline)) void Blocked(
   }
 }
 
-// Every signal. A batch stored batch-major runs in blocked groups of 16, 8,
-// 4, 2, then 1; one stored time-major (and a single signal, whose layouts
-// coincide) in groups of 64, 16, 8, 4, 2, then 1 held in registers, straight
-// through its memory.
+// Every signal. A batch stored batch-major runs in blocked groups of 8, 4,
+// then 1; one stored time-major (a single signal, whose layouts coincide,
+// the only one the lowering hands over so) one signal at a time, held in
+// registers, straight through its memory.
 template <typename T, int K, bool per_sample, bool adjoint>
 inline __attribute__((always_inline)) void Batch(const T* a, const T* u,
                                                  const T* zi, T* y,
@@ -191,10 +213,8 @@ inline __attribute__((always_inline)) void Batch(const T* a, const T* u,
   for (; batch - first >= W; first += W) {                                    \
     Blocked<T, K, W, per_sample, adjoint>(a, u, zi, y, length, first, order); \
   }
-    RETRAX_BLOCKED(16)
     RETRAX_BLOCKED(8)
     RETRAX_BLOCKED(4)
-    RETRAX_BLOCKED(2)
     RETRAX_BLOCKED(1)
 #undef RETRAX_BLOCKED
     return;
@@ -204,11 +224,6 @@ inline __attribute__((always_inline)) void Batch(const T* a, const T* u,
     Group<T, K, W, per_sample, adjoint>(a, u, zi, y, length, batch, first, \
                                         order);                            \
   }
-  RETRAX_GROUPS(64)
-  RETRAX_GROUPS(16)
-  RETRAX_GROUPS(8)
-  RETRAX_GROUPS(4)
-  RETRAX_GROUPS(2)
   RETRAX_GROUPS(1)
 #undef RETRAX_GROUPS
 }
@@ -547,9 +562,11 @@ __attribute__((target("avx2,fma"))) void RunAvx2(const T* a, const T* u,
                                                  bool per_sample,
                                                  bool adjoint,
                                                  bool batch_major) {
-  if (batch_major && batch > 1 &&
-      Tiled<T>(a, u, zi, y, length, batch, order, per_sample, adjoint)) {
-    return;
+  if constexpr (std::is_floating_point_v<T>) {
+    if (batch_major && batch > 1 &&
+        Tiled<T>(a, u, zi, y, length, batch, order, per_sample, adjoint)) {
+      return;
+    }
   }
   Dispatch<T>(a, u, zi, y, length, batch, order, per_sample, adjoint,
               batch_major);
@@ -579,9 +596,11 @@ void Run(const ffi::AnyBuffer& a, const ffi::AnyBuffer& u,
 #ifdef RETRAX_X86
   if (HasAvx2Fma()) run = RunAvx2<T>;
 #endif
-  run(a.typed_data<T>(), u.typed_data<T>(), zi.typed_data<T>(),
-      y->typed_data<T>(), length, batch, order, per_sample, adjoint,
-      batch_major);
+  run(static_cast<const T*>(a.untyped_data()),
+      static_cast<const T*>(u.untyped_data()),
+      static_cast<const T*>(zi.untyped_data()),
+      static_cast<T*>(y->untyped_data()), length, batch, order, per_sample,
+      adjoint, batch_major);
 }
 
 ffi::Error Allpole(ffi::AnyBuffer a, ffi::AnyBuffer u, ffi::AnyBuffer zi,
@@ -621,8 +640,17 @@ ffi::Error Allpole(ffi::AnyBuffer a, ffi::AnyBuffer u, ffi::AnyBuffer zi,
       Run<double>(a, u, zi, y, length, batch, order, per_sample, adjoint,
                   batch_major);
       return ffi::Error::Success();
+    case ffi::DataType::C64:
+      Run<Complex<float>>(a, u, zi, y, length, batch, order, per_sample,
+                          adjoint, batch_major);
+      return ffi::Error::Success();
+    case ffi::DataType::C128:
+      Run<Complex<double>>(a, u, zi, y, length, batch, order, per_sample,
+                           adjoint, batch_major);
+      return ffi::Error::Success();
     default:
-      return ffi::Error::InvalidArgument("allpole: float32 or float64 only");
+      return ffi::Error::InvalidArgument(
+          "allpole: float32, float64, complex64 or complex128 only");
   }
 }
 
@@ -636,3 +664,149 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RetraxAllpole, Allpole,
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<bool>("adjoint")
                                   .Attr<bool>("batch_major"));
+
+// ---------------------------------------------------------------- lags
+//
+// The coefficients' cotangent of the all-pole recursion, one value per
+// sample and lag (`retrax.ops._allpole_lags`): for every signal b,
+//   g[t, k] = -p[t] q[t-k-1],   q[-j-1] = s[j],
+// with p and q of shape (B, T), s of shape (B, K) and g of shape (B, T, K),
+// batch-major. No recursion: a product of shifted copies, written in the
+// order g is stored (XLA's CPU backend interleaves the K shifted copies with
+// scalar index arithmetic, several times slower).
+
+namespace {
+
+template <typename T, int K>
+inline __attribute__((always_inline)) void LagsOf(const T* __restrict__ p,
+                                                  const T* __restrict__ q,
+                                                  const T* __restrict__ s,
+                                                  T* __restrict__ g,
+                                                  int64_t length,
+                                                  int64_t order_) {
+  const int64_t order = K > 0 ? K : order_;
+  const int64_t head = length < order ? length : order;
+  for (int64_t t = 0; t < head; ++t) {
+    for (int64_t k = 0; k < order; ++k) {
+      const int64_t lag = t - k - 1;
+      g[t * order + k] = -p[t] * (lag >= 0 ? q[lag] : s[-lag - 1]);
+    }
+  }
+  for (int64_t t = head; t < length; ++t) {
+    const T pt = -p[t];
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < order; ++k) g[t * order + k] = pt * q[t - k - 1];
+  }
+}
+
+template <typename T>
+inline __attribute__((always_inline)) void LagsBatch(const T* p, const T* q,
+                                                     const T* s, T* g,
+                                                     int64_t length,
+                                                     int64_t batch,
+                                                     int64_t order) {
+  for (int64_t b = 0; b < batch; ++b) {
+    const T* pb = p + b * length;
+    const T* qb = q + b * length;
+    const T* sb = s + b * order;
+    T* gb = g + b * length * order;
+    switch (order) {
+      case 1:
+        LagsOf<T, 1>(pb, qb, sb, gb, length, 1);
+        break;
+      case 2:
+        LagsOf<T, 2>(pb, qb, sb, gb, length, 2);
+        break;
+      case 3:
+        LagsOf<T, 3>(pb, qb, sb, gb, length, 3);
+        break;
+      case 4:
+        LagsOf<T, 4>(pb, qb, sb, gb, length, 4);
+        break;
+      default:
+        LagsOf<T, 0>(pb, qb, sb, gb, length, order);
+    }
+  }
+}
+
+#ifdef RETRAX_X86
+template <typename T>
+__attribute__((target("avx2,fma"))) void LagsAvx2(const T* p, const T* q,
+                                                  const T* s, T* g,
+                                                  int64_t length,
+                                                  int64_t batch,
+                                                  int64_t order) {
+  LagsBatch<T>(p, q, s, g, length, batch, order);
+}
+#endif
+
+template <typename T>
+void LagsPortable(const T* p, const T* q, const T* s, T* g, int64_t length,
+                  int64_t batch, int64_t order) {
+  LagsBatch<T>(p, q, s, g, length, batch, order);
+}
+
+template <typename T>
+void RunLags(const ffi::AnyBuffer& p, const ffi::AnyBuffer& q,
+             const ffi::AnyBuffer& s, ffi::Result<ffi::AnyBuffer>& g,
+             int64_t length, int64_t batch, int64_t order) {
+  auto run = LagsPortable<T>;
+#ifdef RETRAX_X86
+  if (HasAvx2Fma()) run = LagsAvx2<T>;
+#endif
+  run(static_cast<const T*>(p.untyped_data()),
+      static_cast<const T*>(q.untyped_data()),
+      static_cast<const T*>(s.untyped_data()),
+      static_cast<T*>(g->untyped_data()), length, batch, order);
+}
+
+ffi::Error AllpoleLags(ffi::AnyBuffer p, ffi::AnyBuffer q, ffi::AnyBuffer s,
+                       ffi::Result<ffi::AnyBuffer> g) {
+  const auto dims = p.dimensions();
+  const auto s_dims = s.dimensions();
+  if (dims.size() == 0 || s_dims.size() == 0) {
+    return ffi::Error::InvalidArgument("allpole lags: p needs a time axis");
+  }
+  const int64_t length = dims.back();
+  const int64_t order = s_dims.back();
+  const int64_t batch = static_cast<int64_t>(s.element_count()) /
+                        (order > 0 ? order : 1);
+  if (static_cast<int64_t>(p.element_count()) != batch * length ||
+      static_cast<int64_t>(q.element_count()) != batch * length ||
+      static_cast<int64_t>(g->element_count()) != batch * length * order) {
+    return ffi::Error::InvalidArgument(
+        "allpole lags: p, q (B, T), s (B, K) and g (B, T, K) disagree");
+  }
+  const auto type = p.element_type();
+  if (q.element_type() != type || s.element_type() != type ||
+      g->element_type() != type) {
+    return ffi::Error::InvalidArgument("allpole lags: mixed dtypes");
+  }
+  if (length == 0 || order == 0) return ffi::Error::Success();
+  switch (type) {
+    case ffi::DataType::F32:
+      RunLags<float>(p, q, s, g, length, batch, order);
+      return ffi::Error::Success();
+    case ffi::DataType::F64:
+      RunLags<double>(p, q, s, g, length, batch, order);
+      return ffi::Error::Success();
+    case ffi::DataType::C64:
+      RunLags<Complex<float>>(p, q, s, g, length, batch, order);
+      return ffi::Error::Success();
+    case ffi::DataType::C128:
+      RunLags<Complex<double>>(p, q, s, g, length, batch, order);
+      return ffi::Error::Success();
+    default:
+      return ffi::Error::InvalidArgument(
+          "allpole lags: float32, float64, complex64 or complex128 only");
+  }
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RetraxAllpoleLags, AllpoleLags,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());

@@ -17,17 +17,19 @@ Its rules, as JAX's documentation on defining primitives describes:
 - abstract evaluation: the output is typed as `u` (its sharding and the mesh
   axes it varies over inside `shard_map`, which `allpole_recurrence` makes
   the same for every operand);
-- lowering: on the CPU, for float32 and float64, a compiled C++ loop called
-  through the XLA FFI (`retrax._native`, `allpole.cc`) that advances the
-  batch's signals together in SIMD lanes; everywhere else (other devices,
-  complex dtypes, or without the compiled library) the `lax.scan` of the
-  same recursion;
+- lowering: on the CPU, for float32, float64, complex64 and complex128, a
+  compiled C++ loop called through the XLA FFI (`retrax._native`,
+  `allpole.cc`) that advances the batch's signals together in SIMD lanes;
+  everywhere else (other devices, or without the compiled library) the
+  `lax.scan` of the same recursion;
 - batching: the batch goes to the kernel as its leading axis, whichever
   axis `vmap` maps (nested maps merge into one batch axis);
 - JVP: the tangent is the same primitive driven by
-  $\dot u_t - \sum_k \dot a_{t,k} y_{t-k-1}$ (or its adjoint counterpart),
-  and a symbolic zero tangent of `a` skips that term, so a derivative with
-  respect to `u` alone never forms the lagged outputs;
+  $\dot u_t - \sum_k \dot a_{t,k} y_{t-k-1}$ (or its adjoint counterpart;
+  for per-sample coefficients that product is `_allpole_lags.lag_drive_p`,
+  whose transpose, the coefficients' cotangent, is a compiled loop on the
+  CPU), and a symbolic zero tangent of `a` skips that term, so a derivative
+  with respect to `u` alone never forms the lagged outputs;
 - transpose: the forward recursion's transpose is the adjoint one and the
   other way round, on the same kernel; the state's cotangent is a $K \times K$
   read-out of the first (or last) $K$ cotangents.
@@ -60,7 +62,9 @@ from .._errors import varying_axes as _varying_axes
 DEFAULT_UNROLL = 2
 TANGENT_UNROLL = 1
 
-_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_KERNEL_DTYPES = tuple(
+    np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128)
+)
 
 
 def _varying_like(init, *args):
@@ -219,54 +223,60 @@ def _kernel_call(a, u, zi, *, adjoint):
     return call(a, u, zi, adjoint=adjoint, batch_major=batch_major)
 
 
-# The kernel filters each signal on its own. XLA cannot see that through a
+# The kernels filter each signal on its own. XLA cannot see that through a
 # custom call, and would gather a sharded batch onto every device;
-# `custom_partitioning` tells it so: the batch axis keeps its sharding, the
-# time and lag axes are whole on each device, and each device runs the kernel
-# on its own signals.
+# `custom_partitioning` tells it so: the batch axis keeps its sharding, every
+# other axis is whole on each device, and each device runs the kernel on its
+# own signals.
 
 
-def _sharding_rule(mesh, operand_types, result_types):
-    del mesh, result_types
-    a_rank = len(ir.RankedTensorType(operand_types[0]).shape)
-    a = "b t k" if a_rank == 3 else "b k"
-    # the factors that stay whole, in the order the rule first names them
-    whole = ("t", "k") if a_rank == 3 else ("k", "t")
-    return f"{a}, b t, b k -> b t", {"need_replication_factors": whole}
+def batch_partitioned(call, rule):
+    """`call` (on operands with the batch axis in front) partitioned over the
+    batch. `rule(ranks)` gives its Shardy rule from the operands' ranks, with
+    the batch factor named `b` (for example `"b t, b t, b k -> b t k"`)."""
 
+    def sharding_rule(mesh, operand_types, result_types):
+        del mesh, result_types
+        text = rule([len(ir.RankedTensorType(t).shape) for t in operand_types])
+        # the factors that stay whole, in the order the rule first names them
+        whole = dict.fromkeys(f for f in text.replace(",", " ").split() if f.isalpha())
+        whole.pop("b", None)
+        return text, {"need_replication_factors": tuple(whole)}
 
-def _batch_shardings(mesh, arg_shapes):
-    u = arg_shapes[1]
-    spec = tuple(u.sharding.spec) + (None,)
-    batch = spec[0]
+    def shardings(mesh, arg_shapes):
+        batch = (tuple(arg_shapes[1].sharding.spec) + (None,))[0]
 
-    def sharding(x):
-        return NamedSharding(mesh, P(batch, *(None,) * (x.ndim - 1)))
+        def sharding(x):
+            return NamedSharding(mesh, P(batch, *(None,) * (len(x.shape) - 1)))
 
-    return sharding(u), tuple(sharding(x) for x in arg_shapes)
-
-
-@functools.cache
-def _partitioned(adjoint: bool):
-    def call(a, u, zi):
-        return _kernel_call(a, u, zi, adjoint=adjoint)
+        return sharding, tuple(sharding(x) for x in arg_shapes)
 
     def partition(mesh, arg_shapes, result_shape):
-        del result_shape
-        out, args = _batch_shardings(mesh, arg_shapes)
-        return mesh, call, out, args
+        sharding, args = shardings(mesh, arg_shapes)
+        return mesh, call, sharding(result_shape), args
 
     def infer(mesh, arg_shapes, result_shape):
-        del result_shape
-        return _batch_shardings(mesh, arg_shapes)[0]
+        return shardings(mesh, arg_shapes)[0](result_shape)
 
     wrapped = custom_partitioning(call)
     wrapped.def_partition(
         partition=partition,
         infer_sharding_from_operands=infer,
-        sharding_rule=_sharding_rule,
+        sharding_rule=sharding_rule,
     )
     return wrapped
+
+
+def _allpole_rule(ranks):
+    return ("b t k" if ranks[0] == 3 else "b k") + ", b t, b k -> b t"
+
+
+@functools.cache
+def _partitioned(adjoint: bool):
+    def call(a, u, zi):  # positional only: custom_partitioning binds no keywords
+        return _kernel_call(a, u, zi, adjoint=adjoint)
+
+    return batch_partitioned(call, _allpole_rule)
 
 
 def _kernel(a, u, zi, *, adjoint, partitioned):
@@ -278,15 +288,22 @@ def _kernel(a, u, zi, *, adjoint, partitioned):
     return _kernel_call(a, u, zi, adjoint=adjoint)
 
 
-def _kernel_lowering(ctx, a, u, zi, *, adjoint, unroll):
-    del unroll
-    # Partitioning matters only in a program over several devices.
+def partitioned_program(ctx) -> bool:
+    """Whether a lowering is for a program over several devices (where a
+    kernel needs its batch partitioned)."""
     axis_context = ctx.module_context.axis_context
     devices = getattr(axis_context, "num_devices", None)
     if devices is None:  # inside shard_map, or a mesh of its own
         devices = getattr(getattr(axis_context, "mesh", None), "size", 2)
+    return devices > 1
+
+
+def _kernel_lowering(ctx, a, u, zi, *, adjoint, unroll):
+    del unroll
     rule = mlir.lower_fun(
-        functools.partial(_kernel, adjoint=adjoint, partitioned=devices > 1),
+        functools.partial(
+            _kernel, adjoint=adjoint, partitioned=partitioned_program(ctx)
+        ),
         multiple_results=False,
     )
     return rule(ctx, a, u, zi)
@@ -332,7 +349,7 @@ batching.primitive_batchers[allpole_p] = _batch
 # ---------------------------------------------------------------- JVP
 
 
-def _lagged(values, state, k, adjoint):
+def lagged(values, state, k, adjoint):
     """`values` delayed by k + 1 steps (forward: $y_{t-k-1}$ with the state
     before the start) or advanced (adjoint: $w_{s+k+1}$ with the state past
     the end), along the last axis."""
@@ -350,28 +367,17 @@ def _lagged(values, state, k, adjoint):
     return full[..., order - k - 1 : order - k - 1 + length]
 
 
-def _advanced(values, k):
-    """`out[..., s] = values[..., s + k + 1]`, zero past the end."""
-    length = values.shape[-1]
-    tail = values[..., k + 1 :]
-    pad = [(0, 0)] * (values.ndim - 1) + [(0, length - tail.shape[-1])]
-    return jnp.pad(tail, pad)
-
-
 def _coefficient_drive(da, out, zi, adjoint):
     """The tangent's drive from the coefficients' tangent `da`:
     $-\\sum_k \\dot a_{t,k} y_{t-k-1}$ (forward) or
     $-\\sum_k \\dot a_{s+k+1,k} w_{s+k+1}$ (adjoint)."""
-    order = zi.shape[-1]
-    per_sample = da.ndim == out.ndim + 1
+    if da.ndim == out.ndim + 1:  # per sample: see `_allpole_lags`
+        from ._allpole_lags import lag_drive
+
+        return lag_drive(da, out, zi, adjoint=adjoint)
     drive = jnp.zeros_like(out)
-    for k in range(order):
-        if per_sample and adjoint:  # zero past the end: the state is not read
-            drive = drive - _advanced(da[..., k] * out, k)
-        elif per_sample:
-            drive = drive - da[..., k] * _lagged(out, zi, k, adjoint)
-        else:
-            drive = drive - da[..., k, None] * _lagged(out, zi, k, adjoint)
+    for k in range(zi.shape[-1]):
+        drive = drive - da[..., k, None] * lagged(out, zi, k, adjoint)
     return drive
 
 

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from . import _allpole_lags as _allpole_lags  # registers the derivative's primitives
 from ._allpole_primitive import (
     DEFAULT_UNROLL as DEFAULT_UNROLL,
     TANGENT_UNROLL as TANGENT_UNROLL,

@@ -1,0 +1,237 @@
+r"""The lagged products of the all-pole recursion's derivative, as a pair of
+primitives that transpose each other.
+
+The tangent of the all-pole recursion (`allpole_p`) with per-sample
+coefficients is the same recursion driven by
+
+- forward: $d_t = -\sum_k \dot a_{t,k}\, y_{t-k-1}$, with $y_{-k-1} = z_k$;
+- adjoint: $d_s = -\sum_k \dot a_{s+k+1,k}\, w_{s+k+1}$, zero past the end;
+
+linear in $\dot a$ (`lag_drive_p`). Reverse mode transposes it, which gives
+the coefficients' cotangent, one value per sample and lag (`lag_outer_p`):
+
+- forward: $\bar a_{t,k} = -\bar d_t\, y_{t-k-1}$;
+- adjoint: $\bar a_{t,k} = -w_t\, \bar d_{t-k-1}$, zero for $t \le k$.
+
+Written as XLA operations, this cotangent interleaves $K$ shifted copies of a
+signal along the last axis, which XLA's CPU backend compiles to a loop of
+scalar index arithmetic costing more than the recursion itself; on the CPU
+`lag_outer_p` runs a compiled loop instead (`allpole.cc`, for the dtypes of
+the recursion's kernel). Everything else (the drive, other devices and dtypes, and
+both primitives' derivatives of every order) is the XLA expression, so the
+two primitives only change where the numbers are computed.
+
+Operands: the coefficients' tangent `da` (or the cotangent produced) of
+shape `(T, K)` or `(B, T, K)`, a signal (`out`, or `ct`) of shape `(T,)` or
+`(B, T)`, and the state `zi` of shape `(K,)` or `(B, K)`.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from .. import _native
+from jax._src import dispatch as _dispatch  # no public hook for this yet
+
+from ._allpole_primitive import (
+    _KERNEL_DTYPES,
+    _varying_like,
+    batch_partitioned,
+    lagged,
+    partitioned_program,
+)
+
+
+def _advanced(values, k):
+    """`out[..., s] = values[..., s + k + 1]`, zero past the end."""
+    length = values.shape[-1]
+    tail = values[..., k + 1 :]
+    pad = [(0, 0)] * (values.ndim - 1) + [(0, length - tail.shape[-1])]
+    return jnp.pad(tail, pad)
+
+
+def _drive(da, out, zi, *, adjoint):
+    """$-\\sum_k \\dot a_{t,k} y_{t-k-1}$ (forward) or
+    $-\\sum_k \\dot a_{s+k+1,k} w_{s+k+1}$ (adjoint), as XLA operations."""
+    drive = jnp.zeros_like(out)
+    for k in range(zi.shape[-1]):
+        if adjoint:  # zero past the end: the state is not read
+            drive = drive - _advanced(da[..., k] * out, k)
+        else:
+            drive = drive - da[..., k] * lagged(out, zi, k, adjoint=False)
+    return drive
+
+
+def _outer(ct, out, zi, *, adjoint):
+    """The transpose of `_drive` in `da`, as XLA operations."""
+    order = zi.shape[-1]
+    if adjoint:  # -w_t ct_{t-k-1}, zero before the start
+        zeros = jnp.zeros_like(zi)
+        cols = [-out * lagged(ct, zeros, k, adjoint=False) for k in range(order)]
+    else:
+        cols = [-ct * lagged(out, zi, k, adjoint=False) for k in range(order)]
+    return jnp.stack(cols, axis=-1)
+
+
+# ---------------------------------------------------------------- batching
+
+
+def _batch(prim, args, dims, *, adjoint):
+    """The batch in front as one leading axis (nested maps merge into it),
+    whichever axis `vmap` maps."""
+    size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not None)
+    args = [
+        jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
+        for x, d in zip(args, dims, strict=True)
+    ]
+    signal = args[1]
+    inner = signal.shape[1:-1]
+    if inner:
+        args = [x.reshape(size * inner[0], *x.shape[2:]) for x in args]
+    out = prim.bind(*args, adjoint=adjoint)
+    return out.reshape(size, *inner, *out.shape[1:]), 0
+
+
+_REFERENCES = {}
+
+
+def _primitive(name, reference, abstract_eval):
+    prim = Primitive(name)
+    _REFERENCES[prim] = reference
+
+    @functools.cache
+    def compiled(adjoint):
+        return jax.jit(lambda *args: prim.bind(*args, adjoint=adjoint))
+
+    prim.def_impl(lambda *args, adjoint: compiled(adjoint)(*args))
+    prim.def_abstract_eval(abstract_eval)
+    mlir.register_lowering(prim, mlir.lower_fun(reference, multiple_results=False))
+
+    def jvp(primals, tangents, *, adjoint):
+        # Bilinear in the first operand and the pair (signal, state).
+        first, out, zi = primals
+        dfirst, dout, dzi = tangents
+        value = prim.bind(first, out, zi, adjoint=adjoint)
+        terms = []
+        if type(dfirst) is not ad.Zero:
+            terms.append(prim.bind(dfirst, out, zi, adjoint=adjoint))
+        if type(dout) is not ad.Zero or type(dzi) is not ad.Zero:
+            dout, dzi = (ad.instantiate_zeros(t) for t in (dout, dzi))
+            terms.append(prim.bind(first, dout, dzi, adjoint=adjoint))
+        if not terms:
+            return value, ad.Zero.from_primal_value(value)
+        return value, functools.reduce(jnp.add, terms)
+
+    ad.primitive_jvps[prim] = jvp
+    batching.primitive_batchers[prim] = functools.partial(_batch, prim)
+    return prim
+
+
+def _drive_abstract_eval(da, out, zi, *, adjoint):
+    del da, zi, adjoint
+    return out.update(weak_type=False)
+
+
+def _outer_abstract_eval(ct, out, zi, *, adjoint):
+    del out, adjoint
+    return ct.update(shape=ct.shape + zi.shape[-1:], weak_type=False)
+
+
+lag_drive_p = _primitive("allpole_lag_drive", _drive, _drive_abstract_eval)
+lag_outer_p = _primitive("allpole_lag_outer", _outer, _outer_abstract_eval)
+
+
+def lag_drive(da, out, zi, *, adjoint: bool):
+    """Bind `lag_drive_p` (see the module docstring)."""
+    da, out, zi = (_varying_like(v, da, out, zi) for v in (da, out, zi))
+    return lag_drive_p.bind(da, out, zi, adjoint=bool(adjoint))
+
+
+def lag_outer(ct, out, zi, *, adjoint: bool):
+    """Bind `lag_outer_p` (see the module docstring)."""
+    ct, out, zi = (_varying_like(v, ct, out, zi) for v in (ct, out, zi))
+    return lag_outer_p.bind(ct, out, zi, adjoint=bool(adjoint))
+
+
+# ---------------------------------------------------------------- transpose
+
+
+def _transpose_rule(prim, partner):
+    """Transposes `prim` in its first operand by `partner`; in the others
+    (as in higher orders) by transposing the XLA expression."""
+
+    def transpose(ct, first, out, zi, *, adjoint):
+        linear = [ad.is_undefined_primal(v) for v in (first, out, zi)]
+        if type(ct) is ad.Zero:
+            return [ad.Zero(v.aval) if u else None for v, u in zip((first, out, zi), linear, strict=True)]
+        if linear[0] and not any(linear[1:]):
+            return [partner(ct, out, zi, adjoint=adjoint), None, None]
+        if linear[0]:
+            raise NotImplementedError(f"{prim.name} is bilinear, not linear")
+        reference = _REFERENCES[prim]
+        avals = [v.aval for v, u in zip((out, zi), linear[1:], strict=True) if u]
+
+        def known_first(*args):
+            it = iter(args)
+            full = [next(it) if u else v for v, u in zip((out, zi), linear[1:], strict=True)]
+            return reference(first, *full, adjoint=adjoint)
+
+        cts = iter(jax.linear_transpose(known_first, *avals)(ct))
+        return [None] + [next(cts) if u else None for u in linear[1:]]
+
+    ad.primitive_transposes[prim] = transpose
+
+
+_transpose_rule(lag_drive_p, lag_outer)
+_transpose_rule(lag_outer_p, lag_drive)
+
+
+# ---------------------------------------------------------------- the kernel
+
+
+def _outer_kernel_call(ct, out, zi, *, adjoint):
+    """`lag_outer_p` on the compiled kernel, for a batch `(B, T)`: it computes
+    $g_{t,k} = -p_t\\, q_{t-k-1}$ with $q_{-j-1} = s_j$."""
+    p, q, state = (out, ct, jnp.zeros_like(zi)) if adjoint else (ct, out, zi)
+    call = jax.ffi.ffi_call(
+        _native.ALLPOLE_LAGS,
+        jax.ShapeDtypeStruct(ct.shape + zi.shape[-1:], ct.dtype),
+    )
+    return call(p, q, state)
+
+
+@functools.cache
+def _outer_partitioned(adjoint: bool):
+    def call(ct, out, zi):  # positional only: custom_partitioning binds no keywords
+        return _outer_kernel_call(ct, out, zi, adjoint=adjoint)
+
+    return batch_partitioned(call, lambda ranks: "b t, b t, b k -> b t k")
+
+
+def _outer_kernel(ct, out, zi, *, adjoint, partitioned):
+    if ct.ndim == 1:
+        return _outer_kernel(ct[None], out[None], zi[None], adjoint=adjoint, partitioned=False)[0]
+    if partitioned:
+        return _outer_partitioned(adjoint)(ct, out, zi)
+    return _outer_kernel_call(ct, out, zi, adjoint=adjoint)
+
+
+def _outer_cpu_lowering(ctx, ct, out, zi, *, adjoint):
+    if ctx.avals_in[0].dtype in _KERNEL_DTYPES and _native.available("allpole"):
+        rule = mlir.lower_fun(
+            functools.partial(
+                _outer_kernel, adjoint=adjoint, partitioned=partitioned_program(ctx)
+            ),
+            multiple_results=False,
+        )
+        return rule(ctx, ct, out, zi)
+    return mlir.lower_fun(functools.partial(_outer, adjoint=adjoint), multiple_results=False)(ctx, ct, out, zi)
+
+
+# The CPU lowering may partition the kernel's batch over the program's
+# devices (`custom_partitioning`), which needs them known while lowering.
+_dispatch.prim_requires_devices_during_lowering.add(lag_outer_p)
+mlir.register_lowering(lag_outer_p, _outer_cpu_lowering, platform="cpu")
