@@ -23,7 +23,12 @@
 // (register tiles transposed in place); other batches and orders, and other
 // CPUs, the blocked and grouped loops.
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <memory>
+#include <thread>
+#include <utility>
 #include <type_traits>
 #include <vector>
 
@@ -587,25 +592,73 @@ void RunPortable(const T* a, const T* u, const T* zi, T* y, int64_t length,
               batch_major);
 }
 
+// A wide batch is split into chunks of kChunk signals (contiguous in the
+// batch-major layout, each a batch of its own), filtered by the calling
+// thread and XLA's intra-op thread pool together: past the cache, a batch
+// streams from memory, and the cores share that. Each participant claims
+// the next chunk until none is left; the caller returns when every chunk is
+// done. A task that starts after the last chunk was claimed finds nothing to
+// do (the counters it reads are shared, not the caller's), so the wait never
+// depends on a task the pool has not started.
+constexpr int64_t kChunk = 16;
+
+template <typename F>
+void ParallelChunks(ffi::ThreadPool& pool, int64_t batch, const F& body) {
+  const int64_t chunks = (batch + kChunk - 1) / kChunk;
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), chunks - 1);
+  if (helpers <= 0) {
+    body(0, batch);
+    return;
+  }
+  struct Counters {
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> done{0};
+  };
+  auto counters = std::make_shared<Counters>();
+  auto work = [counters, chunks, batch, &body]() {
+    for (int64_t c; (c = counters->next.fetch_add(1)) < chunks;) {
+      const int64_t first = c * kChunk;
+      body(first, std::min(batch - first, kChunk));
+      counters->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  for (int64_t i = 0; i < helpers; ++i) {
+    auto task = work;  // the pool takes its own copy
+    pool.Schedule(std::move(task));
+  }
+  work();
+  while (counters->done.load(std::memory_order_acquire) < chunks) {
+    std::this_thread::yield();
+  }
+}
+
 template <typename T>
-void Run(const ffi::AnyBuffer& a, const ffi::AnyBuffer& u,
-         const ffi::AnyBuffer& zi, ffi::Result<ffi::AnyBuffer>& y,
-         int64_t length, int64_t batch, int64_t order, bool per_sample,
-         bool adjoint, bool batch_major) {
+void Run(ffi::ThreadPool& pool, const ffi::AnyBuffer& a,
+         const ffi::AnyBuffer& u, const ffi::AnyBuffer& zi,
+         ffi::Result<ffi::AnyBuffer>& y, int64_t length, int64_t batch,
+         int64_t order, bool per_sample, bool adjoint, bool batch_major) {
   auto run = RunPortable<T>;
 #ifdef RETRAX_X86
   if (HasAvx2Fma()) run = RunAvx2<T>;
 #endif
-  run(static_cast<const T*>(a.untyped_data()),
-      static_cast<const T*>(u.untyped_data()),
-      static_cast<const T*>(zi.untyped_data()),
-      static_cast<T*>(y->untyped_data()), length, batch, order, per_sample,
-      adjoint, batch_major);
+  const T* a_ = static_cast<const T*>(a.untyped_data());
+  const T* u_ = static_cast<const T*>(u.untyped_data());
+  const T* zi_ = static_cast<const T*>(zi.untyped_data());
+  T* y_ = static_cast<T*>(y->untyped_data());
+  if (!batch_major) {  // one signal (the layouts coincide)
+    run(a_, u_, zi_, y_, length, batch, order, per_sample, adjoint, false);
+    return;
+  }
+  const int64_t a_stride = per_sample ? length * order : order;
+  ParallelChunks(pool, batch, [&](int64_t first, int64_t count) {
+    run(a_ + first * a_stride, u_ + first * length, zi_ + first * order,
+        y_ + first * length, length, count, order, per_sample, adjoint, true);
+  });
 }
 
-ffi::Error Allpole(ffi::AnyBuffer a, ffi::AnyBuffer u, ffi::AnyBuffer zi,
-                   ffi::Result<ffi::AnyBuffer> y, bool adjoint,
-                   bool batch_major) {
+ffi::Error Allpole(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer u,
+                   ffi::AnyBuffer zi, ffi::Result<ffi::AnyBuffer> y,
+                   bool adjoint, bool batch_major) {
   const auto dims = u.dimensions();
   const auto zi_dims = zi.dimensions();
   if (dims.size() == 0 || zi_dims.size() == 0) {
@@ -633,19 +686,19 @@ ffi::Error Allpole(ffi::AnyBuffer a, ffi::AnyBuffer u, ffi::AnyBuffer zi,
   if (length == 0) return ffi::Error::Success();
   switch (type) {
     case ffi::DataType::F32:
-      Run<float>(a, u, zi, y, length, batch, order, per_sample, adjoint,
+      Run<float>(pool, a, u, zi, y, length, batch, order, per_sample, adjoint,
                  batch_major);
       return ffi::Error::Success();
     case ffi::DataType::F64:
-      Run<double>(a, u, zi, y, length, batch, order, per_sample, adjoint,
+      Run<double>(pool, a, u, zi, y, length, batch, order, per_sample, adjoint,
                   batch_major);
       return ffi::Error::Success();
     case ffi::DataType::C64:
-      Run<Complex<float>>(a, u, zi, y, length, batch, order, per_sample,
+      Run<Complex<float>>(pool, a, u, zi, y, length, batch, order, per_sample,
                           adjoint, batch_major);
       return ffi::Error::Success();
     case ffi::DataType::C128:
-      Run<Complex<double>>(a, u, zi, y, length, batch, order, per_sample,
+      Run<Complex<double>>(pool, a, u, zi, y, length, batch, order, per_sample,
                            adjoint, batch_major);
       return ffi::Error::Success();
     default:
@@ -658,6 +711,7 @@ ffi::Error Allpole(ffi::AnyBuffer a, ffi::AnyBuffer u, ffi::AnyBuffer zi,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RetraxAllpole, Allpole,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
@@ -747,20 +801,26 @@ void LagsPortable(const T* p, const T* q, const T* s, T* g, int64_t length,
 }
 
 template <typename T>
-void RunLags(const ffi::AnyBuffer& p, const ffi::AnyBuffer& q,
-             const ffi::AnyBuffer& s, ffi::Result<ffi::AnyBuffer>& g,
-             int64_t length, int64_t batch, int64_t order) {
+void RunLags(ffi::ThreadPool& pool, const ffi::AnyBuffer& p,
+             const ffi::AnyBuffer& q, const ffi::AnyBuffer& s,
+             ffi::Result<ffi::AnyBuffer>& g, int64_t length, int64_t batch,
+             int64_t order) {
   auto run = LagsPortable<T>;
 #ifdef RETRAX_X86
   if (HasAvx2Fma()) run = LagsAvx2<T>;
 #endif
-  run(static_cast<const T*>(p.untyped_data()),
-      static_cast<const T*>(q.untyped_data()),
-      static_cast<const T*>(s.untyped_data()),
-      static_cast<T*>(g->untyped_data()), length, batch, order);
+  const T* p_ = static_cast<const T*>(p.untyped_data());
+  const T* q_ = static_cast<const T*>(q.untyped_data());
+  const T* s_ = static_cast<const T*>(s.untyped_data());
+  T* g_ = static_cast<T*>(g->untyped_data());
+  ParallelChunks(pool, batch, [&](int64_t first, int64_t count) {
+    run(p_ + first * length, q_ + first * length, s_ + first * order,
+        g_ + first * length * order, length, count, order);
+  });
 }
 
-ffi::Error AllpoleLags(ffi::AnyBuffer p, ffi::AnyBuffer q, ffi::AnyBuffer s,
+ffi::Error AllpoleLags(ffi::ThreadPool pool, ffi::AnyBuffer p,
+                       ffi::AnyBuffer q, ffi::AnyBuffer s,
                        ffi::Result<ffi::AnyBuffer> g) {
   const auto dims = p.dimensions();
   const auto s_dims = s.dimensions();
@@ -785,16 +845,16 @@ ffi::Error AllpoleLags(ffi::AnyBuffer p, ffi::AnyBuffer q, ffi::AnyBuffer s,
   if (length == 0 || order == 0) return ffi::Error::Success();
   switch (type) {
     case ffi::DataType::F32:
-      RunLags<float>(p, q, s, g, length, batch, order);
+      RunLags<float>(pool, p, q, s, g, length, batch, order);
       return ffi::Error::Success();
     case ffi::DataType::F64:
-      RunLags<double>(p, q, s, g, length, batch, order);
+      RunLags<double>(pool, p, q, s, g, length, batch, order);
       return ffi::Error::Success();
     case ffi::DataType::C64:
-      RunLags<Complex<float>>(p, q, s, g, length, batch, order);
+      RunLags<Complex<float>>(pool, p, q, s, g, length, batch, order);
       return ffi::Error::Success();
     case ffi::DataType::C128:
-      RunLags<Complex<double>>(p, q, s, g, length, batch, order);
+      RunLags<Complex<double>>(pool, p, q, s, g, length, batch, order);
       return ffi::Error::Success();
     default:
       return ffi::Error::InvalidArgument(
@@ -806,6 +866,7 @@ ffi::Error AllpoleLags(ffi::AnyBuffer p, ffi::AnyBuffer q, ffi::AnyBuffer s,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RetraxAllpoleLags, AllpoleLags,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
