@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 
@@ -115,6 +116,13 @@ def main(argv=None):
     parser.add_argument("--batches", default="1,8", help="comma-separated")
     parser.add_argument("--calls", type=int, default=3, help="calls per process")
     parser.add_argument(
+        "--runs",
+        type=int,
+        default=3,
+        help="processes per case: the table gives their median peak and range "
+        "(one process's peak RSS varies by tens of MiB from run to run)",
+    )
+    parser.add_argument(
         "--paths", default="kernel,scan", help="kernel, scan or both (comma)"
     )
     parser.add_argument(
@@ -143,7 +151,8 @@ def main(argv=None):
     )
     lines = [
         f"allpole gradient (x, a, zi), order 2, float32, T = {args.length:,}; "
-        f"peak RSS of one process per case (`ru_maxrss`), {args.calls} calls each"
+        f"peak RSS of one process per case (`ru_maxrss`; median and range of "
+        f"{args.runs} processes), {args.calls} calls each"
         + (", eager (no `jax.jit`)" if args.eager else ", jitted"),
         "",
         head,
@@ -153,24 +162,42 @@ def main(argv=None):
     results = []
     for batch in batches:
         for path in paths:
-            for tree, src in trees:
-                r = run_case(
-                    batch, args.length, args.calls, src, path == "kernel", args.eager
-                )
+            # the trees alternate run by run, so load changes hit them alike
+            runs = {tree: [] for tree, _ in trees}
+            for _ in range(args.runs):
+                for tree, src in trees:
+                    runs[tree].append(
+                        run_case(
+                            batch,
+                            args.length,
+                            args.calls,
+                            src,
+                            path == "kernel",
+                            args.eager,
+                        )
+                    )
+            for tree, _ in trees:
+                r = runs[tree][0]
+                peaks = sorted(run["peak_mib"] for run in runs[tree])
+                peak = f"{statistics.median(peaks):.0f}"
+                if len(peaks) > 1:
+                    peak += f" ({peaks[0]:.0f}-{peaks[-1]:.0f})"
                 temp = r.get("temp_size_in_bytes")
                 io = (r.get("argument_size_in_bytes") or 0) + (
                     r.get("output_size_in_bytes") or 0
                 )
                 line = (
-                    f"| B={batch} {path} | {tree} | {r['peak_mib']:.0f} | "
+                    f"| B={batch} {path} | {tree} | {peak} | "
                     + (f"{temp / MIB:.1f}" if temp is not None else "-")
                     + f" | {io / MIB:.1f} | {'yes' if r.get('kernel') else 'no'} |"
                 )
-                if not r.get("finite", True):
+                if not all(run.get("finite", True) for run in runs[tree]):
                     line += " (non-finite gradient)"
                 print(line, flush=True)
                 lines.append(line)
-                results.append({"B": batch, "path": path, "tree": tree, **r})
+                results.append(
+                    {"B": batch, "path": path, "tree": tree, "peaks": peaks, **r}
+                )
     if args.markdown:
         pathlib.Path(args.markdown).write_text("\n".join(lines) + "\n")
     return results

@@ -28,6 +28,10 @@ loop, its gradient against the loop's forward, its per-signal cost at the
 largest batch against B = 8, and the rows where a peer beats retrax by more
 than 5%.
 
+Each repeat takes the median of `--number` calls of every case and library,
+or of as many as fit in about `--budget` seconds when fewer (a B = 512
+gradient takes seconds a call); the tables give the median over repeats.
+
 Run: `python benchmarks/bench_ops.py [--repeats 5] [--number 20] [--quick]
 [--markdown PATH]`; with the peers installed in another environment, e.g.
 `PYTHONPATH=src /path/to/peer-venv/bin/python benchmarks/bench_ops.py`.
@@ -312,6 +316,23 @@ def all_cases(batches, lengths):
     return cases
 
 
+def guarded(library: str, make, notes: list[str]):
+    """`make`, but a peer that fails on a case is skipped with a note instead
+    of ending the run."""
+
+    def run(case: Case):
+        try:
+            return make(case)
+        except Exception as err:  # noqa: BLE001 - a peer's failure is reported
+            notes.append(
+                f"{library} failed on {case.name} ({type(err).__name__}: "
+                f"{str(err)[:200]}); skipped"
+            )
+            return None
+
+    return run
+
+
 def libraries_for(args, checks: Checks, notes: list[str]):
     """Every library's case maker; a maker returns `None` for a case it lacks."""
 
@@ -378,7 +399,10 @@ def libraries_for(args, checks: Checks, notes: list[str]):
                 else None
             ),
         )
-    return libraries
+    return {
+        lib: make if lib in ("retrax", "c_loop") else guarded(lib, make, notes)
+        for lib, make in libraries.items()
+    }
 
 
 def table(rows, libraries, checks: Checks) -> str:

@@ -125,7 +125,8 @@ def test_plot_scaling_smoke(tmp_path):
 
 def test_bench_memory_smoke(tmp_path):
     report = tmp_path / "memory.md"
-    args = ["--length", "1000", "--batches", "2", "--calls", "1", "--paths", "scan"]
+    args = ["--length", "1000", "--batches", "2", "--calls", "1", "--runs", "1"]
+    args += ["--paths", "scan"]
     args += ["--baseline-src", str(ROOT / "src"), "--markdown", str(report)]
     _run("bench_memory.py", *args)
     rows = [line for line in report.read_text().splitlines() if line.startswith("| B")]
