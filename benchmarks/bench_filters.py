@@ -192,8 +192,12 @@ def main():
     run_table(args.rounds, args.torch_threads)
 
 
-def run_table(rounds: int, torch_threads: int) -> None:
-    """Print the lfilter and ballistics table (also called by bench_ops.py)."""
+def run_table(rounds: int, torch_threads: int, ballistics: bool = True) -> list:
+    """Print the lfilter and (unless not `ballistics`) ballistics table; also
+    called by bench_ops.py, which times ballistics itself.
+
+    Returns `(case, peer, retrax ms, peer ms)` for every row."""
+    rows = []
     peers = load_peers(torch_threads)
     print(f"jax {jax.__version__}, float32, T = {T}, median ms of {rounds}")
     print(
@@ -215,6 +219,8 @@ def run_table(rounds: int, torch_threads: int) -> None:
                 lambda batch=batch: ballistics_cases(peers, batch, rounds),
             ),
         ):
+            if label == "ballistics" and not ballistics:
+                continue
             fwd, fwd_min, grad, grad_min = run()
             for kind, res, low in (("fwd", fwd, fwd_min), ("grad", grad, grad_min)):
                 ours = res.pop("retrax")
@@ -222,12 +228,15 @@ def run_table(rounds: int, torch_threads: int) -> None:
                 for peer, ms in res.items() or [("-", float("nan"))]:
                     ratio = ours / ms
                     min_ratio = ours_min / low[peer] if peer in low else ratio
+                    if peer != "-":
+                        rows.append((f"{label} B={batch} {kind}", peer, ours, ms))
                     print(
                         f"{label + f' B={batch}':<32}{kind:<6}{ours:>9.3f}{peer:>11}"
                         f"{ms:>9.3f}{ratio:>8.2f}{min_ratio:>10.2f}"
                     )
     print("median ms; ratio = retrax / peer (below 1: retrax faster), of medians")
     print("and of the fastest runs (less sensitive to other load on the machine)")
+    return rows
 
 
 if __name__ == "__main__":

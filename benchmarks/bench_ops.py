@@ -1,17 +1,40 @@
-"""Benchmark retrax's recursive ops against torchlpc and the JAX peers.
+"""Benchmark retrax's recursive ops against plain C loops and the peer libraries.
 
-Order-2 time-varying all-pole filter, float32, forward and forward+gradient
-with respect to every input (x, a, zi), B = 1, 8 and 512 signals (`--batches`),
-1 s and 10 s at 44.1 kHz. Peers are optional: a missing one is skipped with a
-note. The column `c_loop` is the hardware limit: a plain C loop of the same
-recursion (`allpole_loop.c`, shipped with this script and compiled by it with
-`cc -O3 -march=native`), forward only, on data already laid out time-major;
-its output is checked against retrax's before it is timed.
+One run, every timing interleaved with every other (see `_harness.py`), float32:
 
-Then the biquad `lfilter` (constant and time-varying coefficients) and
-`ballistics` table of `bench_filters.py` against philtorch and torchcomp.
+- `allpole`, order 2, time-varying coefficients, forward and forward + the
+  gradient of `sum(y ** 2)` with respect to every input (x, a, zi): B = 1, 8
+  and 512 signals of 1 s (44,100 samples; `--batches`) and B = 1 and 8 of
+  10 s (not with `--quick`), against torchlpc, faustax, korvax and jaxpole;
+- `ballistics` (the switched attack/release one-pole), forward and gradient
+  with respect to (x, at, rt, zi), B = 1, 8 and 512 at 1 s, against
+  torchcomp's `compressor_core` and faustax's `ballistics`;
+- then the biquad `lfilter` table of `bench_filters.py` against philtorch and
+  faustax (`--no-filters` skips it).
 
-Run: `python benchmarks/bench_ops.py [--repeats 5] [--number 20] [--quick]`
+Peers are optional: a missing one is skipped with a note. A peer's time
+counts only after its output (and, for a gradient case, every gradient) matched
+retrax's on the same inputs; one that does not is timed but marked "differs"
+in the table and left out of the comparisons (korvax 0.3.0's `allpole` does
+not apply the recursion; see `shared/bench/peers.md`).
+
+The column `c_loop` is the hardware limit: plain C loops of the same
+recursions (`recursion_loops.c`, shipped with this script and compiled by it
+with `cc -O3 -march=native`), forward only, on data already laid out
+time-major, checked against retrax's output in the same way.
+
+At the end it prints the acceptance lines: retrax's forward against the C
+loop, its gradient against the loop's forward, its per-signal cost at the
+largest batch against B = 8, and the rows where a peer beats retrax by more
+than 5%.
+
+Each repeat takes the median of `--number` calls of every case and library,
+or of as many as fit in about `--budget` seconds when fewer (a B = 512
+gradient takes seconds a call); the tables give the median over repeats.
+
+Run: `python benchmarks/bench_ops.py [--repeats 5] [--number 20] [--quick]
+[--markdown PATH]`; with the peers installed in another environment, e.g.
+`PYTHONPATH=src /path/to/peer-venv/bin/python benchmarks/bench_ops.py`.
 """
 
 import argparse
@@ -23,199 +46,550 @@ import subprocess
 import sys
 import tempfile
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+
+# torchcomp's forward is a numba kernel: with more than one numba thread its
+# pool and torch's collide on a small machine (see bench_dynamics.py). This
+# must be set before numba loads.
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import Case, optional_import, print_table, run_table  # noqa: E402
+from _harness import Case, optional_import, run_table  # noqa: E402
 
-from retrax.ops import allpole  # noqa: E402
+from retrax.ops import allpole, ballistics  # noqa: E402
 
 
 ORDER = 2
+SAMPLE_RATE = 44_100
+# A peer's output must lie within this fraction of the peak of retrax's (per
+# output and per gradient): float32 rounding of the same recursion in another
+# order of operations stays far below it, a different computation does not.
+TOLERANCE = 1e-3
+# "A peer beats retrax": retrax takes more than this factor of the peer's time.
+MARGIN = 1.05
+
+# Acceptance targets the summary prints next to each measured ratio.
+TARGET_FWD_LOOP = 2.0  # retrax forward / C loop forward
+TARGET_GRAD_LOOP = 6.0  # retrax gradient / C loop forward
+TARGET_PER_SIGNAL = 1.5  # per-signal cost at the largest batch / at B = 8
 
 
 def make_inputs(batch: int, length: int):
+    """All-pole inputs `(x, a, zi)` of shapes `(B, T)`, `(B, T, 2)`, `(B, 2)`."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, length)).astype(np.float32)
     # A slowly swept resonance, stable everywhere: radius 0.9, angle varies.
-    theta = np.linspace(0.1, 2.5, length)[None, :].repeat(batch, 0)
+    theta = np.linspace(0.1, 2.5, length, dtype=np.float32)[None, :]
+    theta = theta.repeat(batch, 0)
     a = np.stack([-2 * 0.9 * np.cos(theta), np.full_like(theta, 0.81)], -1)
     zi = rng.standard_normal((batch, ORDER)).astype(np.float32)
     return x, a.astype(np.float32), zi
 
 
-def jax_case(filt, case: Case, *, batched_fn: bool = False):
-    """Time a JAX all-pole `filt(x, a, zi)`: unbatched at B=1, vmapped above."""
-    x, a, zi = (jnp.asarray(v) for v in make_inputs(case.params["B"], case.params["T"]))
-    if not batched_fn:
-        if case.params["B"] == 1:
-            x, a, zi = x[0], a[0], zi[0]
-            f = filt
-        else:
-            f = jax.vmap(filt)
-    else:
+def make_ballistics_inputs(batch: int, length: int):
+    """Ballistics inputs `(x, at, rt, zi)`: a positive level `(B, T)` and one
+    attack and release coefficient and initial value per signal (`(B,)`)."""
+    rng = np.random.default_rng(1)
+    x = np.abs(rng.standard_normal((batch, length))).astype(np.float32)
+    at = np.full(batch, 0.3, np.float32)
+    rt = np.full(batch, 0.01, np.float32)
+    zi = np.ones(batch, np.float32)
+    return x, at, rt, zi
+
+
+def inputs(case: Case):
+    make = make_inputs
+    if case.params.get("op") == "ballistics":
+        make = make_ballistics_inputs
+    return make(case.params["B"], case.params["T"])
+
+
+def jax_function(filt, case: Case, *, batched_fn: bool = False):
+    """A jitted `filt` (forward) or its gradient on the case's inputs:
+    unbatched at B = 1 (unless `batched_fn`), `jax.vmap`ped above."""
+    args = [jnp.asarray(v) for v in inputs(case)]
+    if batched_fn:
         f = filt
-
-    if case.params["mode"] == "fwd":
-        g = jax.jit(f)
+    elif case.params["B"] == 1:
+        args = [v[0] for v in args]
+        f = filt
     else:
+        f = jax.vmap(filt)
+    if case.params["mode"] == "fwd":
+        return jax.jit(f), args
 
-        def loss(x, a, zi):
-            return jnp.sum(f(x, a, zi) ** 2)
+    def loss(*args):
+        return jnp.sum(f(*args) ** 2)
 
-        g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-    return lambda: jax.block_until_ready(g(x, a, zi))
-
-
-LOOP_SOURCE = pathlib.Path(__file__).with_name("allpole_loop.c")
+    return jax.jit(jax.grad(loss, argnums=tuple(range(len(args))))), args
 
 
-def compile_loop(notes: list[str]):
-    """`allpole_loop.c` as a shared library, or `None` (with a note)."""
+def jax_case(filt, case: Case, *, batched_fn: bool = False):
+    """Time a JAX op `filt(x, a, zi)` (or `filt(x, at, rt, zi)`): a callable
+    that runs it once and waits for the result."""
+    g, args = jax_function(filt, case, batched_fn=batched_fn)
+    return lambda: jax.block_until_ready(g(*args))
+
+
+# ---------------------------------------------------------------- checking
+
+
+class Checks:
+    """retrax's outputs (the reference) and every peer's verdict, per case."""
+
+    def __init__(self):
+        self.references = {}
+        self.verdicts = {}  # (case name, library) -> None (matches) or why not
+
+    def reference(self, case: Case) -> list[np.ndarray]:
+        if case.name not in self.references:
+            op = ballistics if case.params["op"] == "ballistics" else allpole
+            g, args = jax_function(op, case)
+            self.references[case.name] = as_numpy(g(*args))
+        return self.references[case.name]
+
+    def check(self, case: Case, library: str, outputs) -> None:
+        """Compare `outputs` (arrays, in retrax's order) with retrax's."""
+        ref = self.reference(case)
+        outputs = as_numpy(outputs)
+        why = None
+        names = ["y"] if case.params["mode"] == "fwd" else self.grad_names(case)
+        if len(outputs) != len(ref):
+            why = f"{len(outputs)} outputs, retrax has {len(ref)}"
+        for name, out, want in zip(names, outputs, ref, strict=False):
+            if why:
+                break
+            if out.size != want.size:
+                why = f"{name} has shape {out.shape}, retrax's {want.shape}"
+                break
+            err = np.max(np.abs(out.reshape(want.shape) - want), initial=0.0)
+            scale = np.max(np.abs(want), initial=0.0)
+            if not err <= TOLERANCE * scale:  # also catches NaN
+                why = f"{name} differs by {err:.3g} (retrax's peak {scale:.3g})"
+        self.verdicts[case.name, library] = why
+        if why:
+            print(
+                f"  {case.name} / {library}: output differs from retrax's ({why}); "
+                "timed but not counted",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    @staticmethod
+    def grad_names(case: Case):
+        if case.params["op"] == "ballistics":
+            return ["dx", "dat", "drt", "dzi"]
+        return ["dx", "da", "dzi"]
+
+    def counts(self, case_name: str, library: str) -> bool:
+        return self.verdicts.get((case_name, library)) is None
+
+
+def as_numpy(outputs) -> list[np.ndarray]:
+    if not isinstance(outputs, (tuple, list)):
+        outputs = [outputs]
+    arrays = []
+    for out in outputs:
+        if hasattr(out, "detach"):  # a torch tensor
+            out = out.detach().numpy()
+        arrays.append(np.asarray(out, dtype=np.float32))
+    return arrays
+
+
+def checked_jax(checks: Checks, library: str, filt, case: Case, **kwargs):
+    """`jax_case`, after checking the output against retrax's."""
+    g, args = jax_function(filt, case, **kwargs)
+    checks.check(case, library, g(*args))
+    return lambda: jax.block_until_ready(g(*args))
+
+
+# ---------------------------------------------------------------- C loops
+
+
+LOOP_SOURCE = pathlib.Path(__file__).with_name("recursion_loops.c")
+
+
+def compile_loops(notes: list[str]):
+    """`recursion_loops.c` as a shared library (`ctypes.CDLL`), or `None`."""
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         notes.append("c_loop: no C compiler found; skipped")
         return None
-    library = pathlib.Path(tempfile.mkdtemp()) / "allpole_loop.so"
+    library = pathlib.Path(tempfile.mkdtemp()) / "recursion_loops.so"
     command = [compiler, "-O3", "-march=native", "-shared", "-fPIC"]
     result = subprocess.run(
-        [*command, str(LOOP_SOURCE), "-o", str(library)],
+        [*command, str(LOOP_SOURCE), "-o", str(library), "-lm"],
         capture_output=True,
         text=True,
     )
     if result.returncode != 0:
         notes.append(f"c_loop: compilation failed ({result.stderr[-300:]}); skipped")
         return None
-    loop = ctypes.CDLL(str(library)).allpole2
+    lib = ctypes.CDLL(str(library))
     pointer = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
-    loop.argtypes = [pointer] * 5 + [ctypes.c_int64] * 2
-    loop.restype = None
-    return loop
+    for fn in (lib.allpole2, lib.ballistics):
+        fn.argtypes = [pointer] * 5 + [ctypes.c_int64] * 2
+        fn.restype = None
+    return lib
 
 
-def loop_case(loop, case: Case):
-    """The C loop, forward, on time-major copies of the benchmark's inputs;
-    checked against retrax's `allpole` first."""
+def loop_case(lib, checks: Checks, case: Case):
+    """A C loop, forward, on time-major copies of the case's inputs; its
+    output checked against retrax's first."""
     if case.params["mode"] != "fwd":
         return None
     batch, length = case.params["B"], case.params["T"]
-    x, a, zi = make_inputs(batch, length)
-    xt = np.ascontiguousarray(x.T)
-    a1, a2 = (np.ascontiguousarray(a[..., k].T) for k in range(ORDER))
-    zi = np.ascontiguousarray(zi)
-    y = np.empty_like(xt)
-    loop(xt, a1, a2, zi, y, batch, length)
-    ref = np.asarray(jax.jit(jax.vmap(allpole))(x, a, zi)).T
-    scale = np.max(np.abs(ref))
-    if not np.max(np.abs(y - ref)) <= 1e-4 * scale:
-        raise AssertionError("the C loop's output differs from retrax's allpole")
-    return lambda: loop(xt, a1, a2, zi, y, batch, length)
+    if case.params["op"] == "ballistics":
+        x, at, rt, zi = inputs(case)
+        xt = np.ascontiguousarray(x.T)
+        y = np.empty_like(xt)
+        args = (xt, at, rt, zi, y, batch, length)
+        loop = lib.ballistics
+    else:
+        x, a, zi = inputs(case)
+        xt = np.ascontiguousarray(x.T)
+        a1, a2 = (np.ascontiguousarray(a[..., k].T) for k in range(ORDER))
+        y = np.empty_like(xt)
+        args = (xt, a1, a2, np.ascontiguousarray(zi), y, batch, length)
+        loop = lib.allpole2
+    loop(*args)
+    checks.check(case, "c_loop", y.T)
+    return lambda: loop(*args)
 
 
-def torch_case(lpc, torch, case: Case):
-    x, a, zi = (
-        torch.from_numpy(v) for v in make_inputs(case.params["B"], case.params["T"])
-    )
+# ---------------------------------------------------------------- torch peers
+
+
+def torch_case(torch, checks: Checks, library: str, call, case: Case):
+    """A torch op `call(*tensors)` taking the case's inputs in retrax's order,
+    forward (under `no_grad`) or forward + backward of `sum(y ** 2)`."""
+    tensors = [torch.from_numpy(v.copy()) for v in inputs(case)]
     if case.params["mode"] == "fwd":
 
         def run():
             with torch.no_grad():
-                return lpc(x, a, zi)
+                return call(*tensors)
 
-        return run
-    xs = [v.clone().requires_grad_(True) for v in (x, a, zi)]
+    else:
+        leaves = [v.clone().requires_grad_(True) for v in tensors]
 
-    def run():
-        for v in xs:
-            v.grad = None
-        lpc(*xs).square().sum().backward()
+        def run():
+            for v in leaves:
+                v.grad = None
+            call(*leaves).square().sum().backward()
+            return [v.grad for v in leaves]
+
+    checks.check(case, library, run())
+    return run
+
+
+# ---------------------------------------------------------------- the run
+
+
+def length_label(length: int) -> str:
+    """`T=1s` for whole tenths of a second at 44.1 kHz, else the samples."""
+    if length % (SAMPLE_RATE // 10) == 0:
+        return f"T={length / SAMPLE_RATE:g}s"
+    return f"T={length}"
+
+
+def all_cases(batches, lengths):
+    cases = []
+    for t in lengths:
+        for b in batches:
+            if b > 8 and t > SAMPLE_RATE:
+                continue  # a long signal at a large batch: too slow to repeat
+            for mode in ("fwd", "grad"):
+                name = f"allpole K=2 B={b} {length_label(t)} {mode}"
+                cases.append(
+                    Case(name, {"op": "allpole", "B": b, "T": t, "mode": mode})
+                )
+    for b in batches:
+        for mode in ("fwd", "grad"):
+            t = lengths[0]
+            name = f"ballistics B={b} {length_label(t)} {mode}"
+            cases.append(Case(name, {"op": "ballistics", "B": b, "T": t, "mode": mode}))
+    return cases
+
+
+def guarded(library: str, make, notes: list[str]):
+    """`make`, but a peer that fails on a case is skipped with a note instead
+    of ending the run."""
+
+    def run(case: Case):
+        try:
+            return make(case)
+        except Exception as err:  # noqa: BLE001 - a peer's failure is reported
+            notes.append(
+                f"{library} failed on {case.name} ({type(err).__name__}: "
+                f"{str(err)[:200]}); skipped"
+            )
+            return None
 
     return run
 
 
-def main():
+def libraries_for(args, checks: Checks, notes: list[str]):
+    """Every library's case maker; a maker returns `None` for a case it lacks."""
+
+    def only(op, make):
+        return lambda c: make(c) if c.params["op"] == op else None
+
+    libraries = {
+        "retrax": lambda c: checked_jax(
+            checks,
+            "retrax",
+            ballistics if c.params["op"] == "ballistics" else allpole,
+            c,
+        )
+    }
+    if not args.no_loop:
+        lib = compile_loops(notes)
+        if lib is not None:
+            libraries["c_loop"] = lambda c: loop_case(lib, checks, c)
+    if args.no_peers:
+        return libraries
+    torch = optional_import("torch", notes)
+    if torch is not None:
+        torch.set_num_threads(args.torch_threads)
+        torchlpc = optional_import("torchlpc", notes)
+        if torchlpc is not None:
+            libraries["torchlpc"] = only(
+                "allpole",
+                lambda c: torch_case(
+                    torch, checks, "torchlpc", torchlpc.sample_wise_lpc, c
+                ),
+            )
+        torchcomp = optional_import("torchcomp", notes)
+        if torchcomp is not None:
+
+            def core(x, at, rt, zi):
+                return torchcomp.compressor_core(x, zi, at, rt)
+
+            libraries["torchcomp"] = only(
+                "ballistics", lambda c: torch_case(torch, checks, "torchcomp", core, c)
+            )
+    faustax_ops = optional_import("faustax.ops", notes)
+    if faustax_ops is not None:
+
+        def faustax(c):
+            op = faustax_ops.ballistics if c.params["op"] == "ballistics" else None
+            op = op or faustax_ops.allpole
+            return checked_jax(checks, "faustax", op, c)
+
+        libraries["faustax"] = faustax
+    korvax_ltv = optional_import("korvax.filter.ltv", notes)
+    if korvax_ltv is not None:
+        libraries["korvax"] = only(
+            "allpole", lambda c: checked_jax(checks, "korvax", korvax_ltv.allpole, c)
+        )
+    jaxpole = optional_import("jaxpole.filter", notes)
+    if jaxpole is not None:
+        # jaxpole's filter takes a batch axis itself; a long or wide batch
+        # takes it minutes to compile.
+        libraries["jaxpole"] = only(
+            "allpole",
+            lambda c: (
+                checked_jax(checks, "jaxpole", jaxpole.allpole, c, batched_fn=True)
+                if c.params["T"] < 100_000 and c.params["B"] <= 8
+                else None
+            ),
+        )
+    return {
+        lib: make if lib in ("retrax", "c_loop") else guarded(lib, make, notes)
+        for lib, make in libraries.items()
+    }
+
+
+def table(rows, libraries, checks: Checks) -> str:
+    """Markdown: retrax's ms, then each library's ms and its ratio to retrax
+    (above 1: retrax is faster), "differs" where its output did not match."""
+    peers = [lib for lib in libraries if lib != "retrax"]
+    peers = [p for p in peers if any(p in row for row in rows)]
+    head = ["case", "retrax ms"] + [f"{p} ms (ratio)" for p in peers]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for row in rows:
+        ours = row.get("retrax")
+        cells = [row["case"], f"{ours:.3f}" if ours else "-"]
+        for p in peers:
+            if p not in row:
+                cells.append("-")
+                continue
+            cell = f"{row[p]:.3f}"
+            if ours:
+                cell += f" ({row[p] / ours:.2f}x)"
+            if not checks.counts(row["case"], p):
+                cell += " differs"
+            cells.append(cell)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def verdict(value: float, target: float) -> str:
+    return (
+        f"{value:.2f} (target <= {target:g}: {'met' if value <= target else 'NOT met'})"
+    )
+
+
+def acceptance(rows, checks: Checks, filter_rows, length: int) -> list[str]:
+    """The acceptance lines (see the module docstring); `length` is the short
+    signals' number of samples."""
+    by_name = {row["case"]: row for row in rows}
+    lines = []
+
+    def get(name, lib):
+        return by_name.get(name, {}).get(lib) if checks.counts(name, lib) else None
+
+    one = length_label(length)
+    batches = sorted({int(r["case"].split("B=")[1].split()[0]) for r in rows})
+    for b in (1, 8):
+        ours = get(f"allpole K=2 B={b} {one} fwd", "retrax")
+        loop = get(f"allpole K=2 B={b} {one} fwd", "c_loop")
+        if ours and loop:
+            ratio = verdict(ours / loop, TARGET_FWD_LOOP)
+            lines.append(f"allpole fwd B={b}: retrax/C loop = {ratio}")
+    for b in (1, 8):
+        ours = get(f"allpole K=2 B={b} {one} grad", "retrax")
+        loop = get(f"allpole K=2 B={b} {one} fwd", "c_loop")
+        if ours and loop:
+            lines.append(
+                f"allpole grad B={b}: retrax grad / loop fwd = "
+                + verdict(ours / loop, TARGET_GRAD_LOOP)
+            )
+    for b in sorted({1, 8, max(batches)}):
+        ours = get(f"ballistics B={b} {one} fwd", "retrax")
+        loop = get(f"ballistics B={b} {one} fwd", "c_loop")
+        if ours and loop:
+            target = f" = {verdict(ours / loop, TARGET_FWD_LOOP)}" if b == 8 else ""
+            lines.append(
+                f"ballistics fwd B={b}: retrax/C loop"
+                + (target or f" = {ours / loop:.2f}")
+            )
+    top = max(batches)
+    if 8 in batches and top > 8:
+        for prefix in ("allpole K=2", "ballistics"):
+            for mode in ("fwd", "grad"):
+                small = get(f"{prefix} B=8 {one} {mode}", "retrax")
+                large = get(f"{prefix} B={top} {one} {mode}", "retrax")
+                if small and large:
+                    ratio = (large / top) / (small / 8)
+                    lines.append(
+                        f"{prefix.split()[0]} per-signal cost B={top} vs B=8 "
+                        f"({mode}) = {verdict(ratio, TARGET_PER_SIGNAL)}"
+                    )
+    beaten = []
+    for row in rows:
+        ours = row.get("retrax")
+        for lib, ms in row.items():
+            if lib in ("case", "retrax", "c_loop") or not ours:
+                continue
+            if checks.counts(row["case"], lib) and ours > MARGIN * ms:
+                beaten.append(f"{row['case']}: {lib} {ms:.3f} ms, retrax {ours:.3f} ms")
+    for label, lib, ours, ms in filter_rows:
+        if ours > MARGIN * ms:
+            beaten.append(
+                f"{label}: {lib} {ms:.3f} ms, retrax {ours:.3f} ms "
+                "(bench_filters.py: outputs not cross-checked)"
+            )
+    lines.append(
+        f"rows where a peer beats retrax by more than {100 * (MARGIN - 1):.0f}%: "
+        + (str(len(beaten)) if beaten else "none")
+    )
+    lines += [f"  - {b}" for b in beaten]
+    return lines
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--number", type=int, default=20)
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=2.0,
+        help="at most about this many seconds per case and library in a repeat: "
+        "a slow call runs fewer than --number times (at least once)",
+    )
     parser.add_argument("--quick", action="store_true", help="1 s signals only")
     parser.add_argument(
         "--batches", default="1,8,512", help="comma-separated batch sizes"
     )
     parser.add_argument(
+        "--length",
+        type=int,
+        default=None,
+        help="samples of the short signals (default 44,100; 10x for the long)",
+    )
+    parser.add_argument(
         "--no-filters",
         action="store_true",
-        help="skip the biquad lfilter and ballistics table (bench_filters.py)",
+        help="skip the biquad lfilter table (bench_filters.py)",
     )
+    parser.add_argument("--no-peers", action="store_true", help="retrax and C only")
+    parser.add_argument("--no-loop", action="store_true", help="no C loops")
     parser.add_argument("--filter-rounds", type=int, default=150)
     parser.add_argument("--torch-threads", type=int, default=2)
-    args = parser.parse_args()
+    parser.add_argument("--markdown", default=None, help="also write the report here")
+    args = parser.parse_args(argv)
 
-    notes = []
-    libraries = {"retrax": lambda c: jax_case(allpole, c)}
-    loop = compile_loop(notes)
-    if loop is not None:
-        libraries["c_loop"] = lambda c: loop_case(loop, c)
-    torch = optional_import("torch", notes)
-    torchlpc = optional_import("torchlpc", notes) if torch else None
-    if torchlpc is not None:
-        torch.set_num_threads(os.cpu_count() or 1)
-        libraries["torchlpc"] = lambda c: torch_case(torchlpc.sample_wise_lpc, torch, c)
-    faustax_ops = optional_import("faustax.ops", notes)
-    if faustax_ops is not None:
-        libraries["faustax"] = lambda c: jax_case(faustax_ops.allpole, c)
-    korvax_ltv = optional_import("korvax.filter.ltv", notes)
-    if korvax_ltv is not None:
-        libraries["korvax"] = lambda c: jax_case(korvax_ltv.allpole, c)
-    jaxpole = optional_import("jaxpole.filter", notes)
-    if jaxpole is not None:
-        # jaxpole's filter takes a batch axis itself.
-        libraries["jaxpole"] = lambda c: (
-            jax_case(jaxpole.allpole, c, batched_fn=True)
-            if c.params["T"] < 100_000 and c.params["B"] <= 8
-            else None
-        )
-
-    lengths = [44_100] if args.quick else [44_100, 441_000]
+    length = args.length or SAMPLE_RATE
+    lengths = [length] if args.quick else [length, 10 * length]
     batches = [int(b) for b in args.batches.split(",")]
-    cases = [
-        Case(
-            f"allpole K=2 B={b} T={t // 44_100}s {mode}", {"B": b, "T": t, "mode": mode}
-        )
-        for t in lengths
-        for b in batches
-        for mode in ("fwd", "grad")
-        if b <= 8 or t == 44_100  # a long signal at a large batch: too slow
-    ]
-    print(
+    notes = []
+    checks = Checks()
+    libraries = libraries_for(args, checks, notes)
+    cases = all_cases(batches, lengths)
+    header = (
         f"jax {jax.__version__}, {os.cpu_count()} CPU cores, float32, median ms "
-        f"over {args.repeats} interleaved repeats of {args.number} calls",
-        file=sys.stderr,
+        f"over {args.repeats} interleaved repeats of up to {args.number} calls "
+        f"(about {args.budget:g} s a case)"
     )
-    rows = run_table(cases, libraries, repeats=args.repeats, number=args.number)
-    print("All-pole filter: ratio = peer / retrax (above 1: retrax is faster)")
-    print_table(rows, list(libraries))
-    by_name = {row["case"]: row for row in rows}
-    if 8 in batches and max(batches) > 8:
-        top = max(batches)
-        for mode in ("fwd", "grad"):
-            small = by_name.get(f"allpole K=2 B=8 T=1s {mode}", {}).get("retrax")
-            large = by_name.get(f"allpole K=2 B={top} T=1s {mode}", {}).get("retrax")
-            if small and large:
-                ratio = (large / top) / (small / 8)
-                print(
-                    f"retrax {mode}: per-signal cost at B={top} is {ratio:.2f}x "
-                    "that at B=8"
-                )
-    for note in notes:
-        print(f"note: {note}")
+    print(header, file=sys.stderr)
+    rows = run_table(
+        cases,
+        libraries,
+        repeats=args.repeats,
+        number=args.number,
+        budget_s=args.budget or None,
+    )
+
+    tables = [header, ""]
+    tables += ["All-pole filter, order 2, time-varying (ratio = peer / retrax):", ""]
+    tables += [
+        table([r for r in rows if r["case"].startswith("allpole")], libraries, checks)
+    ]
+    tables += ["", "Ballistics (ratio = peer / retrax):", ""]
+    tables += [
+        table(
+            [r for r in rows if r["case"].startswith("ballistics")], libraries, checks
+        )
+    ]
+    print("\n".join(tables), flush=True)
+    filter_rows = []
     if not args.no_filters:
         import bench_filters
 
-        print("\nBiquad lfilter and ballistics (bench_filters.py):")
-        bench_filters.run_table(args.filter_rounds, args.torch_threads)
+        print("\nBiquad lfilter (bench_filters.py):", flush=True)
+        filter_rows = bench_filters.run_table(
+            args.filter_rounds, args.torch_threads, ballistics=False
+        )
+    report = ["", "Acceptance:", ""]
+    report += acceptance(rows, checks, filter_rows, length)
+    report += [""] + [f"note: {n}" for n in notes]
+    differing = sorted({lib for (_, lib), why in checks.verdicts.items() if why})
+    if differing:
+        report.append(
+            "note: output differs from retrax's, times not counted: "
+            + ", ".join(differing)
+        )
+    print("\n".join(report))
+    if args.markdown:
+        pathlib.Path(args.markdown).write_text("\n".join(tables + report) + "\n")
+    return rows
 
 
 if __name__ == "__main__":

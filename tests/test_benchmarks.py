@@ -6,6 +6,7 @@ session's x64 mode and XLA flags are not theirs).
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -45,3 +46,94 @@ def test_bench_effects_smoke(tmp_path):
     for row in rows:
         retrax_ms = float(row.split("|")[2])
         assert retrax_ms > 0
+
+
+def _run(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`benchmarks/<script> args` in a fresh process on this checkout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    env.pop("XLA_FLAGS", None)
+    env.pop("RETRAX_DISABLE_KERNELS", None)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _table_rows(text: str, title: str) -> list[list[str]]:
+    """The body rows of the markdown table that follows the line `title`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    rows = []
+    for line in lines[start + 1 :]:
+        if line.startswith("| ") and not rows and "---" not in line:
+            rows.append(None)  # the header
+        elif line.startswith("|") and "---" in line:
+            continue
+        elif line.startswith("| "):
+            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+        elif rows:
+            break
+    return rows[1:]
+
+
+def test_bench_ops_smoke(tmp_path):
+    report = tmp_path / "bench_ops.md"
+    args = ["--quick", "--length", "300", "--batches", "1,8,16"]
+    args += ["--repeats", "1", "--number", "1", "--no-filters", "--no-peers"]
+    _run("bench_ops.py", *args, "--markdown", str(report))
+    text = report.read_text()
+    allpole_rows = _table_rows(text, "All-pole filter")
+    ballistics_rows = _table_rows(text, "Ballistics")
+    for rows, op in ((allpole_rows, "allpole"), (ballistics_rows, "ballistics")):
+        assert [row[0].split(" T=")[0] for row in rows] == [
+            f"{op}{' K=2' if op == 'allpole' else ''} B={b}"
+            for b in (1, 1, 8, 8, 16, 16)
+        ]
+        assert all(float(row[1]) > 0 for row in rows)  # retrax's ms
+    assert "rows where a peer beats retrax by more than 5%: none" in text
+    if shutil.which(os.environ.get("CC", "cc")):
+        # the C loops ran, matched retrax's output and entered the summary
+        for line in (
+            "allpole fwd B=1: retrax/C loop = ",
+            "allpole fwd B=8: retrax/C loop = ",
+            "allpole grad B=8: retrax grad / loop fwd = ",
+            "ballistics fwd B=8: retrax/C loop = ",
+            "allpole per-signal cost B=16 vs B=8 (grad) = ",
+        ):
+            assert line in text
+        assert "differs" not in text
+
+
+def test_plot_scaling_smoke(tmp_path):
+    pytest.importorskip("matplotlib")
+    _run("plot_scaling.py", "--smoke", "--out", str(tmp_path))
+    assert (tmp_path / "scaling.png").stat().st_size > 0
+    text = (tmp_path / "scaling.md").read_text()
+    rows = _table_rows(text, "Cost per signal against batch size")
+    assert [row[0] for row in rows] == ["1", "2"]
+    # kernel and pure-JAX forward and gradient (and the C loop, if built)
+    assert all(float(cell) > 0 for row in rows for cell in row[1:5])
+
+
+def test_bench_memory_smoke(tmp_path):
+    report = tmp_path / "memory.md"
+    args = ["--length", "1000", "--batches", "2", "--calls", "1", "--runs", "1"]
+    args += ["--paths", "scan"]
+    args += ["--baseline-src", str(ROOT / "src"), "--markdown", str(report)]
+    _run("bench_memory.py", *args)
+    rows = [line for line in report.read_text().splitlines() if line.startswith("| B")]
+    # the pure-JAX path in this tree and in the "baseline" (here the same tree)
+    assert len(rows) == 2
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert cells[0] == "B=2 scan"
+        assert 10 < float(cells[2]) < 10_000  # MiB
+        assert cells[5] == "no"  # the kernel switched off in the subprocess
