@@ -283,7 +283,11 @@ RETRAX_AVX2 void AdvanceTail(Group<Op>* groups, int64_t t0, int n) {
 // A bundle reads and writes 32 rows a few bytes a step (x and y of 16
 // signals, or x, at, rt and y of 8): more streams than the CPU's prefetchers
 // follow once the batch leaves the caches. So the loop asks for the cache
-// line `kAhead` samples ahead in every row as it enters a new line.
+// line `kAhead` samples ahead in every row as it enters a new line. Measured
+// on a 2-core x86 CPU (float32, T = 44,100, B = 64): 1.16 against 1.36 ms
+// with per-signal coefficients, 6.4 against 6.9 ms per-sample (and 8.3
+// against 13.1 ms when per-sample bundles held two groups); from B = 512 on
+// the kernel costs what `x * 2` does either way.
 template <typename Op, bool per_sample, int G>
 RETRAX_AVX2 inline __attribute__((always_inline)) void Prefetch(
     const Group<Op>* groups, int64_t t) {

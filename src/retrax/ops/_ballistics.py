@@ -100,7 +100,8 @@ def ballistics(
     are exactly those of the switched recursion: on the CPU, for float32 and
     float64, computed by a compiled loop called through the XLA FFI (see the
     FAQ; `RETRAX_DISABLE_KERNELS=1` switches it off), elsewhere by a
-    `lax.scan`.
+    `lax.scan` that gives the same numbers. Under `jax.vmap` the whole batch
+    is one call of the loop, and a batch sharded over devices stays sharded.
 
     **Arguments:**
 
