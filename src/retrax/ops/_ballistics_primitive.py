@@ -8,7 +8,7 @@ $$c_t = \begin{cases} a_t & x_t < y_{t-1} \\ r_t & \text{otherwise}
   \qquad y_{-1} = z,$$
 
 with `at` and `rt` one value per signal (`()`, or `(B,)`) or per sample
-(`(T,)`, or `(B, T)`, both alike) and the state `zi` one per signal.
+(`(T,)`, or `(B, T)`, both alike) and the state `zi` ($z$) one per signal.
 
 Its rules, as JAX's documentation on defining primitives describes:
 
@@ -20,7 +20,11 @@ Its rules, as JAX's documentation on defining primitives describes:
   batch's signals together in SIMD lanes, wrapped in `custom_partitioning`
   so that a batch sharded over devices stays sharded; everywhere else
   (other devices, or without the compiled library) the `lax.scan` of the
-  same recursion. Both give the same numbers, bit for bit;
+  same recursion. On the CPU both give the same numbers, bit for bit: the
+  kernel rounds each step as XLA's optimised CPU code rounds the scan's
+  `(1 - c) * y + c * x`, `fma(c, x, (1 - c) y)` (with its optimisations
+  off, `jax_disable_most_optimizations`, XLA rounds the product and the sum
+  apart, and the scan's last bits differ);
 - batching: the batch goes to the kernel as its leading axis, whichever
   axis `vmap` maps (nested maps merge into one batch axis);
 - no JVP or transpose: `retrax.ops.ballistics` binds the primitive on
