@@ -44,6 +44,7 @@ from retrax.ops._allpole_primitive import (
     allpole_p,
     allpole_recurrence,
 )
+from retrax.ops._ballistics_primitive import ballistics_p
 from retrax.ops._recurrence import _recurrence, recurrence
 from retrax.ops._state_space import chunk_length
 
@@ -443,6 +444,8 @@ def _recurrences(jaxpr):
             found.append(eqn.params["reverse"])
         elif eqn.primitive is allpole_p:
             found.append(eqn.params["adjoint"])
+        elif eqn.primitive is ballistics_p:
+            found.append(False)
         elif eqn.primitive.name == "ffi_call":
             found.append(False)
         subs = [
