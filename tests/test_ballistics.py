@@ -6,7 +6,7 @@ import pytest
 from helpers import assert_close, check_grads, np_ballistics, unchecked
 from retrax import _native
 from retrax.ops import ballistics, linear_recurrence
-from retrax.ops._ballistics import _switched_kernel, _switched_loop
+from retrax.ops._ballistics_primitive import ballistics_p, switched, switched_loop
 
 
 def _one_pole(decay, drive, zi):
@@ -172,32 +172,60 @@ kernels = pytest.mark.skipif(
 )
 
 
+def _signals(rng, dtype, batch, length, per_sample):
+    """A batch of levels with a NaN, and coefficients per signal or per sample."""
+    x = np.abs(rng.normal(size=(batch, length)))
+    x[0, min(3, length - 1)] = np.nan  # takes the release update, as the scan
+    shape = (batch, length) if per_sample else (batch,)
+    at = rng.uniform(0.1, 0.9, shape)
+    rt = rng.uniform(0.001, 0.1, shape)
+    zi = rng.uniform(0.0, 2.0, batch)
+    return tuple(jnp.asarray(v, dtype) for v in (x, at, rt, zi))
+
+
+@pytest.fixture
+def users_compiler():
+    """XLA's optimisations on, as users run it, for this test (the session
+    turns most of them off to compile faster). The kernel rounds each step
+    as XLA's optimised CPU code rounds the scan's `(1 - c) y + c x`: fused
+    into one multiply-add whose addend is the rounded `(1 - c) y`; without
+    the optimisations XLA rounds the product and the sum apart."""
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.config.update("jax_disable_most_optimizations", before)
+
+
+def _looped(x, at, rt, zi):
+    """The scan, signal by signal, with no batching rule involved."""
+    return jnp.stack(
+        [
+            jax.jit(switched_loop)(*(v[b] for v in (x, at, rt, zi)))
+            for b in range(x.shape[0])
+        ]
+    )
+
+
+def _same(a, b):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 @kernels
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
-def test_kernel_matches_loop(dtype):
-    """The compiled loop and the `lax.scan` fallback give the same values, for
-    batches that fill every lane group (8 + 4 + 2 + 1 signals), scalar and
-    per-sample coefficients, under nested `vmap`."""
+@pytest.mark.parametrize("per_sample", [False, True])
+def test_kernel_equals_loop_bitwise(dtype, per_sample, users_compiler):
+    """The compiled loop gives the scan's numbers bit for bit, for batches that
+    leave every number of lanes of the last group used (8 float32 or 4
+    float64 signals a group, two groups at a time) and lengths that end
+    inside a block of samples."""
     rng = np.random.default_rng(5)
-    x = jnp.asarray(np.abs(rng.normal(size=(15, 300))), dtype)
-    at = jnp.asarray(rng.uniform(0.1, 0.9, 15), dtype)
-    at_t = jnp.asarray(rng.uniform(0.1, 0.9, (15, 300)), dtype)
-    rt = jnp.asarray(0.05, dtype)
-    zi = jnp.asarray(rng.uniform(0, 2, 15), dtype)
-    tol = 1e-5 if dtype == jnp.float32 else 1e-13
-    run = jax.vmap(_switched_kernel, (0, 0, None, 0))
-    loop = jax.vmap(_switched_loop, (0, 0, None, 0))
-    for coef in (at, at_t):
-        rt_b = jnp.broadcast_to(rt, coef.shape[1:])
-        y = jax.jit(run)(x, coef, rt_b, zi)
+    for batch, length in [(1, 300), (3, 7), (8, 64), (13, 301), (70, 45), (5, 1)]:
+        args = _signals(rng, dtype, batch, length, per_sample)
+        y = jax.jit(jax.vmap(switched))(*args)
         assert y.dtype == dtype
-        assert_close(y, loop(x, coef, rt_b, zi), rtol=tol)
-    nested = jax.vmap(
-        jax.vmap(_switched_kernel, (0, None, None, None)), (None, 0, 0, 0)
-    )
-    looped = jax.vmap(jax.vmap(_switched_loop, (0, None, None, None)), (None, 0, 0, 0))
-    rts = jnp.full(15, rt)
-    assert_close(nested(x, at, rts, zi), looped(x, at, rts, zi), rtol=tol)
+        _same(y, _looped(*args))
+        # one signal, unbatched
+        _same(jax.jit(switched)(*(v[0] for v in args)), y[0])
 
 
 @kernels
@@ -207,3 +235,68 @@ def test_kernel_replaces_the_loop_on_cpu():
     hlo = jax.jit(ballistics).lower(x, 0.3, 0.05).compile().as_text()
     assert _native.BALLISTICS in hlo
     assert "while" not in hlo
+    batched = jax.jit(jax.vmap(ballistics, (0, None, None)))
+    hlo = batched.lower(jnp.stack([x, x]), 0.3, 0.05).compile().as_text()
+    assert hlo.count(_native.BALLISTICS) == 1
+    assert "while" not in hlo
+
+
+@pytest.mark.parametrize("per_sample", [False, True])
+def test_primitive_under_jit_and_vmap(per_sample, users_compiler):
+    """`ballistics_p` batched over any axis, nested maps merged into one batch,
+    batched and unbatched operands mixed: the scan of each signal."""
+    rng = np.random.default_rng(6)
+    x, at, rt, zi = _signals(rng, jnp.float64, 6, 40, per_sample)
+    ref = _looped(x, at, rt, zi)
+    _same(jax.jit(switched)(x[2], at[2], rt[2], zi[2]), ref[2])
+    _same(switched(x[2], at[2], rt[2], zi[2]), ref[2])  # eagerly (def_impl)
+    _same(jax.vmap(switched)(x, at, rt, zi), ref)
+    # the batch on axis 1 of the signal, and out on axis 1
+    out = jax.jit(jax.vmap(switched, (1, 0, 0, 0), 1))(x.T, at, rt, zi)
+    _same(out, ref.T)
+    # nested: a (2, 3) batch, the inner map over axis 1 of the outer operands
+    shaped = [v.reshape(2, 3, *v.shape[1:]) for v in (x, at, rt, zi)]
+    nested = jax.vmap(jax.vmap(switched))
+    _same(jax.jit(nested)(*shaped), ref.reshape(2, 3, -1))
+    inner_first = jax.vmap(jax.vmap(switched), in_axes=(1, 1, 1, 1), out_axes=1)
+    _same(jax.jit(inner_first)(*shaped), ref.reshape(2, 3, -1))
+    # shared coefficients and state with batched signals, and the other way
+    shared = jax.vmap(switched, (0, None, None, None))(x, at[0], rt[0], zi[0])
+    _same(shared, _looped(x, *(jnp.broadcast_to(v[0], v.shape) for v in (at, rt, zi))))
+    one_signal = jax.jit(jax.vmap(switched, (None, 0, 0, 0)))(x[0], at, rt, zi)
+    _same(one_signal, _looped(jnp.broadcast_to(x[0], x.shape), at, rt, zi))
+    nested_mixed = jax.vmap(jax.vmap(switched, (0, None, None, None)), (None, 0, 0, 0))
+    _same(
+        jax.jit(nested_mixed)(x, at, rt, zi),
+        jnp.stack(
+            [
+                _looped(x, *(jnp.broadcast_to(v[b], v.shape) for v in (at, rt, zi)))
+                for b in range(x.shape[0])
+            ]
+        ),
+    )
+
+
+def test_primitive_has_no_derivative_of_its_own():
+    """Differentiating the values' primitive directly is an error, not a zero;
+    through `ballistics` the derivatives hold the decisions."""
+    x = jnp.linspace(0.0, 1.0, 8)
+    c, zero = jnp.asarray(0.3), jnp.asarray(0.0)
+    with pytest.raises(TypeError, match="no derivative of its own"):
+        jax.grad(lambda x: jnp.sum(switched(x, c, c, zero)))(x)
+    with pytest.raises(TypeError, match="no derivative of its own"):
+        jax.jvp(lambda c: switched(x, c, c, zero), (c,), (c,))
+    # stop_gradient'ed operands (as `ballistics` binds it) are fine
+    y = jax.grad(
+        lambda x: jnp.sum(switched(*map(jax.lax.stop_gradient, (x, c, c, zero))))
+    )(x)
+    _same(y, jnp.zeros_like(x))
+    assert ballistics_p.name == "ballistics"
+
+
+def test_primitive_checks_its_operands():
+    x = jnp.ones((2, 8))
+    with pytest.raises(ValueError, match="bad operand ranks"):
+        jax.eval_shape(switched, x, jnp.ones(2), jnp.ones((2, 8)), jnp.ones(2))
+    with pytest.raises(TypeError, match="mixed dtypes"):
+        jax.eval_shape(switched, x, jnp.ones(2), jnp.ones(2), jnp.ones(2, jnp.float32))

@@ -50,6 +50,7 @@ from retrax.ops._allpole_lags import (
     lag_drive,
     lag_outer,
 )
+from retrax.ops._ballistics_primitive import ballistics_p
 from retrax.ops._recurrence import _recurrence, recurrence
 from retrax.ops._state_space import chunk_length
 
@@ -505,6 +506,8 @@ def _recurrences(jaxpr):
             found.append(eqn.params["reverse"])
         elif eqn.primitive is allpole_p:
             found.append(eqn.params["adjoint"])
+        elif eqn.primitive is ballistics_p:
+            found.append(False)
         elif eqn.primitive.name == "ffi_call":
             found.append(False)
         subs = [

@@ -17,10 +17,13 @@ import pytest
 ROOT = pathlib.Path(__file__).parent.parent
 
 
-def run_on_8_devices(script: pathlib.Path, timeout: int) -> dict:
-    """Run `script` on 8 simulated CPU devices; the JSON of its `RESULT` line."""
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+def run_on_8_devices(
+    script: pathlib.Path, timeout: int, devices: int = 8, env: dict | None = None
+) -> dict:
+    """Run `script` on 8 (or `devices`) simulated CPU devices, with `env` added
+    to the environment; the JSON of its `RESULT` line."""
+    env = {**os.environ, **(env or {})}
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])]
@@ -56,6 +59,53 @@ def test_sharded_filtering_queries_and_training_match_one_device():
         assert err <= 1e-12
     losses = list(result["losses"].values())
     assert max(losses) - min(losses) <= 1e-12 * max(losses)
+
+
+BALLISTICS_ON_4_DEVICES = """
+import json
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from retrax.ops import ballistics
+
+jax.config.update("jax_enable_x64", True)
+rng = np.random.default_rng(0)
+x = np.abs(rng.normal(size=(8, 32)))
+per_signal = (x, rng.uniform(0.1, 0.5, 8), rng.uniform(0.01, 0.1, 8))
+per_sample = (x, rng.uniform(0.1, 0.5, (8, 32)), rng.uniform(0.01, 0.1, (8, 32)))
+f = jax.jit(jax.vmap(ballistics))
+g = jax.jit(jax.grad(lambda *a: jnp.sum(jax.vmap(ballistics)(*a) ** 2), (0, 1, 2)))
+out = {}
+for kind in ("Auto", "Explicit"):
+    mesh = jax.make_mesh((4,), ("batch",), axis_types=(getattr(AxisType, kind),))
+    for name, args in (("per signal", per_signal), ("per sample", per_sample)):
+        ref = np.asarray(f(*args))
+        with jax.set_mesh(mesh):
+            put = jax.device_put(args, NamedSharding(mesh, P("batch")))
+            y = f(*put)
+            programs = [h.lower(*put).compile().as_text() for h in (f, g)]
+        out[kind + " " + name] = {
+            "equal": bool(np.array_equal(np.asarray(y), ref)),
+            "split": len({s.device for s in y.addressable_shards}) == 4
+            and y.addressable_shards[0].data.shape[0] == 2,
+            "all_gathers": sum(p.count("all-gather") for p in programs),
+        }
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("kernels", ["on", "off"])
+def test_sharded_ballistics_stays_split(tmp_path, kernels):
+    # The compiled kernel runs on each device's signals (`custom_partitioning`):
+    # a batch split over the devices stays split, with no all-gather in the
+    # forward or gradient program, on automatic and explicit mesh axes; the
+    # pure-JAX loop (kernels off) alike.
+    script = tmp_path / "ballistics_on_4_devices.py"
+    script.write_text(BALLISTICS_ON_4_DEVICES)
+    env = {"RETRAX_DISABLE_KERNELS": "1" if kernels == "off" else "0"}
+    result = run_on_8_devices(script, timeout=300, devices=4, env=env)
+    assert len(result) == 4
+    for name, case in result.items():
+        assert case == {"equal": True, "split": True, "all_gathers": 0}, name
 
 
 def test_filters_inside_shard_map_on_one_device():
@@ -101,7 +151,7 @@ def test_ballistics_inside_shard_map_on_one_device():
 
     from helpers import assert_close
     from retrax.ops import ballistics
-    from retrax.ops._ballistics import _switched_loop
+    from retrax.ops._ballistics_primitive import switched_loop as _switched_loop
 
     mesh = jax.make_mesh((1,), ("batch",))
     signal = np.abs(np.sin(np.linspace(0.0, 20.0, 64))).reshape(2, 32)

@@ -3,14 +3,11 @@
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental.custom_partitioning import custom_partitioning
-from jax.interpreters.mlir import ir
-from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from .. import _native
 from .._misc import as_inexact, result_dtype
-from ._recurrence import DEFAULT_UNROLL, _varying_like, recurrence
+from ._ballistics_primitive import switched
+from ._recurrence import DEFAULT_UNROLL, recurrence
 from ._validate import check_in_range, check_signal
 
 
@@ -26,150 +23,16 @@ def _coefficient(name: str, c, length: int) -> Array:
     return c
 
 
-def _switched_loop(x: Array, at: Array, rt: Array, zi: Array) -> Array:
-    """The switched recursion as a `lax.scan`, with torchcomp's step
-    `y = (1 - c) y + c x`. Scalar coefficients stay constants of the loop, so
-    the scan reads only `x`."""
-
-    def step(y, inp):
-        xt, a, r = inp if at.ndim else (inp, at, rt)
-        c = jnp.where(xt < y, a, r)
-        y = (1 - c) * y + c * xt
-        return y, y
-
-    xs = (x, at, rt) if at.ndim else x
-    zi = _varying_like(zi, x, at, rt)  # inside shard_map, vary like the signal
-    return lax.scan(step, zi, xs, unroll=DEFAULT_UNROLL)[1]
-
-
-def _switched_kernel(x: Array, at: Array, rt: Array, zi: Array) -> Array:
-    """The switched recursion as retrax's compiled CPU kernel (`_native`).
-
-    `x` holds any number of signals, `(..., T)`; `at` and `rt` one value per
-    signal, `(...)`, or per sample, `(..., T)`; `zi` one per signal.
-    """
-    # Inside shard_map the operands must vary over the same mesh axes, and the
-    # result (typed like `x`) varies as they do.
-    x, at, rt, zi = (_varying_like(v, x, at, rt, zi) for v in (x, at, rt, zi))
-    call = jax.ffi.ffi_call(
-        _native.BALLISTICS, jax.typeof(x), vmap_method="broadcast_all"
-    )
-    return call(x, at, rt, zi)
-
-
-def _signals_loop(x: Array, at: Array, rt: Array, zi: Array) -> Array:
-    """`_switched_loop` over every signal of `x`, shaped as for the kernel."""
-    loop = _switched_loop
-    for _ in range(x.ndim - 1):
-        loop = jax.vmap(loop)
-    return loop(x, at, rt, zi)
-
-
-def _signals(x: Array, at: Array, rt: Array, zi: Array) -> Array:
-    """The kernel on the CPU, the loop elsewhere; shapes as for the kernel."""
-    return lax.platform_dependent(
-        x, at, rt, zi, cpu=_switched_kernel, default=_signals_loop
-    )
-
-
-# The kernel, like the loop, filters each signal on its own. XLA cannot see
-# that through a custom call, and would gather a sharded batch onto every
-# device and return it replicated; `custom_partitioning` tells it so: every
-# signal axis keeps its sharding, the time axis is whole on each device, and
-# each device runs the kernel on its own signals.
-
-
-def _sharding_rule(mesh, operand_types, result_types):
-    del mesh, result_types
-    ranks = [len(ir.RankedTensorType(t).shape) for t in operand_types]
-    signals = " ".join(f"b{i}" for i in range(ranks[0] - 1))
-    per_signal = [signals + (" t" if rank == ranks[0] else "") for rank in ranks]
-    rule = ", ".join(per_signal) + " -> " + per_signal[0]
-    return rule, {"need_replication_factors": ("t",)}
-
-
-def _signal_shardings(mesh, arg_shapes):
-    # The batch axes' partitions of `x`, the time axis whole, for every operand.
-    x = arg_shapes[0]
-    batch = (tuple(x.sharding.spec) + (None,) * x.ndim)[: x.ndim - 1]
-
-    def sharding(a):
-        return NamedSharding(mesh, P(*batch, *(None,) * (a.ndim - len(batch))))
-
-    return sharding(x), tuple(sharding(a) for a in arg_shapes)
-
-
-def _partition(mesh, arg_shapes, result_shape):
-    del result_shape
-    out, args = _signal_shardings(mesh, arg_shapes)
-    return mesh, _signals, out, args
-
-
-def _infer_sharding(mesh, arg_shapes, result_shape):
-    del result_shape
-    return _signal_shardings(mesh, arg_shapes)[0]
-
-
-_signals_partitioned = custom_partitioning(_signals)
-_signals_partitioned.def_partition(
-    partition=_partition,
-    infer_sharding_from_operands=_infer_sharding,
-    sharding_rule=_sharding_rule,
-)
-
-
-@jax.custom_batching.custom_vmap
-def _signals_batched(x: Array, at: Array, rt: Array, zi: Array) -> Array:
-    return _signals_partitioned(x, at, rt, zi)
-
-
-@_signals_batched.def_vmap
-def _signals_vmap(axis_size, in_batched, x, at, rt, zi):
-    # One more signal axis in front (`custom_vmap` puts it at 0): the kernel
-    # takes any number of them.
-    args = (x, at, rt, zi)
-    args = [
-        v if batched else jnp.broadcast_to(v, (axis_size, *v.shape))
-        for v, batched in zip(args, in_batched, strict=True)
-    ]
-    return _on_explicit_shards(_signals_batched, args), True
-
-
-def _on_explicit_shards(fn, args):
-    """`fn(*args)`, run by `shard_map` on each device's signals if the signal
-    axes of `x = args[0]` are sharded over `Explicit` mesh axes (their
-    sharding is then part of the types, and the pure-JAX loop's `vmap` needs
-    every operand sharded alike)."""
-    x = args[0]
-    sharding = jax.typeof(x).sharding
-    batch = (tuple(sharding.spec) + (None,) * x.ndim)[: x.ndim - 1]
-    if all(p is None for p in batch):
-        return fn(*args)
-    specs = [P(*batch, *(None,) * (a.ndim - len(batch))) for a in args]
-    args = [
-        jax.sharding.reshard(a, NamedSharding(sharding.mesh, s))
-        for a, s in zip(args, specs, strict=True)
-    ]
-    return jax.shard_map(
-        fn, mesh=sharding.mesh, in_specs=tuple(specs), out_specs=specs[0]
-    )(*args)
-
-
 def _switched(x: Array, at: Array, rt: Array, zi: Array) -> Array:
-    """The values of the switched recursion.
-
-    On the CPU, for float32 and float64, a compiled loop computes them if the
-    build produced it (`retrax._native`): XLA's while loop spends several
-    nanoseconds on each iteration of this inherently sequential recursion.
-    Elsewhere, and as the fallback, a `lax.scan`. Under `vmap` the kernel
-    runs once on the whole batch, and a batch sharded over devices stays
-    sharded (see `_signals_partitioned`).
+    """The values of the switched recursion: `ballistics_p` (see
+    `_ballistics_primitive`). On the CPU, for float32 and float64, a compiled
+    loop computes them if the build produced it (`retrax._native`): XLA's
+    while loop spends several nanoseconds on each iteration of this
+    inherently sequential recursion. Elsewhere, and as the fallback, a
+    `lax.scan`, with the same numbers. Under `vmap` the kernel runs once on
+    the whole batch, and a batch sharded over devices stays sharded.
     """
-    if x.dtype in (jnp.float32, jnp.float64):
-        if _native.available():
-            return _signals_batched(x, at, rt, zi)
-        _native.warn_if_missing()
-    return _switched_loop(x, at, rt, zi)
+    return switched(x, at, rt, zi)
 
 
 @jax.custom_jvp
@@ -237,7 +100,8 @@ def ballistics(
     are exactly those of the switched recursion: on the CPU, for float32 and
     float64, computed by a compiled loop called through the XLA FFI (see the
     FAQ; `RETRAX_DISABLE_KERNELS=1` switches it off), elsewhere by a
-    `lax.scan`.
+    `lax.scan` that gives the same numbers. Under `jax.vmap` the whole batch
+    is one call of the loop, and a batch sharded over devices stays sharded.
 
     **Arguments:**
 

@@ -1,0 +1,255 @@
+r"""The values of the switched attack/release recursion as a JAX primitive.
+
+`ballistics_p` computes, for one signal (`x` of shape `(T,)`) or a batch of
+them (`(B, T)`, under `vmap`),
+
+$$c_t = \begin{cases} a_t & x_t < y_{t-1} \\ r_t & \text{otherwise}
+  \end{cases}, \qquad y_t = (1 - c_t)\, y_{t-1} + c_t\, x_t,
+  \qquad y_{-1} = z,$$
+
+with `at` and `rt` one value per signal (`()`, or `(B,)`) or per sample
+(`(T,)`, or `(B, T)`, both alike) and the state `zi` ($z$) one per signal.
+
+Its rules, as JAX's documentation on defining primitives describes:
+
+- abstract evaluation: the output is typed as `x` (its sharding and the mesh
+  axes it varies over inside `shard_map`, which `switched` makes the same
+  for every operand);
+- lowering: on the CPU, for float32 and float64, a compiled C++ loop called
+  through the XLA FFI (`retrax._native`, `ballistics.cc`) that advances the
+  batch's signals together in SIMD lanes, wrapped in `custom_partitioning`
+  so that a batch sharded over devices stays sharded; everywhere else
+  (other devices, or without the compiled library) the `lax.scan` of the
+  same recursion. On the CPU both give the same numbers, bit for bit: the
+  kernel rounds each step as XLA's optimised CPU code rounds the scan's
+  `(1 - c) * y + c * x`, `fma(c, x, (1 - c) y)` (with its optimisations
+  off, `jax_disable_most_optimizations`, XLA rounds the product and the sum
+  apart, and the scan's last bits differ);
+- batching: the batch goes to the kernel as its leading axis, whichever
+  axis `vmap` maps (nested maps merge into one batch axis);
+- no JVP or transpose: `retrax.ops.ballistics` binds the primitive on
+  `stop_gradient`ed operands and differentiates the recursion with its
+  decisions held, on the recurrence core (`_ballistics._held`);
+  differentiating the primitive itself raises an error.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax._src import dispatch as _dispatch  # no public hook for this yet
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+from jax.interpreters.mlir import ir
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from .. import _native
+from ._allpole_primitive import DEFAULT_UNROLL, _sharded_like, _varying_like
+
+
+_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+ballistics_p = Primitive("ballistics")
+
+
+def switched(x, at, rt, zi):
+    """Bind `ballistics_p` (see the module docstring)."""
+    if not x.shape[-1]:  # nothing to compute, and no kernel call to make
+        return x
+    x, at, rt, zi = (_varying_like(v, x, at, rt, zi) for v in (x, at, rt, zi))
+    return ballistics_p.bind(x, at, rt, zi)
+
+
+# ---------------------------------------------------------------- abstract eval
+
+
+def _abstract_eval(x, at, rt, zi):
+    signals = x.ndim - 1
+    if (
+        x.ndim not in (1, 2)
+        or zi.ndim != signals
+        or at.ndim not in (signals, x.ndim)
+        or rt.ndim != at.ndim
+    ):
+        raise ValueError(
+            f"ballistics: bad operand ranks x{x.shape}, at{at.shape}, "
+            f"rt{rt.shape}, zi{zi.shape}"
+        )
+    if not (x.dtype == at.dtype == rt.dtype == zi.dtype):
+        raise TypeError(
+            f"ballistics: mixed dtypes {x.dtype}, {at.dtype}, {rt.dtype}, {zi.dtype}"
+        )
+    return x.update(weak_type=False)
+
+
+ballistics_p.def_abstract_eval(_abstract_eval)
+
+
+@functools.cache
+def _compiled():
+    return jax.jit(ballistics_p.bind)
+
+
+ballistics_p.def_impl(lambda *args: _compiled()(*args))
+
+
+# ---------------------------------------------------------------- the scan
+
+
+def switched_loop(x, at, rt, zi):
+    """The switched recursion of one signal as a `lax.scan`, with
+    torchcomp's step `y = (1 - c) y + c x`. Scalar coefficients stay
+    constants of the loop, so the scan reads only `x`."""
+
+    def step(y, inp):
+        xt, a, r = inp if at.ndim else (inp, at, rt)
+        c = jnp.where(xt < y, a, r)
+        y = (1 - c) * y + c * xt
+        return y, y
+
+    xs = (x, at, rt) if at.ndim else x
+    zi = _varying_like(zi, x, at, rt)  # inside shard_map, vary like the signal
+    return lax.scan(step, zi, xs, unroll=DEFAULT_UNROLL)[1]
+
+
+def _scan(x, at, rt, zi):
+    """`ballistics_p` as a scan (per signal, `vmap`ped over a batch)."""
+    if x.ndim == 1:
+        return switched_loop(x, at, rt, zi)
+    # `vmap` under an explicit mesh needs its operands' batch axes sharded
+    # alike; the batching rule broadcasts unbatched ones unsharded.
+    at, rt, zi = (_sharded_like(v, x) for v in (at, rt, zi))
+    return jax.vmap(switched_loop)(x, at, rt, zi)
+
+
+# ---------------------------------------------------------------- lowering
+
+
+def _kernel_call(x, at, rt, zi):
+    """The compiled kernel on operands with a batch axis in front, in their
+    own (batch-major) layout, which the kernel reads block by block."""
+    call = jax.ffi.ffi_call(_native.BALLISTICS, jax.ShapeDtypeStruct(x.shape, x.dtype))
+    return call(x, at, rt, zi)
+
+
+# The kernel filters each signal on its own. XLA cannot see that through a
+# custom call, and would gather a sharded batch onto every device;
+# `custom_partitioning` tells it so: the batch axis keeps its sharding, the
+# time axis is whole on each device, and each device runs the kernel on its
+# own signals.
+
+
+def _sharding_rule(mesh, operand_types, result_types):
+    del mesh, result_types
+    per_sample = len(ir.RankedTensorType(operand_types[1]).shape) == 2
+    coefficient = "b t" if per_sample else "b"
+    rule = f"b t, {coefficient}, {coefficient}, b -> b t"
+    return rule, {"need_replication_factors": ("t",)}
+
+
+def _batch_shardings(mesh, arg_shapes):
+    # A sharding XLA hands over without a mesh spec (a single device's, say)
+    # is taken as replicated: correct, if not split.
+    spec = getattr(arg_shapes[0].sharding, "spec", ())
+    batch = (tuple(spec) + (None,))[0]
+
+    def sharding(a):
+        return NamedSharding(mesh, P(batch, *(None,) * (a.ndim - 1)))
+
+    return sharding(arg_shapes[0]), tuple(sharding(a) for a in arg_shapes)
+
+
+def _partition(mesh, arg_shapes, result_shape):
+    del result_shape
+    out, args = _batch_shardings(mesh, arg_shapes)
+    return mesh, _kernel_call, out, args
+
+
+def _infer_sharding(mesh, arg_shapes, result_shape):
+    del result_shape
+    return _batch_shardings(mesh, arg_shapes)[0]
+
+
+_partitioned = custom_partitioning(_kernel_call)
+_partitioned.def_partition(
+    partition=_partition,
+    infer_sharding_from_operands=_infer_sharding,
+    sharding_rule=_sharding_rule,
+)
+
+
+def _kernel(x, at, rt, zi, *, partitioned):
+    if x.ndim == 1:  # one signal: a batch of one, without sharding to keep
+        return _kernel_call(x[None], at[None], rt[None], zi[None])[0]
+    if partitioned:
+        return _partitioned(x, at, rt, zi)
+    return _kernel_call(x, at, rt, zi)
+
+
+def _kernel_lowering(ctx, x, at, rt, zi):
+    # Partitioning matters only in a program over several devices.
+    axis_context = ctx.module_context.axis_context
+    devices = getattr(axis_context, "num_devices", None)
+    if devices is None:  # inside shard_map, or a mesh of its own
+        devices = getattr(getattr(axis_context, "mesh", None), "size", 2)
+    rule = mlir.lower_fun(
+        functools.partial(_kernel, partitioned=devices > 1), multiple_results=False
+    )
+    return rule(ctx, x, at, rt, zi)
+
+
+_scan_lowering = mlir.lower_fun(_scan, multiple_results=False)
+
+
+def _cpu_lowering(ctx, x, at, rt, zi):
+    if ctx.avals_in[0].dtype in _KERNEL_DTYPES:
+        if _native.available("ballistics"):
+            return _kernel_lowering(ctx, x, at, rt, zi)
+        _native.warn_if_missing()
+    return _scan_lowering(ctx, x, at, rt, zi)
+
+
+mlir.register_lowering(ballistics_p, _scan_lowering)
+# The CPU lowering may partition the kernel's batch over the program's
+# devices (`custom_partitioning`), which needs them known while lowering.
+_dispatch.prim_requires_devices_during_lowering.add(ballistics_p)
+mlir.register_lowering(ballistics_p, _cpu_lowering, platform="cpu")
+
+
+# ---------------------------------------------------------------- batching
+
+
+def _batch(args, dims):
+    size = next(v.shape[d] for v, d in zip(args, dims, strict=True) if d is not None)
+    x, at, rt, zi = (
+        jnp.broadcast_to(v, (size, *v.shape)) if d is None else jnp.moveaxis(v, d, 0)
+        for v, d in zip(args, dims, strict=True)
+    )
+    inner = x.shape[1:-1]  # a batch axis the primitive had already: merge
+    if inner:
+        x, at, rt, zi = (
+            v.reshape(size * inner[0], *v.shape[2:]) for v in (x, at, rt, zi)
+        )
+    out = switched(x, at, rt, zi)
+    return out.reshape(size, *inner, out.shape[-1]), 0
+
+
+batching.primitive_batchers[ballistics_p] = _batch
+
+
+# ---------------------------------------------------------------- no derivative
+
+
+def _no_jvp(primals, tangents):
+    del primals, tangents
+    raise TypeError(
+        "ballistics_p (the switched recursion's values) has no derivative of its "
+        "own: differentiate `retrax.ops.ballistics`, which holds the switching "
+        "decisions and differentiates on the recurrence core."
+    )
+
+
+ad.primitive_jvps[ballistics_p] = _no_jvp
