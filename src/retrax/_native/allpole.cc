@@ -23,15 +23,11 @@
 // (register tiles transposed in place); other batches and orders, and other
 // CPUs, the blocked and grouped loops.
 
-#include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <memory>
-#include <thread>
-#include <utility>
 #include <type_traits>
 #include <vector>
 
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -592,46 +588,6 @@ void RunPortable(const T* a, const T* u, const T* zi, T* y, int64_t length,
               batch_major);
 }
 
-// A wide batch is split into chunks of kChunk signals (contiguous in the
-// batch-major layout, each a batch of its own), filtered by the calling
-// thread and XLA's intra-op thread pool together: past the cache, a batch
-// streams from memory, and the cores share that. Each participant claims
-// the next chunk until none is left; the caller returns when every chunk is
-// done. A task that starts after the last chunk was claimed finds nothing to
-// do (the counters it reads are shared, not the caller's), so the wait never
-// depends on a task the pool has not started.
-constexpr int64_t kChunk = 16;
-
-template <typename F>
-void ParallelChunks(ffi::ThreadPool& pool, int64_t batch, const F& body) {
-  const int64_t chunks = (batch + kChunk - 1) / kChunk;
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), chunks - 1);
-  if (helpers <= 0) {
-    body(0, batch);
-    return;
-  }
-  struct Counters {
-    std::atomic<int64_t> next{0};
-    std::atomic<int64_t> done{0};
-  };
-  auto counters = std::make_shared<Counters>();
-  auto work = [counters, chunks, batch, &body]() {
-    for (int64_t c; (c = counters->next.fetch_add(1)) < chunks;) {
-      const int64_t first = c * kChunk;
-      body(first, std::min(batch - first, kChunk));
-      counters->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  for (int64_t i = 0; i < helpers; ++i) {
-    auto task = work;  // the pool takes its own copy
-    pool.Schedule(std::move(task));
-  }
-  work();
-  while (counters->done.load(std::memory_order_acquire) < chunks) {
-    std::this_thread::yield();
-  }
-}
-
 template <typename T>
 void Run(ffi::ThreadPool& pool, const ffi::AnyBuffer& a,
          const ffi::AnyBuffer& u, const ffi::AnyBuffer& zi,
@@ -650,7 +606,7 @@ void Run(ffi::ThreadPool& pool, const ffi::AnyBuffer& a,
     return;
   }
   const int64_t a_stride = per_sample ? length * order : order;
-  ParallelChunks(pool, batch, [&](int64_t first, int64_t count) {
+  retrax::ParallelChunks(pool, batch, [&](int64_t first, int64_t count) {
     run(a_ + first * a_stride, u_ + first * length, zi_ + first * order,
         y_ + first * length, length, count, order, per_sample, adjoint, true);
   });
@@ -813,7 +769,7 @@ void RunLags(ffi::ThreadPool& pool, const ffi::AnyBuffer& p,
   const T* q_ = static_cast<const T*>(q.untyped_data());
   const T* s_ = static_cast<const T*>(s.untyped_data());
   T* g_ = static_cast<T*>(g->untyped_data());
-  ParallelChunks(pool, batch, [&](int64_t first, int64_t count) {
+  retrax::ParallelChunks(pool, batch, [&](int64_t first, int64_t count) {
     run(p_ + first * length, q_ + first * length, s_ + first * order,
         g_ + first * length * order, length, count, order);
   });

@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -405,17 +406,26 @@ void Switched(const T* x, const T* at, const T* rt, const T* zi, T* y,
 }
 
 template <typename T>
-void Run(const ffi::AnyBuffer& x, const ffi::AnyBuffer& at,
-         const ffi::AnyBuffer& rt, const ffi::AnyBuffer& zi,
-         ffi::Result<ffi::AnyBuffer>& y, int64_t batch, int64_t length,
-         bool per_sample) {
+void Run(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
+         const ffi::AnyBuffer& at, const ffi::AnyBuffer& rt,
+         const ffi::AnyBuffer& zi, ffi::Result<ffi::AnyBuffer>& y,
+         int64_t batch, int64_t length, bool per_sample) {
   auto run = per_sample ? Switched<T, true> : Switched<T, false>;
-  run(x.typed_data<T>(), at.typed_data<T>(), rt.typed_data<T>(),
-      zi.typed_data<T>(), y->typed_data<T>(), batch, length);
+  const T* x_ = x.typed_data<T>();
+  const T* at_ = at.typed_data<T>();
+  const T* rt_ = rt.typed_data<T>();
+  const T* zi_ = zi.typed_data<T>();
+  T* y_ = y->typed_data<T>();
+  const int64_t stride = per_sample ? length : 1;
+  retrax::ParallelChunks(pool, batch, [&](int64_t first, int64_t count) {
+    run(x_ + first * length, at_ + first * stride, rt_ + first * stride,
+        zi_ + first, y_ + first * length, count, length);
+  });
 }
 
-ffi::Error Ballistics(ffi::AnyBuffer x, ffi::AnyBuffer at, ffi::AnyBuffer rt,
-                      ffi::AnyBuffer zi, ffi::Result<ffi::AnyBuffer> y) {
+ffi::Error Ballistics(ffi::ThreadPool pool, ffi::AnyBuffer x,
+                      ffi::AnyBuffer at, ffi::AnyBuffer rt, ffi::AnyBuffer zi,
+                      ffi::Result<ffi::AnyBuffer> y) {
   const auto dims = x.dimensions();
   if (dims.size() == 0) {
     return ffi::Error::InvalidArgument("ballistics: x needs a time axis");
@@ -439,10 +449,10 @@ ffi::Error Ballistics(ffi::AnyBuffer x, ffi::AnyBuffer at, ffi::AnyBuffer rt,
   if (count == 0) return ffi::Error::Success();
   switch (type) {
     case ffi::DataType::F32:
-      Run<float>(x, at, rt, zi, y, batch, length, per_sample);
+      Run<float>(pool, x, at, rt, zi, y, batch, length, per_sample);
       return ffi::Error::Success();
     case ffi::DataType::F64:
-      Run<double>(x, at, rt, zi, y, batch, length, per_sample);
+      Run<double>(pool, x, at, rt, zi, y, batch, length, per_sample);
       return ffi::Error::Success();
     default:
       return ffi::Error::InvalidArgument("ballistics: float32 or float64 only");
@@ -453,6 +463,7 @@ ffi::Error Ballistics(ffi::AnyBuffer x, ffi::AnyBuffer at, ffi::AnyBuffer rt,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RetraxBallistics, Ballistics,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
