@@ -412,6 +412,13 @@ def test_wide_batch_kernel_equals_the_scan(dtype, order):
             )(a, u, zi)
             scale = float(jnp.max(jnp.abs(want)))
             assert_close(got, want, rtol=0, atol=tol * scale)
+            # the pure-JAX CPU lowering, stepping through the batch in place
+            in_place = jax.jit(
+                functools.partial(
+                    _primitive_scan, adjoint=adjoint, unroll=2, batch_major=True
+                )
+            )(a, u, zi)
+            assert_close(in_place, want, rtol=0, atol=tol * scale)
 
 
 @pytest.mark.parametrize("dtype", REAL)
