@@ -38,17 +38,17 @@ from retrax.ops import (
     sosfilt,
     state_space,
 )
-from retrax.ops._allpole_primitive import (
-    TIME_MAJOR_BATCH,
-    _scan as _primitive_scan,
-    allpole_p,
-    allpole_recurrence,
-)
 from retrax.ops._allpole_lags import (
     _drive as _lag_drive_reference,
     _outer as _lag_outer_reference,
     lag_drive,
     lag_outer,
+)
+from retrax.ops._allpole_primitive import (
+    TIME_MAJOR_BATCH,
+    _scan as _primitive_scan,
+    allpole_p,
+    allpole_recurrence,
 )
 from retrax.ops._ballistics_primitive import ballistics_p
 from retrax.ops._recurrence import _recurrence, recurrence
@@ -440,7 +440,9 @@ def test_lag_products_equal_their_expressions(dtype, adjoint):
             assert f"@{_native.ALLPOLE_LAGS}(" in run.lower(ct, out, zi).as_text()
         want = _lag_outer_reference(ct, out, zi, adjoint=adjoint)
         tol = 1e-6 if dtype == jnp.float32 else 1e-15
-        assert_close(run(ct, out, zi), want, rtol=0, atol=tol * float(jnp.max(jnp.abs(want))))
+        assert_close(
+            run(ct, out, zi), want, rtol=0, atol=tol * float(jnp.max(jnp.abs(want)))
+        )
         assert_close(
             lag_drive(da, out, zi, adjoint=adjoint),
             _lag_drive_reference(da, out, zi, adjoint=adjoint),
@@ -457,7 +459,9 @@ def test_lag_products_equal_their_expressions(dtype, adjoint):
             (lag_drive, _lag_drive_reference, da),
             (lag_outer, _lag_outer_reference, ct),
         ]:
-            shape = jax.eval_shape(lambda *v, f=f: f(*v, adjoint=adjoint), first, out, zi)
+            shape = jax.eval_shape(
+                lambda *v, f=f: f(*v, adjoint=adjoint), first, out, zi
+            )
             cot = _random(rng, shape.shape, dtype)
             for argnum in (0, 1, 2):
                 args = [first, out, zi]

@@ -30,12 +30,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax._src import dispatch as _dispatch  # no public hook for this yet
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from .. import _native
-from jax._src import dispatch as _dispatch  # no public hook for this yet
-
 from ._allpole_primitive import (
     _KERNEL_DTYPES,
     _varying_like,
@@ -166,7 +165,10 @@ def _transpose_rule(prim, partner):
     def transpose(ct, first, out, zi, *, adjoint):
         linear = [ad.is_undefined_primal(v) for v in (first, out, zi)]
         if type(ct) is ad.Zero:
-            return [ad.Zero(v.aval) if u else None for v, u in zip((first, out, zi), linear, strict=True)]
+            return [
+                ad.Zero(v.aval) if u else None
+                for v, u in zip((first, out, zi), linear, strict=True)
+            ]
         if linear[0] and not any(linear[1:]):
             return [partner(ct, out, zi, adjoint=adjoint), None, None]
         if linear[0]:
@@ -176,7 +178,9 @@ def _transpose_rule(prim, partner):
 
         def known_first(*args):
             it = iter(args)
-            full = [next(it) if u else v for v, u in zip((out, zi), linear[1:], strict=True)]
+            full = [
+                next(it) if u else v for v, u in zip((out, zi), linear[1:], strict=True)
+            ]
             return reference(first, *full, adjoint=adjoint)
 
         cts = iter(jax.linear_transpose(known_first, *avals)(ct))
@@ -213,7 +217,9 @@ def _outer_partitioned(adjoint: bool):
 
 def _outer_kernel(ct, out, zi, *, adjoint, partitioned):
     if ct.ndim == 1:
-        return _outer_kernel(ct[None], out[None], zi[None], adjoint=adjoint, partitioned=False)[0]
+        return _outer_kernel(
+            ct[None], out[None], zi[None], adjoint=adjoint, partitioned=False
+        )[0]
     if partitioned:
         return _outer_partitioned(adjoint)(ct, out, zi)
     return _outer_kernel_call(ct, out, zi, adjoint=adjoint)
@@ -228,7 +234,9 @@ def _outer_cpu_lowering(ctx, ct, out, zi, *, adjoint):
             multiple_results=False,
         )
         return rule(ctx, ct, out, zi)
-    return mlir.lower_fun(functools.partial(_outer, adjoint=adjoint), multiple_results=False)(ctx, ct, out, zi)
+    return mlir.lower_fun(
+        functools.partial(_outer, adjoint=adjoint), multiple_results=False
+    )(ctx, ct, out, zi)
 
 
 # The CPU lowering may partition the kernel's batch over the program's
