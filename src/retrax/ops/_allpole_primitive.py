@@ -300,7 +300,9 @@ def batch_partitioned(call, rule):
         return text, {"need_replication_factors": tuple(whole)}
 
     def shardings(mesh, arg_shapes):
-        batch = (tuple(arg_shapes[1].sharding.spec) + (None,))[0]
+        # a sharding handed over without a mesh spec (one device's) is whole
+        spec = getattr(arg_shapes[1].sharding, "spec", ())
+        batch = (tuple(spec) + (None,))[0]
 
         def sharding(x):
             return NamedSharding(mesh, P(batch, *(None,) * (len(x.shape) - 1)))
