@@ -33,12 +33,14 @@ import jax
 LIBRARY = pathlib.Path(__file__).with_name("_kernels.so")
 BALLISTICS = "retrax_ballistics"
 ALLPOLE = "retrax_allpole"
+LINEAR = "retrax_linear"
 _DISABLE = "RETRAX_DISABLE_KERNELS"
 
 # Public kernel name -> (XLA FFI target name, symbol of its handler).
 _KERNELS = {
     "ballistics": (BALLISTICS, "RetraxBallistics"),
     "allpole": (ALLPOLE, "RetraxAllpole"),
+    "linear": (LINEAR, "RetraxLinear"),
 }
 
 
