@@ -1,8 +1,9 @@
 """Compiled CPU kernels, registered with XLA through its FFI.
 
-The package build compiles `ballistics.cc` (the attack/release smoother) and
+The package build compiles `ballistics.cc` (the attack/release smoother),
 `allpole.cc` (the all-pole recursion of the recurrence core, forward and
-adjoint) into `_kernels.so` against the
+adjoint) and `linear.cc` (the core's diagonal and dense recursions, forward
+and adjoint, real and complex) into `_kernels.so` against the
 FFI headers of the jaxlib in the build environment (see `hatch_build.py`).
 The kernels are used if that library is present and XLA accepts its handlers;
 otherwise every op falls back to its pure-JAX loop, which computes the same
@@ -51,8 +52,9 @@ class KernelStatus:
     **Fields:**
 
     - `active`: `True` if the kernel is loaded and registered with XLA; ops
-      then use it on the CPU for float32 and float64 (on other devices, and
-      for other dtypes, they run their pure-JAX loop).
+      then use it on the CPU for float32 and float64 (and, for `"linear"`,
+      complex64 and complex128; on other devices, and for other dtypes, they
+      run their pure-JAX loop).
     - `reason`: why it is active or not, in words (for example the library
       is missing because the package was built without a C++ compiler, it
       was disabled with `RETRAX_DISABLE_KERNELS=1`, or XLA refused it).
@@ -141,16 +143,18 @@ def kernels() -> dict[str, KernelStatus]:
     """Which of retrax's compiled CPU kernels are in use, and why not.
 
     `retrax.ops.ballistics` (and so the dynamics processors built on it, such
-    as `retrax.filters.Compressor`) and the all-pole recursion behind
+    as `retrax.filters.Compressor`), the all-pole recursion behind
     `retrax.ops.allpole`, `linear_recurrence`, `lfilter`, `lfilter_tv` and
-    `sosfilt` (values and derivatives) run compiled loops on the CPU, built
-    with the package when a C++ compiler is available. Without them the ops
-    run pure-JAX loops that give the same numbers, more slowly; this
-    function says which one is in use.
+    `sosfilt`, and the diagonal and dense recursions behind
+    `retrax.ops.diag_state_space`, `state_space`, `comb`, the state-variable
+    filter and the derivatives of `ballistics` (values and derivatives) run
+    compiled loops on the CPU, built with the package when a C++ compiler is
+    available. Without them the ops run pure-JAX loops that give the same
+    numbers, more slowly; this function says which one is in use.
 
     **Returns:**
 
-    A dict from kernel name (`"ballistics"`, `"allpole"`) to its
+    A dict from kernel name (`"ballistics"`, `"allpole"`, `"linear"`) to its
     [`retrax.KernelStatus`][]: `active` and a `reason` in words.
 
     !!! Example

@@ -28,8 +28,10 @@ that linear scan into the time-reversed adjoint filter, so reverse mode costs
 one backwards scan and stores only the coefficients and the lagged outputs,
 and forward and higher-order modes come for free.
 
-Two static methods evaluate the recursion. ``"sequential"`` (the default) is a
-`lax.scan`, one step per sample: the least work, and the fastest on a CPU.
+Two static methods evaluate the recursion. ``"sequential"`` (the default)
+takes one step per sample (a compiled loop on the CPU for the all-pole,
+diagonal and dense structures, a `lax.scan` otherwise): the least work, and
+the fastest on a CPU.
 ``"associative"`` is `lax.associative_scan` on the pairs
 $(M(c_t), u_t)$ combined as
 $(M_2, b_2) \\circ (M_1, b_1) = (M_2 M_1, M_2 b_1 + b_2)$: $O(\\log T)$ steps
