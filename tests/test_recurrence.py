@@ -761,35 +761,31 @@ _STATE_CASES = [
 def test_state_kernel_matches_naive_scan(structure, dtype):
     # The primitive (the compiled kernel on the CPU) against a scan of the
     # definition, forward and adjoint, constant and per-sample coefficients,
-    # for one signal and batches of 1 and 11 (lanes of 8 and a remainder);
-    # the diagonal's chains are channels (N = 9: 8 + 1 of one signal) or
-    # span signals (N = 1, 3), the dense sizes 1, 2 (compiled) and 5 (not).
+    # for one signal (a batch of one in the kernel) and a batch of 11 (lanes
+    # of 8 and a remainder); the diagonal's chains are channels (N = 9: 8 + 1
+    # of one signal) or span signals (N = 1, 3), the dense sizes 1 and 2 are
+    # the kernel's compiled ones and 5 one it reads at run time.
     rng = np.random.default_rng(50)
     length = 37
     single = dtype in (jnp.float32, jnp.complex64)
     tol = 1e-5 if single else 1e-12
+
+    def both(f):
+        return lambda *v: (f(structure, *v), f(structure, *v, adjoint=True))
+
     for n in (n for s, n in _STATE_CASES if s == structure):
         for constant in (True, False):
-            for batch in ((), (1,), (11,)):
-                a, u, zi = _state_case(
-                    rng, structure, dtype, length, n, constant, batch
-                )
-                for adjoint in (False, True):
-                    run = functools.partial(
-                        state_recurrence, structure, adjoint=adjoint
-                    )
-                    naive = functools.partial(
-                        _naive_state_recurrence, structure, adjoint=adjoint
-                    )
-                    if batch:
-                        run, naive = jax.vmap(run), jax.vmap(naive)
-                    run = jax.jit(run)
-                    if _native.available("linear"):
-                        text = run.lower(a, u, zi).as_text()
-                        assert f"@{_native.LINEAR}(" in text
-                    got = run(a, u, zi)
+            for batch in ((), (11,)):
+                args = _state_case(rng, structure, dtype, length, n, constant, batch)
+                run, naive = both(state_recurrence), both(_naive_state_recurrence)
+                if batch:
+                    run, naive = jax.vmap(run), jax.vmap(naive)
+                run = jax.jit(run)
+                if _native.available("linear"):
+                    text = run.lower(*args).as_text()
+                    assert text.count(f"@{_native.LINEAR}(") == 2
+                for got, want in zip(run(*args), jax.jit(naive)(*args), strict=True):
                     assert got.dtype == dtype
-                    want = jax.jit(naive)(a, u, zi)
                     scale = float(jnp.max(jnp.abs(want)))
                     assert_close(got, want, rtol=0, atol=tol * scale)
 
