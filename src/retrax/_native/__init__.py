@@ -43,6 +43,8 @@ _KERNELS = {
     "allpole": (ALLPOLE, "RetraxAllpole"),
     "linear": (LINEAR, "RetraxLinear"),
 }
+# The dtypes each kernel runs, in words (the others: float32 and float64).
+_DTYPES = {"linear": "float32, float64, complex64 and complex128"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +130,7 @@ def _load() -> dict[str, tuple[bool, str]]:
                 True,
                 (
                     f"loaded from {LIBRARY.name} (compiled for {built_for}), used "
-                    "on the CPU for float32 and float64"
+                    f"on the CPU for {_DTYPES.get(name, 'float32 and float64')}"
                 ),
             )
     return status
