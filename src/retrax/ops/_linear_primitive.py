@@ -396,10 +396,11 @@ def _transpose(ct, a, u, zi, *, structure, adjoint, unroll):
         if length == 0 or (adjoint and per_sample):  # the state is never read
             ct_zi = zeros
         elif not adjoint:  # h_0 = M_0 z + u_0: z's cotangent is M_0^T w_0
-            m = a[..., 0, :] if per_sample and structure == "diagonal" else a
-            m = a[..., 0, :, :] if per_sample and structure == "dense" else m
+            m = a
+            if per_sample:  # the coefficients of step 0
+                m = lax.index_in_dim(a, 0, a.ndim - 1 - _matrix_rank(structure), False)
             ct_zi = _products(structure, m, ct_u[..., :1, :], False, True)[..., 0, :]
-        else:  # w_{T-1} = u_{T-1} + M^T z: z's cotangent is M h_{T-1}
+        else:  # w_{T-1} = u_{T-1} + M^T z: z's cotangent is M v_{T-1}
             ct_zi = _products(structure, a, ct_u[..., -1:, :], False, False)[..., 0, :]
     return None, (ct_u if ad.is_undefined_primal(u) else None), ct_zi
 
