@@ -1,7 +1,7 @@
 """Build hook: compile retrax's CPU kernels (`src/retrax/_native`).
 
-The kernels speed up loops that XLA runs slowly (see `ballistics.cc` and
-`allpole.cc`). They
+The kernels speed up loops that XLA runs slowly (see `ballistics.cc`,
+`allpole.cc` and `linear.cc`). They
 are compiled against the XLA FFI headers shipped with jaxlib, so jaxlib is a
 build requirement. Without a C++ compiler, or if compilation fails, the
 build still succeeds: retrax then runs its pure-JAX loops, which give the
@@ -24,7 +24,7 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 
 NATIVE = pathlib.Path("src", "retrax", "_native")
-SOURCES = ["ballistics.cc", "allpole.cc"]
+SOURCES = ["ballistics.cc", "allpole.cc", "linear.cc"]
 LIBRARY = "_kernels.so"
 
 

@@ -265,6 +265,21 @@ def allpole_eqns_in(jaxpr):
     return found
 
 
+def linear_eqns_in(jaxpr):
+    """Every equation of the diagonal and dense recursion primitive in `jaxpr`
+    (its `adjoint` parameter: the transposed recursion, run backwards in
+    time), nested jaxprs included."""
+    from retrax.ops._linear_primitive import linear_p
+
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is linear_p:
+            found.append(eqn)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found.extend(linear_eqns_in(sub))
+    return found
+
+
 def scans_in(jaxpr):
     """Every `scan` equation in `jaxpr`, nested jaxprs included."""
     found = []

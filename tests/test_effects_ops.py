@@ -20,6 +20,7 @@ import scipy.signal
 from helpers import (
     assert_close,
     check_grads,
+    linear_eqns_in,
     raises_eagerly_and_under_jit,
     scans_in,
     unchecked,
@@ -427,7 +428,11 @@ def test_delay_derivatives():
 
 
 def _recurrences(jaxpr):
-    return sorted(eqn.params["reverse"] for eqn in scans_in(jaxpr))
+    """The time recursions, as their `reverse` flags: scans and the core's
+    diagonal and dense primitive (its `adjoint` runs backwards in time)."""
+    flags = [eqn.params["reverse"] for eqn in scans_in(jaxpr)]
+    flags += [eqn.params["adjoint"] for eqn in linear_eqns_in(jaxpr)]
+    return sorted(flags)
 
 
 def _carry(eqn):
@@ -454,6 +459,9 @@ def test_comb_gradient_is_the_adjoint_recursion():
             carry = _carry(eqn)
             assert sum(int(np.prod(v.shape)) for v in carry) == 7
             assert eqn.params["length"] == 15  # ceil(100 / 7) blocks
+        for eqn in linear_eqns_in(jaxpr):  # a state of 7, over 15 blocks
+            assert eqn.invars[2].aval.shape == (7,)
+            assert eqn.invars[1].aval.shape == (15, 7)
         batched = jax.make_jaxpr(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))))(
             x[None].repeat(3, 0), g[None].repeat(3, 0), zi_[None].repeat(3, 0)
         )

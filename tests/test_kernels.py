@@ -13,7 +13,7 @@ import pytest
 
 import retrax
 from retrax import _native
-from retrax.ops import allpole, ballistics
+from retrax.ops import allpole, ballistics, diag_state_space
 
 
 ROOT = pathlib.Path(__file__).parent.parent
@@ -35,6 +35,20 @@ def _allpole_uses_kernel(dtype=jnp.float64) -> bool:
     return text.count(f"@{_native.ALLPOLE}(") == 2  # forward and adjoint
 
 
+def _linear_uses_kernel(dtype=jnp.float64) -> bool:
+    """Whether the CPU program of `diag_state_space` and its gradient call
+    the diagonal/dense kernel (real and complex dtypes alike)."""
+    x = jnp.linspace(0.0, 1.0, 8, dtype=dtype)[:, None]
+    a = jnp.asarray([-0.5, 0.1], dtype)
+    B, C = jnp.ones((2, 1), dtype), jnp.ones((1, 2), dtype)
+
+    def loss(a, x):
+        return jnp.sum(jnp.abs(diag_state_space(a, B, C, None, x)) ** 2)
+
+    text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(a, x).as_text()
+    return text.count(f"@{_native.LINEAR}(") == 2  # forward and adjoint
+
+
 @pytest.fixture
 def fresh_status():
     """Forget the loaded status, before and after the test."""
@@ -48,8 +62,12 @@ def fresh_status():
 
 def test_status_says_whether_the_ops_use_the_kernels():
     status = retrax.kernels()
-    assert set(status) == {"ballistics", "allpole"}
-    uses = {"ballistics": _uses_kernel(), "allpole": _allpole_uses_kernel()}
+    assert set(status) == {"ballistics", "allpole", "linear"}
+    uses = {
+        "ballistics": _uses_kernel(),
+        "allpole": _allpole_uses_kernel(),
+        "linear": _linear_uses_kernel(),
+    }
     for name, kernel in status.items():
         assert isinstance(kernel, retrax.KernelStatus)
         assert kernel.library == str(_native.LIBRARY)
@@ -65,6 +83,7 @@ def test_status_says_whether_the_ops_use_the_kernels():
     for dtype in (jnp.complex64, jnp.complex128):
         assert _allpole_uses_kernel(dtype) == uses["allpole"], dtype
         assert dtype.__name__ in status["allpole"].reason or not uses["allpole"]
+    assert _linear_uses_kernel(jnp.complex128) == uses["linear"]
 
 
 def test_disabled_kernels_are_reported_without_a_warning():
@@ -80,10 +99,15 @@ def test_disabled_kernels_are_reported_without_a_warning():
         "a = jnp.asarray([-0.5])\n"
         "text += jax.jit(lambda x: retrax.ops.allpole(x, a))"
         ".lower(jnp.ones(4)).as_text()\n"
+        "text += jax.jit(lambda x: retrax.ops.diag_state_space("
+        "a, jnp.ones((1, 1)), jnp.ones((1, 1)), None, x))"
+        ".lower(jnp.ones((4, 1))).as_text()\n"
         "k = retrax.kernels()['ballistics']\n"
         "assert retrax.kernels()['allpole'].reason == k.reason\n"
+        "assert retrax.kernels()['linear'].reason == k.reason\n"
+        "names = (_native.BALLISTICS, _native.ALLPOLE, _native.LINEAR)\n"
         "print(json.dumps({'active': k.active, 'reason': k.reason,"
-        " 'called': _native.BALLISTICS in text or _native.ALLPOLE in text}))\n"
+        " 'called': any(name in text for name in names)}))\n"
     )
     env = dict(os.environ, RETRAX_DISABLE_KERNELS="1", JAX_PLATFORMS="cpu")
     env["PYTHONPATH"] = os.pathsep.join(
@@ -121,6 +145,7 @@ def test_missing_library_is_reported_and_warned_once(
         warnings.simplefilter("error")  # once per process
         assert not _uses_kernel()  # the pure-JAX loops
         assert not _allpole_uses_kernel()
+        assert not _linear_uses_kernel()
 
 
 def test_library_that_xla_refuses_is_reported(fresh_status, monkeypatch):

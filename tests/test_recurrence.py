@@ -3,7 +3,12 @@
 import contextlib
 import functools
 import io
+import json
+import os
+import pathlib
 import re
+import subprocess
+import sys
 
 import equinox as eqx
 import jax
@@ -20,6 +25,7 @@ from helpers import (
     allpole_eqns_in,
     assert_close,
     check_grads,
+    linear_eqns_in,
     naive_allpole,
     np_ballistics,
     scans_in,
@@ -51,6 +57,10 @@ from retrax.ops._allpole_primitive import (
     allpole_recurrence,
 )
 from retrax.ops._ballistics_primitive import ballistics_p
+from retrax.ops._linear_primitive import (
+    linear_p,
+    state_recurrence,
+)
 from retrax.ops._recurrence import _recurrence, recurrence
 from retrax.ops._state_space import chunk_length
 
@@ -508,14 +518,15 @@ def test_saved_residuals_are_inputs_output_and_lags(capsys):
 
 def _recurrences(jaxpr):
     """The time recursions of a program, as their `reverse` flags: every scan,
-    the all-pole primitive (forward or adjoint), and the compiled kernel
+    the all-pole and the diagonal/dense primitives (forward or adjoint), and
+    the compiled kernel
     (`ffi_call`, forward). The branches of a `cond` that picks one
     implementation per platform count once."""
     found = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "scan":
             found.append(eqn.params["reverse"])
-        elif eqn.primitive is allpole_p:
+        elif eqn.primitive in (allpole_p, linear_p):
             found.append(eqn.params["adjoint"])
         elif eqn.primitive is ballistics_p:
             found.append(False)
@@ -761,3 +772,252 @@ def test_filter_inside_equinox_module():
     p, t = 0.5, np.arange(16)
     exact = sum(np.sum(np.arange(1, n + 1) * p ** np.arange(n)) for n in t)
     assert_close(grads.pole, exact)
+
+
+# ---------------------------------------------------------------- diagonal, dense
+
+
+def _state_case(rng, structure, dtype, length, n, constant, batch=()):
+    """Stable coefficients, a drive and a state for `state_recurrence`: every
+    step's transition has norm between 0.2 and 0.8 (eigenvalues of a
+    diagonal; Frobenius norm, so spectral norm at most that, of a matrix)."""
+    shape = batch + (() if constant else (length,))
+    shape += (n,) if structure == "diagonal" else (n, n)
+    a = _random(rng, shape, dtype)
+    if structure == "diagonal":
+        norm = jnp.abs(a)
+    else:
+        norm = jnp.sqrt(jnp.sum(jnp.abs(a) ** 2, axis=(-2, -1), keepdims=True))
+    scale = jnp.asarray(rng.uniform(0.2, 0.8, norm.shape), norm.dtype)
+    a = a * (scale / norm).astype(dtype)
+    u = _random(rng, batch + (length, n), dtype)
+    zi = _random(rng, batch + (n,), dtype)
+    return a, u, zi
+
+
+def _naive_state_recurrence(structure, a, u, zi, adjoint=False):
+    """The recursion of one signal as a plain `lax.scan`, from its definition:
+    $h_t = M_t h_{t-1} + u_t$, or the adjoint $w_s = u_s + M_{s+1}^T w_{s+1}$
+    (no conjugation), $w_T = z$, with $M_T = 0$ for per-sample coefficients."""
+    length = u.shape[0]
+    per_sample = a.ndim == (2 if structure == "diagonal" else 3)
+    coeffs = a if per_sample else jnp.broadcast_to(a, (length, *a.shape))
+    if structure == "diagonal":
+        step_matrices = jax.vmap(jnp.diag)(coeffs)
+    else:
+        step_matrices = coeffs
+    if not adjoint:
+
+        def step(h, inp):
+            m, ut = inp
+            h = m @ h + ut
+            return h, h
+
+        return jax.lax.scan(step, zi, (step_matrices, u))[1]
+    last = jnp.zeros_like(step_matrices[:1]) if per_sample else step_matrices[:1]
+    following = jnp.concatenate([step_matrices[1:], last])
+
+    def back(w, inp):
+        m, ut = inp
+        w = m.T @ w + ut
+        return w, w
+
+    return jax.lax.scan(back, zi, (following, u), reverse=True)[1]
+
+
+_STATE_CASES = [
+    (structure, n)
+    for structure, sizes in (("diagonal", (1, 3, 9)), ("dense", (1, 2, 5)))
+    for n in sizes
+]
+
+
+@pytest.mark.parametrize("dtype", REAL + COMPLEX)
+@pytest.mark.parametrize("structure", ["diagonal", "dense"])
+def test_state_kernel_matches_naive_scan(structure, dtype):
+    # The primitive (the compiled kernel on the CPU) against a scan of the
+    # definition, forward and adjoint, constant and per-sample coefficients,
+    # for one signal (a batch of one in the kernel) and a batch of 11 (lanes
+    # of 8 and a remainder); the diagonal's chains are channels (N = 9: 8 + 1
+    # of one signal) or span signals (N = 1, 3), the dense sizes 1 and 2 are
+    # the kernel's compiled ones and 5 one it reads at run time.
+    rng = np.random.default_rng(50)
+    length = 37
+    single = dtype in (jnp.float32, jnp.complex64)
+    tol = 1e-5 if single else 1e-12
+
+    def both(f):
+        return lambda *v: (f(structure, *v), f(structure, *v, adjoint=True))
+
+    for n in (n for s, n in _STATE_CASES if s == structure):
+        for constant in (True, False):
+            for batch in ((), (11,)):
+                args = _state_case(rng, structure, dtype, length, n, constant, batch)
+                run, naive = both(state_recurrence), both(_naive_state_recurrence)
+                if batch:
+                    run, naive = jax.vmap(run), jax.vmap(naive)
+                run = jax.jit(run)
+                if _native.available("linear"):
+                    text = run.lower(*args).as_text()
+                    assert text.count(f"@{_native.LINEAR}(") == 2
+                for got, want in zip(run(*args), jax.jit(naive)(*args), strict=True):
+                    assert got.dtype == dtype
+                    scale = float(jnp.max(jnp.abs(want)))
+                    assert_close(got, want, rtol=0, atol=tol * scale)
+
+
+@pytest.mark.parametrize("dtype", REAL + COMPLEX)
+@pytest.mark.parametrize("structure", ["diagonal", "dense"])
+def test_state_primitive_check_grads(structure, dtype):
+    # Second order, both modes, on the kernel path, forward and adjoint,
+    # constant and per-sample coefficients; single precision needs a larger
+    # step and the JAX default tolerance of float32 derivatives.
+    rng = np.random.default_rng(51)
+    length, n = 12, 2
+    single = dtype in (jnp.float32, jnp.complex64)
+    tol, eps = (2e-3, 1e-3) if single else (1e-6, 1e-5)
+    options = dict(atol=tol, rtol=tol, eps=eps)
+    for constant in (True, False):
+        args = _state_case(rng, structure, dtype, length, n, constant)
+        for adjoint in (False, True):
+            run = functools.partial(state_recurrence, structure, adjoint=adjoint)
+            check_grads(run, args, **options)
+
+
+@pytest.mark.parametrize("structure", ["diagonal", "dense"])
+def test_state_gradients_equal_naive_scan_autodiff(structure):
+    # Reverse mode through the primitive (the adjoint kernel) equals JAX's
+    # own derivative of the plain scan, for every input and for u alone,
+    # complex included (no conjugation in the transpose).
+    rng = np.random.default_rng(52)
+    for dtype in (jnp.float64, jnp.complex128):
+        for constant in (True, False):
+            args = _state_case(rng, structure, dtype, 40, 3, constant)
+            w = _random(rng, (40, 3), dtype)
+
+            def loss(f, w=w):
+                return lambda *v: jnp.sum(jnp.real(w * jnp.sin(f(structure, *v))))
+
+            for argnums in ((0, 1, 2), (1,)):
+                got, want = (
+                    jax.jit(jax.grad(loss(f), argnums=argnums))(*args)
+                    for f in (state_recurrence, _naive_state_recurrence)
+                )
+                for g, r in zip(got, want, strict=True):
+                    assert_close(g, r, rtol=1e-12)
+
+
+@pytest.mark.parametrize("structure", ["diagonal", "dense"])
+def test_state_gradient_wrt_u_alone_forms_no_lagged_products(structure):
+    # A symbolic zero tangent of the coefficients: the gradient with respect
+    # to u is the adjoint recursion of the cotangent alone; no product of the
+    # coefficients' tangent with the lagged states is formed.
+    rng = np.random.default_rng(53)
+    a, u, zi = _state_case(rng, structure, jnp.float64, 50, 3, False)
+
+    def loss(u):
+        return jnp.sum(state_recurrence(structure, a, u, zi) ** 2)
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss))(u).jaxpr
+    names = {eqn.primitive.name for eqn in jaxpr.eqns}
+    assert not names & {"concatenate", "dot_general", "scan"}, names
+    eqns = linear_eqns_in(jaxpr)
+    assert sorted(eqn.params["adjoint"] for eqn in eqns) == [False, True]
+    want = jax.grad(
+        lambda u: jnp.sum(_naive_state_recurrence(structure, a, u, zi) ** 2)
+    )(u)
+    assert_close(jax.grad(loss)(u), want)
+
+
+@pytest.mark.parametrize("structure", ["diagonal", "dense"])
+def test_state_vmap_over_any_axis_and_nested(structure):
+    # vmap over axis 1 of u and nested vmaps reach the kernel as one leading
+    # batch axis; values and gradients equal the signals' one-by-one runs.
+    rng = np.random.default_rng(54)
+    length, n = 30, 2
+    cases = [_state_case(rng, structure, jnp.float64, length, n, False)
+             for _ in range(6)]  # fmt: skip
+    a = jnp.stack([c[0] for c in cases]).reshape(3, 2, *cases[0][0].shape)
+    u = jnp.stack([c[1] for c in cases]).reshape(3, 2, length, n)
+    zi = jnp.stack([c[2] for c in cases]).reshape(3, 2, n)
+    run = functools.partial(state_recurrence, structure)
+    # inner map over axis 1 of u (time first), outer over the leading axis
+    inner = jax.vmap(run, (0, 1, 0), 1)
+    nested = jax.jit(jax.vmap(inner, (0, 0, 0), 0))
+    u_time_first = jnp.moveaxis(u, 2, 1)  # (3, T, 2, n)
+    got = nested(a, u_time_first, zi)
+    jaxpr = jax.make_jaxpr(nested)(a, u_time_first, zi).jaxpr
+    (eqn,) = linear_eqns_in(jaxpr)
+    assert eqn.invars[1].aval.shape == (6, length, n)
+
+    def loss(f):
+        return lambda a, u, zi: jnp.sum(jnp.sin(f(a, u, zi)))
+
+    grads = jax.jit(jax.grad(loss(nested), argnums=(0, 1, 2)))(a, u_time_first, zi)
+    for i in range(3):
+        for j in range(2):
+            args = (a[i, j], u[i, j], zi[i, j])
+            assert_close(got[i, :, j], run(*args))
+            one = jax.grad(loss(run), argnums=(0, 1, 2))(*args)
+            assert_close(grads[0][i, j], one[0])
+            assert_close(grads[1][i, :, j], one[1])
+            assert_close(grads[2][i, j], one[2])
+
+
+_SHARD_MAP_SCRIPT = """
+import json, os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+jax.config.update("jax_enable_x64", True)
+from retrax.ops._linear_primitive import state_recurrence
+rng = np.random.default_rng(0)
+mesh = jax.make_mesh((4,), ("batch",))
+errors = {}
+for structure, shape in (("diagonal", (8, 40, 3)), ("dense", (8, 40, 3, 3))):
+    a = jnp.asarray(rng.uniform(-0.3, 0.3, shape))
+    u = jnp.asarray(rng.standard_normal((8, 40, 3)))
+    zi = jnp.asarray(rng.standard_normal((8, 3)))
+    run = jax.vmap(lambda a, u, zi: state_recurrence(structure, a, u, zi))
+    def loss(f):
+        return lambda a, u, zi: jnp.sum(jnp.sin(f(a, u, zi)) ** 2)
+    ref = (run(a, u, zi), jax.grad(loss(run), argnums=(0, 1, 2))(a, u, zi))
+    sharded = jax.shard_map(run, mesh=mesh, in_specs=P("batch"),
+                            out_specs=P("batch"))
+    put = lambda v: jax.device_put(v, NamedSharding(mesh, P("batch")))
+    args = tuple(put(v) for v in (a, u, zi))
+    got = (jax.jit(sharded)(*args),
+           jax.jit(jax.grad(loss(sharded), argnums=(0, 1, 2)))(*args))
+    auto = jax.jit(run).lower(*args).compile().as_text()
+    errors[structure] = {
+        "error": max(float(jnp.max(jnp.abs(g - r)))
+                     for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref))),
+        "devices": len(got[0].sharding.device_set),
+        "all_gather": "all-gather" in auto,
+    }
+print("RESULT " + json.dumps(errors))
+"""
+
+
+def test_state_primitive_inside_shard_map_equals_one_device():
+    # On 4 simulated devices (a subprocess: the device count is fixed when
+    # JAX starts), forward and gradient inside `shard_map` equal one
+    # device's, and under `jit` a sharded batch is not gathered.
+    env = dict(os.environ)
+    env["JAX_PLATFORMS"] = "cpu"
+    src = str(pathlib.Path(__file__).parent.parent / "src")
+    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.run(
+        [sys.executable, "-c", _SHARD_MAP_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    result = json.loads(line.removeprefix("RESULT "))
+    for structure, found in result.items():
+        assert found["devices"] == 4, structure
+        assert found["error"] <= 1e-12, (structure, found)
+        assert not found["all_gather"], structure

@@ -1,8 +1,9 @@
 """Compiled CPU kernels, registered with XLA through its FFI.
 
-The package build compiles `ballistics.cc` (the attack/release smoother) and
+The package build compiles `ballistics.cc` (the attack/release smoother),
 `allpole.cc` (the all-pole recursion of the recurrence core, forward and
-adjoint) into `_kernels.so` against the
+adjoint) and `linear.cc` (the core's diagonal and dense recursions, forward
+and adjoint, real and complex) into `_kernels.so` against the
 FFI headers of the jaxlib in the build environment (see `hatch_build.py`).
 The kernels are used if that library is present and XLA accepts its handlers;
 otherwise every op falls back to its pure-JAX loop, which computes the same
@@ -34,17 +35,20 @@ LIBRARY = pathlib.Path(__file__).with_name("_kernels.so")
 BALLISTICS = "retrax_ballistics"
 ALLPOLE = "retrax_allpole"
 ALLPOLE_LAGS = "retrax_allpole_lags"
+LINEAR = "retrax_linear"
 _DISABLE = "RETRAX_DISABLE_KERNELS"
 
 # Public kernel name -> its (XLA FFI target name, symbol of the handler)s.
 _KERNELS = {
     "ballistics": ((BALLISTICS, "RetraxBallistics"),),
     "allpole": ((ALLPOLE, "RetraxAllpole"), (ALLPOLE_LAGS, "RetraxAllpoleLags")),
+    "linear": ((LINEAR, "RetraxLinear"),),
 }
 # The dtypes each kernel computes (others run the pure-JAX loop).
 _DTYPES = {
     "ballistics": "float32 and float64",
     "allpole": "float32, float64, complex64 and complex128",
+    "linear": "float32, float64, complex64 and complex128",
 }
 
 
@@ -146,16 +150,18 @@ def kernels() -> dict[str, KernelStatus]:
     """Which of retrax's compiled CPU kernels are in use, and why not.
 
     `retrax.ops.ballistics` (and so the dynamics processors built on it, such
-    as `retrax.filters.Compressor`) and the all-pole recursion behind
+    as `retrax.filters.Compressor`), the all-pole recursion behind
     `retrax.ops.allpole`, `linear_recurrence`, `lfilter`, `lfilter_tv` and
-    `sosfilt` (values and derivatives) run compiled loops on the CPU, built
-    with the package when a C++ compiler is available. Without them the ops
-    run pure-JAX loops that give the same numbers, more slowly; this
-    function says which one is in use.
+    `sosfilt`, and the diagonal and dense recursions behind
+    `retrax.ops.diag_state_space`, `state_space`, `comb`, the state-variable
+    filter and the derivatives of `ballistics` (values and derivatives) run
+    compiled loops on the CPU, built with the package when a C++ compiler is
+    available. Without them the ops run pure-JAX loops that give the same
+    numbers, more slowly; this function says which one is in use.
 
     **Returns:**
 
-    A dict from kernel name (`"ballistics"`, `"allpole"`) to its
+    A dict from kernel name (`"ballistics"`, `"allpole"`, `"linear"`) to its
     [`retrax.KernelStatus`][]: `active` and a `reason` in words.
 
     !!! Example

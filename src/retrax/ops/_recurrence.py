@@ -17,15 +17,21 @@ with four static structures for the transition $M$:
   $L = \\min_i m_i$ samples, all of whose feedback reads lie in the state.
 
 The sequential all-pole recursion is a JAX primitive with its own rules and a
-compiled CPU kernel (`_allpole_primitive`). For the other structures and
-methods, the derivative rule is a `jax.custom_jvp` whose tangent is the same recursion
-driven by the tangent input, $\\dot u_t + \\dot M(c_t) s_{t-1}$. JAX transposes
+compiled CPU kernel (`_allpole_primitive`), and so are the sequential diagonal
+and dense ones (`_linear_primitive`, one primitive with the structure as a
+static parameter): their derivatives run the same primitive, forward for the
+tangent and the transposed recursion backwards in time for the adjoint. For
+`DelayLines` and the associative method, the derivative rule is a
+`jax.custom_jvp` whose tangent is the same recursion driven by the tangent
+input, $\\dot u_t + \\dot M(c_t) s_{t-1}$. JAX transposes
 that linear scan into the time-reversed adjoint filter, so reverse mode costs
 one backwards scan and stores only the coefficients and the lagged outputs,
 and forward and higher-order modes come for free.
 
-Two static methods evaluate the recursion. ``"sequential"`` (the default) is a
-`lax.scan`, one step per sample: the least work, and the fastest on a CPU.
+Two static methods evaluate the recursion. ``"sequential"`` (the default)
+takes one step per sample (a compiled loop on the CPU for the all-pole,
+diagonal and dense structures, a `lax.scan` otherwise): the least work, and
+the fastest on a CPU.
 ``"associative"`` is `lax.associative_scan` on the pairs
 $(M(c_t), u_t)$ combined as
 $(M_2, b_2) \\circ (M_1, b_1) = (M_2 M_1, M_2 b_1 + b_2)$: $O(\\log T)$ steps
@@ -51,6 +57,7 @@ from ._allpole_primitive import (
     allpole_recurrence,
     scan_allpole as _scan_allpole,
 )
+from ._linear_primitive import scan_linear, state_recurrence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,46 +72,8 @@ Method = Literal["sequential", "associative"]
 METHODS = ("sequential", "associative")
 
 
-def _scan_diagonal(a, u, zi, unroll):
-    zi = _varying_like(zi, a, u)
-    if a.ndim == 1:
-
-        def step(h, ut):
-            h = a * h + ut
-            return h, h
-
-        xs = u
-    else:
-
-        def step(h, inp):
-            at, ut = inp
-            h = at * h + ut
-            return h, h
-
-        xs = (a, u)
-    _, h = lax.scan(step, zi, xs, unroll=unroll)
-    return h
-
-
-def _scan_dense(A, u, zi, unroll):
-    zi = _varying_like(zi, A, u)
-    if A.ndim == 2:
-
-        def step(h, ut):
-            h = A @ h + ut
-            return h, h
-
-        xs = u
-    else:
-
-        def step(h, inp):
-            At, ut = inp
-            h = At @ h + ut
-            return h, h
-
-        xs = (A, u)
-    _, h = lax.scan(step, zi, xs, unroll=unroll)
-    return h
+_scan_diagonal = functools.partial(scan_linear, "diagonal")
+_scan_dense = functools.partial(scan_linear, "dense")
 
 
 def _scan_delay_lines(delays, A, u, zi, unroll):
@@ -255,12 +224,15 @@ def recurrence(
     `coeffs` is constant (no time axis) or per-sample (leading axis `T`), `u`
     has a leading time axis, and `zi` is the state before the first sample.
     `unroll` applies to the sequential method only. The sequential all-pole
-    recursion is the primitive of `_allpole_primitive` (a compiled kernel on
+    recursion is the primitive of `_allpole_primitive`, the sequential
+    diagonal and dense ones that of `_linear_primitive` (compiled kernels on
     the CPU); the others run `_recurrence`.
     """
     check_method(method)
     if structure == "allpole" and method == "sequential":
         return allpole_recurrence(coeffs, u, zi, unroll=unroll)
+    if structure in ("diagonal", "dense") and method == "sequential":
+        return state_recurrence(structure, coeffs, u, zi, unroll=unroll)
     return _recurrence(structure, unroll, coeffs, u, zi, method)
 
 
