@@ -351,14 +351,17 @@ def test_primitive_gradients_equal_the_scan_rules(order):
     [
         (jnp.float32, True),
         (jnp.float64, False),
+        (jnp.complex64, False),
         pytest.param(jnp.float32, False, marks=_SLOW),
         pytest.param(jnp.float64, True, marks=_SLOW),
+        pytest.param(jnp.complex64, True, marks=_SLOW),
+        pytest.param(jnp.complex128, False, marks=_SLOW),
     ],
 )
 def test_primitive_check_grads(dtype, constant):
-    # Second order, both modes, on the kernel path (CPU, float32 and float64);
-    # float32 differences need a larger step (rounding is 1e-7, not 1e-16)
-    # and the JAX default tolerance of float32 derivatives.
+    # Second order, both modes, on the kernel path (CPU, every dtype it
+    # computes); single-precision differences need a larger step (rounding is
+    # 1e-7, not 1e-16) and the JAX default tolerance of float32 derivatives.
     rng = np.random.default_rng(30)
     length, order = 12, 2
     x = _random(rng, length, dtype)
@@ -367,7 +370,7 @@ def test_primitive_check_grads(dtype, constant):
         a = jnp.asarray(stable_poly(rng, order, 0.9), dtype)
     else:
         a = _time_varying(rng, length, order, dtype)
-    single = dtype == jnp.float32
+    single = dtype in (jnp.float32, jnp.complex64)
     tol, eps = (2e-3, 1e-3) if single else (1e-6, 1e-4)
     options = dict(atol=tol, rtol=tol, eps=eps)
     check_grads(allpole_recurrence, (a, x, zi), **options)
