@@ -35,13 +35,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from .. import _native
-from ._allpole_primitive import (
-    _KERNEL_DTYPES,
-    _varying_like,
-    batch_partitioned,
-    lagged,
-    partitioned_program,
-)
+from ._allpole_primitive import _KERNEL_DTYPES, _varying_like, lagged
+from ._kernel_lowering import batch_partitioned, partitioned_program
 
 
 def _advanced(values, k):

@@ -46,14 +46,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax._src import dispatch as _dispatch  # no public hook for this yet
-from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
-from jax.interpreters.mlir import ir
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import _native
 from .._errors import varying_axes as _varying_axes
+from ._kernel_lowering import batch_partitioned, partitioned_program
 
 
 # Measured on a 2-core x86 CPU (order 2, T=44,100, float32): the forward scan
@@ -279,52 +277,6 @@ def _kernel_call(a, u, zi, *, adjoint):
     return call(a, u, zi, adjoint=adjoint, batch_major=batch_major)
 
 
-# The kernels filter each signal on its own. XLA cannot see that through a
-# custom call, and would gather a sharded batch onto every device;
-# `custom_partitioning` tells it so: the batch axis keeps its sharding, every
-# other axis is whole on each device, and each device runs the kernel on its
-# own signals.
-
-
-def batch_partitioned(call, rule):
-    """`call` (on operands with the batch axis in front) partitioned over the
-    batch. `rule(ranks)` gives its Shardy rule from the operands' ranks, with
-    the batch factor named `b` (for example `"b t, b t, b k -> b t k"`)."""
-
-    def sharding_rule(mesh, operand_types, result_types):
-        del mesh, result_types
-        text = rule([len(ir.RankedTensorType(t).shape) for t in operand_types])
-        # the factors that stay whole, in the order the rule first names them
-        whole = dict.fromkeys(f for f in text.replace(",", " ").split() if f.isalpha())
-        whole.pop("b", None)
-        return text, {"need_replication_factors": tuple(whole)}
-
-    def shardings(mesh, arg_shapes):
-        # a sharding handed over without a mesh spec (one device's) is whole
-        spec = getattr(arg_shapes[1].sharding, "spec", ())
-        batch = (tuple(spec) + (None,))[0]
-
-        def sharding(x):
-            return NamedSharding(mesh, P(batch, *(None,) * (len(x.shape) - 1)))
-
-        return sharding, tuple(sharding(x) for x in arg_shapes)
-
-    def partition(mesh, arg_shapes, result_shape):
-        sharding, args = shardings(mesh, arg_shapes)
-        return mesh, call, sharding(result_shape), args
-
-    def infer(mesh, arg_shapes, result_shape):
-        return shardings(mesh, arg_shapes)[0](result_shape)
-
-    wrapped = custom_partitioning(call)
-    wrapped.def_partition(
-        partition=partition,
-        infer_sharding_from_operands=infer,
-        sharding_rule=sharding_rule,
-    )
-    return wrapped
-
-
 def _allpole_rule(ranks):
     return ("b t k" if ranks[0] == 3 else "b k") + ", b t, b k -> b t"
 
@@ -344,16 +296,6 @@ def _kernel(a, u, zi, *, adjoint, partitioned):
     if partitioned:
         return _partitioned(adjoint)(a, u, zi)
     return _kernel_call(a, u, zi, adjoint=adjoint)
-
-
-def partitioned_program(ctx) -> bool:
-    """Whether a lowering is for a program over several devices (where a
-    kernel needs its batch partitioned)."""
-    axis_context = ctx.module_context.axis_context
-    devices = getattr(axis_context, "num_devices", None)
-    if devices is None:  # inside shard_map, or a mesh of its own
-        devices = getattr(getattr(axis_context, "mesh", None), "size", 2)
-    return devices > 1
 
 
 def _kernel_lowering(ctx, a, u, zi, *, adjoint, unroll):

@@ -40,14 +40,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax._src import dispatch as _dispatch  # no public hook for this yet
-from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
-from jax.interpreters.mlir import ir
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import _native
 from ._allpole_primitive import DEFAULT_UNROLL, _sharded_like, _varying_like
+from ._kernel_lowering import batch_partitioned, partitioned_program
 
 
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -135,50 +133,12 @@ def _kernel_call(x, at, rt, zi):
     return call(x, at, rt, zi)
 
 
-# The kernel filters each signal on its own. XLA cannot see that through a
-# custom call, and would gather a sharded batch onto every device;
-# `custom_partitioning` tells it so: the batch axis keeps its sharding, the
-# time axis is whole on each device, and each device runs the kernel on its
-# own signals.
+def _sharding_rule(ranks):
+    coefficient = "b t" if ranks[1] == 2 else "b"
+    return f"b t, {coefficient}, {coefficient}, b -> b t"
 
 
-def _sharding_rule(mesh, operand_types, result_types):
-    del mesh, result_types
-    per_sample = len(ir.RankedTensorType(operand_types[1]).shape) == 2
-    coefficient = "b t" if per_sample else "b"
-    rule = f"b t, {coefficient}, {coefficient}, b -> b t"
-    return rule, {"need_replication_factors": ("t",)}
-
-
-def _batch_shardings(mesh, arg_shapes):
-    # A sharding XLA hands over without a mesh spec (a single device's, say)
-    # is taken as replicated: correct, if not split.
-    spec = getattr(arg_shapes[0].sharding, "spec", ())
-    batch = (tuple(spec) + (None,))[0]
-
-    def sharding(a):
-        return NamedSharding(mesh, P(batch, *(None,) * (a.ndim - 1)))
-
-    return sharding(arg_shapes[0]), tuple(sharding(a) for a in arg_shapes)
-
-
-def _partition(mesh, arg_shapes, result_shape):
-    del result_shape
-    out, args = _batch_shardings(mesh, arg_shapes)
-    return mesh, _kernel_call, out, args
-
-
-def _infer_sharding(mesh, arg_shapes, result_shape):
-    del result_shape
-    return _batch_shardings(mesh, arg_shapes)[0]
-
-
-_partitioned = custom_partitioning(_kernel_call)
-_partitioned.def_partition(
-    partition=_partition,
-    infer_sharding_from_operands=_infer_sharding,
-    sharding_rule=_sharding_rule,
-)
+_partitioned = batch_partitioned(_kernel_call, _sharding_rule, signal=0)
 
 
 def _kernel(x, at, rt, zi, *, partitioned):
@@ -190,13 +150,9 @@ def _kernel(x, at, rt, zi, *, partitioned):
 
 
 def _kernel_lowering(ctx, x, at, rt, zi):
-    # Partitioning matters only in a program over several devices.
-    axis_context = ctx.module_context.axis_context
-    devices = getattr(axis_context, "num_devices", None)
-    if devices is None:  # inside shard_map, or a mesh of its own
-        devices = getattr(getattr(axis_context, "mesh", None), "size", 2)
     rule = mlir.lower_fun(
-        functools.partial(_kernel, partitioned=devices > 1), multiple_results=False
+        functools.partial(_kernel, partitioned=partitioned_program(ctx)),
+        multiple_results=False,
     )
     return rule(ctx, x, at, rt, zi)
 

@@ -46,14 +46,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax._src import dispatch as _dispatch  # no public hook for this yet
-from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
-from jax.interpreters.mlir import ir
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import _native
 from ._allpole_primitive import TANGENT_UNROLL, _varying_like
+from ._kernel_lowering import batch_partitioned, partitioned_program
 
 
 STRUCTURES = ("diagonal", "dense")
@@ -190,64 +188,26 @@ def _kernel_call(a, u, zi, *, structure, adjoint):
     return call(a, u, zi, dense=structure == "dense", adjoint=adjoint)
 
 
-# The kernel runs each signal on its own. XLA cannot see that through a custom
-# call, and would gather a sharded batch onto every device;
-# `custom_partitioning` tells it so: the batch axis keeps its sharding, every
-# other axis is whole on each device, and each device runs its own signals.
-
-
 def _sharding_rule(structure):
-    def rule(mesh, operand_types, result_types):
-        del mesh, result_types
-        a_rank = len(ir.RankedTensorType(operand_types[0]).shape)
-        per_sample = a_rank == 2 + _matrix_rank(structure)
+    def rule(ranks):
+        per_sample = ranks[0] == 2 + _matrix_rank(structure)
         a = (
             "b"
             + (" t" if per_sample else "")
             + " n"
             + (" m" if structure == "dense" else "")
         )
-        einsum = f"{a}, b t n, b n -> b t n"
-        # the factors that stay whole, in the order the rule first names them
-        names = einsum.replace(",", " ").replace("->", " ").split()
-        whole = tuple(dict.fromkeys(f for f in names if f != "b"))
-        return einsum, {"need_replication_factors": whole}
+        return f"{a}, b t n, b n -> b t n"
 
     return rule
 
 
-def _batch_shardings(mesh, arg_shapes):
-    u = arg_shapes[1]
-    spec = tuple(u.sharding.spec) + (None,)
-    batch = spec[0]
-
-    def sharding(x):
-        return NamedSharding(mesh, P(batch, *(None,) * (x.ndim - 1)))
-
-    return sharding(u), tuple(sharding(x) for x in arg_shapes)
-
-
 @functools.cache
 def _partitioned(structure: str, adjoint: bool):
-    def call(a, u, zi):
+    def call(a, u, zi):  # positional only: custom_partitioning binds no keywords
         return _kernel_call(a, u, zi, structure=structure, adjoint=adjoint)
 
-    def partition(mesh, arg_shapes, result_shape):
-        del result_shape
-        out, args = _batch_shardings(mesh, arg_shapes)
-        return mesh, call, out, args
-
-    def infer(mesh, arg_shapes, result_shape):
-        del result_shape
-        return _batch_shardings(mesh, arg_shapes)[0]
-
-    wrapped = custom_partitioning(call)
-    wrapped.def_partition(
-        partition=partition,
-        infer_sharding_from_operands=infer,
-        sharding_rule=_sharding_rule(structure),
-    )
-    return wrapped
+    return batch_partitioned(call, _sharding_rule(structure))
 
 
 def _kernel(a, u, zi, *, structure, adjoint, partitioned):
@@ -262,14 +222,12 @@ def _kernel(a, u, zi, *, structure, adjoint, partitioned):
 
 
 def _kernel_lowering(ctx, a, u, zi, *, structure, adjoint):
-    # Partitioning matters only in a program over several devices.
-    axis_context = ctx.module_context.axis_context
-    devices = getattr(axis_context, "num_devices", None)
-    if devices is None:  # inside shard_map, or a mesh of its own
-        devices = getattr(getattr(axis_context, "mesh", None), "size", 2)
     rule = mlir.lower_fun(
         functools.partial(
-            _kernel, structure=structure, adjoint=adjoint, partitioned=devices > 1
+            _kernel,
+            structure=structure,
+            adjoint=adjoint,
+            partitioned=partitioned_program(ctx),
         ),
         multiple_results=False,
     )
