@@ -36,7 +36,11 @@ from jax.interpreters import ad, batching, mlir
 
 from .. import _native
 from ._allpole_primitive import _KERNEL_DTYPES, _varying_like, lagged
-from ._kernel_lowering import batch_partitioned, partitioned_program
+from ._kernel_lowering import (
+    batch_in_front,
+    batch_partitioned,
+    partitioned_program,
+)
 
 
 def _advanced(values, k):
@@ -74,19 +78,10 @@ def _outer(ct, out, zi, *, adjoint):
 
 
 def _batch(prim, args, dims, *, adjoint):
-    """The batch in front as one leading axis (nested maps merge into it),
-    whichever axis `vmap` maps."""
-    size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not None)
-    args = [
-        jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
-        for x, d in zip(args, dims, strict=True)
-    ]
-    signal = args[1]
-    inner = signal.shape[1:-1]
-    if inner:
-        args = [x.reshape(size * inner[0], *x.shape[2:]) for x in args]
-    out = prim.bind(*args, adjoint=adjoint)
-    return out.reshape(size, *inner, *out.shape[1:]), 0
+    def bind(*args):
+        return prim.bind(*args, adjoint=adjoint)
+
+    return batch_in_front(bind, args, dims, signal=1, signal_rank=1)
 
 
 _REFERENCES = {}

@@ -51,7 +51,11 @@ from jax.interpreters import ad, batching, mlir
 
 from .. import _native
 from .._errors import varying_axes as _varying_axes
-from ._kernel_lowering import batch_partitioned, partitioned_program
+from ._kernel_lowering import (
+    batch_in_front,
+    batch_partitioned,
+    partitioned_program,
+)
 
 
 # Measured on a 2-core x86 CPU (order 2, T=44,100, float32): the forward scan
@@ -341,16 +345,10 @@ mlir.register_lowering(allpole_p, _cpu_lowering, platform="cpu")
 
 
 def _batch(args, dims, *, adjoint, unroll):
-    size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not None)
-    a, u, zi = (
-        jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
-        for x, d in zip(args, dims, strict=True)
-    )
-    inner = u.shape[1:-1]  # a batch axis the primitive had already: merge
-    if inner:
-        a, u, zi = (x.reshape(size * inner[0], *x.shape[2:]) for x in (a, u, zi))
-    out = allpole_recurrence(a, u, zi, adjoint=adjoint, unroll=unroll)
-    return out.reshape(size, *inner, out.shape[-1]), 0
+    def bind(a, u, zi):
+        return allpole_recurrence(a, u, zi, adjoint=adjoint, unroll=unroll)
+
+    return batch_in_front(bind, args, dims, signal=1, signal_rank=1)
 
 
 batching.primitive_batchers[allpole_p] = _batch

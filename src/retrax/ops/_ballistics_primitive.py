@@ -45,7 +45,11 @@ from jax.interpreters import ad, batching, mlir
 
 from .. import _native
 from ._allpole_primitive import DEFAULT_UNROLL, _sharded_like, _varying_like
-from ._kernel_lowering import batch_partitioned, partitioned_program
+from ._kernel_lowering import (
+    batch_in_front,
+    batch_partitioned,
+    partitioned_program,
+)
 
 
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -179,18 +183,7 @@ mlir.register_lowering(ballistics_p, _cpu_lowering, platform="cpu")
 
 
 def _batch(args, dims):
-    size = next(v.shape[d] for v, d in zip(args, dims, strict=True) if d is not None)
-    x, at, rt, zi = (
-        jnp.broadcast_to(v, (size, *v.shape)) if d is None else jnp.moveaxis(v, d, 0)
-        for v, d in zip(args, dims, strict=True)
-    )
-    inner = x.shape[1:-1]  # a batch axis the primitive had already: merge
-    if inner:
-        x, at, rt, zi = (
-            v.reshape(size * inner[0], *v.shape[2:]) for v in (x, at, rt, zi)
-        )
-    out = switched(x, at, rt, zi)
-    return out.reshape(size, *inner, out.shape[-1]), 0
+    return batch_in_front(switched, args, dims, signal=0, signal_rank=1)
 
 
 batching.primitive_batchers[ballistics_p] = _batch

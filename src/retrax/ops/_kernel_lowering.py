@@ -1,16 +1,36 @@
-"""Lowering a kernel that filters each signal of a batch on its own.
+"""Batching and lowering a primitive whose kernel filters each signal of a
+batch on its own.
 
-XLA cannot see through a custom call that the signals are independent, and
-would gather a batch sharded over devices onto every device;
-`custom_partitioning` tells it so: the batch axis keeps its sharding, every
-other axis is whole on each device, and each device runs the kernel on its
-own signals. The primitives of the recurrence core and `ballistics` share
-this.
+Under `vmap` the batch goes to the kernel as one leading axis
+(`batch_in_front`). XLA cannot see through a custom call that the signals are
+independent, and would gather a batch sharded over devices onto every
+device; `custom_partitioning` tells it so (`batch_partitioned`): the batch
+axis keeps its sharding, every other axis is whole on each device, and each
+device runs the kernel on its own signals. The primitives of the recurrence
+core and `ballistics` share these.
 """
 
+import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.interpreters.mlir import ir
 from jax.sharding import NamedSharding, PartitionSpec as P
+
+
+def batch_in_front(bind, args, dims, *, signal: int, signal_rank: int):
+    """A batching rule: the mapped axis of every operand in front (unmapped
+    operands broadcast), whichever axis `vmap` maps, merged with a batch axis
+    the operands had already (nested maps give the kernel one batch), then
+    `bind(*args)`. Operand `signal` has `signal_rank` axes per signal."""
+    size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not None)
+    args = [
+        jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
+        for x, d in zip(args, dims, strict=True)
+    ]
+    inner = args[signal].shape[1 : args[signal].ndim - signal_rank]
+    if inner:
+        args = [x.reshape(size * inner[0], *x.shape[2:]) for x in args]
+    out = bind(*args)
+    return out.reshape(size, *inner, *out.shape[1:]), 0
 
 
 def batch_partitioned(call, rule, signal: int = 1):

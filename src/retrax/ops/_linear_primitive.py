@@ -51,7 +51,11 @@ from jax.interpreters import ad, batching, mlir
 
 from .. import _native
 from ._allpole_primitive import TANGENT_UNROLL, _varying_like
-from ._kernel_lowering import batch_partitioned, partitioned_program
+from ._kernel_lowering import (
+    batch_in_front,
+    batch_partitioned,
+    partitioned_program,
+)
 
 
 STRUCTURES = ("diagonal", "dense")
@@ -258,16 +262,10 @@ mlir.register_lowering(linear_p, _cpu_lowering, platform="cpu")
 
 
 def _batch(args, dims, *, structure, adjoint, unroll):
-    size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not None)
-    a, u, zi = (
-        jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
-        for x, d in zip(args, dims, strict=True)
-    )
-    inner = u.shape[1:-2]  # a batch axis the primitive had already: merge
-    if inner:
-        a, u, zi = (x.reshape(size * inner[0], *x.shape[2:]) for x in (a, u, zi))
-    out = state_recurrence(structure, a, u, zi, adjoint=adjoint, unroll=unroll)
-    return out.reshape(size, *inner, *out.shape[-2:]), 0
+    def bind(a, u, zi):
+        return state_recurrence(structure, a, u, zi, adjoint=adjoint, unroll=unroll)
+
+    return batch_in_front(bind, args, dims, signal=1, signal_rank=2)
 
 
 batching.primitive_batchers[linear_p] = _batch
