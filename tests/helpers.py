@@ -250,19 +250,24 @@ def np_df2(b, a, x, zi):
     return y, np.array(line)
 
 
+def primitive_eqns_in(jaxpr, primitive):
+    """Every equation of `primitive` in `jaxpr`, nested jaxprs included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is primitive:
+            found.append(eqn)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found.extend(primitive_eqns_in(sub, primitive))
+    return found
+
+
 def allpole_eqns_in(jaxpr):
     """Every equation of the all-pole recursion primitive in `jaxpr` (its
     `adjoint` parameter: the transposed recursion, run backwards in time),
     nested jaxprs included."""
     from retrax.ops._allpole_primitive import allpole_p
 
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive is allpole_p:
-            found.append(eqn)
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            found.extend(allpole_eqns_in(sub))
-    return found
+    return primitive_eqns_in(jaxpr, allpole_p)
 
 
 def linear_eqns_in(jaxpr):
@@ -271,13 +276,7 @@ def linear_eqns_in(jaxpr):
     time), nested jaxprs included."""
     from retrax.ops._linear_primitive import linear_p
 
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive is linear_p:
-            found.append(eqn)
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            found.extend(linear_eqns_in(sub))
-    return found
+    return primitive_eqns_in(jaxpr, linear_p)
 
 
 def scans_in(jaxpr):
