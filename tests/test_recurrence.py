@@ -56,9 +56,10 @@ from retrax.ops._allpole_primitive import (
     allpole_p,
     allpole_recurrence,
 )
-from retrax.ops._ballistics_primitive import ballistics_p
+from retrax.ops._ballistics_primitive import ballistics_p, switched_loop
 from retrax.ops._linear_primitive import (
     linear_p,
+    scan_linear,
     state_recurrence,
 )
 from retrax.ops._recurrence import _recurrence, recurrence
@@ -432,6 +433,47 @@ def test_wide_batch_kernel_equals_the_scan(dtype, order):
                 )
             )(a, u, zi)
             assert_close(in_place, want, rtol=0, atol=tol * scale)
+
+
+def test_kernels_fill_outputs_past_the_huge_page_size():
+    # Outputs of 4 MiB and more are marked for transparent huge pages before
+    # the kernels write them (`_native/pages.h`: XLA allocates them afresh at
+    # every call). Each kernel's large output, against the pure-JAX loops.
+    rng = np.random.default_rng(60)
+    batch, length = 24, 50_000  # 4.8 MB a signal batch, 9.6 MB of lags
+    f32 = jnp.float32
+    u = _random(rng, (batch, length), f32)
+    zi = _random(rng, (batch, 2), f32)
+    theta = rng.uniform(0.1, 3.0, (batch, 1)) + 0.3 * np.sin(np.arange(length) / 900)
+    a = jnp.asarray(
+        np.stack([-1.8 * np.cos(theta), np.full_like(theta, 0.81)], -1), f32
+    )
+    for adjoint in (False, True):
+        got = jax.jit(functools.partial(allpole_recurrence, adjoint=adjoint))(a, u, zi)
+        want = jax.jit(functools.partial(_primitive_scan, adjoint=adjoint, unroll=1))(
+            a, u, zi
+        )
+        assert_close(got, want, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(want))))
+        lags = jax.jit(functools.partial(lag_outer, adjoint=adjoint))
+        want = _lag_outer_reference(u, got, zi, adjoint=adjoint)
+        assert_close(
+            lags(u, got, zi), want, rtol=0, atol=1e-6 * float(jnp.max(jnp.abs(want)))
+        )
+    x = jnp.abs(u)
+    at = jnp.asarray(rng.uniform(0.01, 0.5, (batch, length)), f32)
+    rt = jnp.asarray(rng.uniform(0.01, 0.5, (batch, length)), f32)
+    got = jax.jit(jax.vmap(ballistics_p.bind))(x, at, rt, zi[:, 0])
+    want = jax.jit(jax.vmap(switched_loop))(x, at, rt, zi[:, 0])
+    assert_close(got, want, rtol=1e-6)
+    ad = jnp.asarray(rng.uniform(-0.9, 0.9, (batch, length, 2)), f32)
+    ud = _random(rng, (batch, length, 2), f32)
+    got = jax.jit(jax.vmap(lambda a, u, z: state_recurrence("diagonal", a, u, z)))(
+        ad, ud, zi
+    )
+    want = jax.jit(
+        jax.vmap(lambda a, u, z: scan_linear("diagonal", a, u, z, unroll=1))
+    )(ad, ud, zi)
+    assert_close(got, want, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(want))))
 
 
 @pytest.mark.parametrize("dtype", REAL)

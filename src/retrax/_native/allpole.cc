@@ -27,6 +27,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "pages.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -601,6 +602,7 @@ void Run(ffi::ThreadPool& pool, const ffi::AnyBuffer& a,
   const T* u_ = static_cast<const T*>(u.untyped_data());
   const T* zi_ = static_cast<const T*>(zi.untyped_data());
   T* y_ = static_cast<T*>(y->untyped_data());
+  retrax::AdviseHugePages(y_, y->size_bytes());
   if (!batch_major) {  // one signal (the layouts coincide)
     run(a_, u_, zi_, y_, length, batch, order, per_sample, adjoint, false);
     return;
@@ -769,6 +771,7 @@ void RunLags(ffi::ThreadPool& pool, const ffi::AnyBuffer& p,
   const T* q_ = static_cast<const T*>(q.untyped_data());
   const T* s_ = static_cast<const T*>(s.untyped_data());
   T* g_ = static_cast<T*>(g->untyped_data());
+  retrax::AdviseHugePages(g_, g->size_bytes());
   retrax::ParallelChunks(pool, batch, [&](int64_t first, int64_t count) {
     run(p_ + first * length, q_ + first * length, s_ + first * order,
         g_ + first * length * order, length, count, order);

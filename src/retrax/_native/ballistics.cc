@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "pages.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -416,6 +417,7 @@ void Run(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   const T* rt_ = rt.typed_data<T>();
   const T* zi_ = zi.typed_data<T>();
   T* y_ = y->typed_data<T>();
+  retrax::AdviseHugePages(y_, y->size_bytes());
   const int64_t stride = per_sample ? length : 1;
   retrax::ParallelChunks(pool, batch, [&](int64_t first, int64_t count) {
     run(x_ + first * length, at_ + first * stride, rt_ + first * stride,

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "pages.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -322,6 +323,7 @@ void Run(const ffi::AnyBuffer& a, const ffi::AnyBuffer& u,
 #ifdef RETRAX_LINEAR_X86
   if (LinearHasAvx2Fma()) run = RunAvx2<R, C>;
 #endif
+  retrax::AdviseHugePages(y->untyped_data(), y->size_bytes());
   run(static_cast<const R*>(a.untyped_data()),
       static_cast<const R*>(u.untyped_data()),
       static_cast<const R*>(zi.untyped_data()),
