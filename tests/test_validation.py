@@ -8,6 +8,10 @@
   give empty outputs.
 """
 
+import os
+import subprocess
+import sys
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -835,3 +839,61 @@ def test_effect_fields_set_to_python_numbers_by_tree_at():
     for module, where, value, expected in cases:
         moved = eqx.tree_at(where, module, value)
         assert_close(moved(x), expected(x), rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------- how a run-time check costs
+
+
+def test_checks_do_not_copy_the_checked_signal():
+    # A run-time check passes a flag, not the signal, through its `lax.cond`
+    # (`retrax._errors.error_if`): XLA would write a conditional's result to
+    # a new buffer, a copy of the whole batch on every call.
+    x = jnp.ones((8, 1_000), jnp.float32)
+    a = jnp.broadcast_to(jnp.asarray([-0.5, 0.2], jnp.float32), (8, 1_000, 2))
+    batch = jax.vmap(allpole)
+    grad = jax.grad(lambda x, a: jnp.sum(batch(x, a) ** 2), argnums=(0, 1))
+    for f in (batch, grad):
+        hlo = jax.jit(f).lower(x, a).compile().as_text()
+        copies = [
+            line
+            for line in hlo.splitlines()
+            if " copy(" in line and "[8,1000]" in line.split("=")[1].split(" ")[1]
+        ]
+        assert copies == [], copies
+
+
+def test_check_keeps_every_value_bit_for_bit():
+    from retrax._errors import error_if
+
+    v = jnp.asarray([-0.0, 0.0, np.nan, np.inf, -np.inf, -1.5e-45, 3.0])
+    for dtype in (jnp.float32, jnp.complex64):
+        w = v.astype(dtype)
+        out = eqx.filter_jit(lambda w: error_if(w, jnp.real(w[-1]) > 5, "m"))(w)
+        assert out.dtype == w.dtype
+        np.testing.assert_array_equal(
+            np.asarray(out).view(np.uint8), np.asarray(w).view(np.uint8)
+        )
+    with pytest.raises(RUNTIME, match="`w` is bad"):
+        eqx.filter_jit(lambda w: error_if(w, w[-1] > 2, "`w` is bad"))(v)
+
+
+def test_check_gives_nan_with_eqx_on_error_nan():
+    # `EQX_ON_ERROR=nan` (read by equinox at import) turns a failed check
+    # into NaN for the whole checked value, as `eqx.error_if` does.
+    code = (
+        "import jax, jax.numpy as jnp\n"
+        "from retrax.ops import allpole\n"
+        "x = jnp.ones(16)\n"
+        "a = jnp.zeros((16, 2)).at[5, 0].set(jnp.nan)\n"
+        "for f in (allpole, jax.jit(allpole)):\n"
+        "    y = f(x, a)\n"
+        "    assert bool(jnp.all(jnp.isnan(y))), y\n"
+        "    assert bool(jnp.all(jnp.isfinite(f(x, a.at[5, 0].set(0.1)))))\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "EQX_ON_ERROR": "nan"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("ok")
