@@ -402,9 +402,44 @@ RETRAX_AVX2 void TailLanes(const T* a, const T* u, T* y, int64_t length,
   }
 }
 
+// A wide batch streams from memory, 3 + K rows of a tile's W signals at a
+// time: more streams than the hardware prefetcher follows, so each tile asks
+// for the cache lines it will read (and write) kPrefetchAhead samples later.
+// In the cache (`stream` false) the requests would only cost.
+inline constexpr int64_t kPrefetchAhead = 64;
+
+template <typename T, int K, bool per_sample, bool adjoint>
+RETRAX_AVX2 void Prefetch(const T* a, const T* u, T* y, int64_t length,
+                          int64_t t0, const int64_t* signal) {
+  const int64_t t = adjoint ? t0 - kPrefetchAhead : t0 + kPrefetchAhead;
+  if (t < 0 || t >= length) return;
+  constexpr int W = Avx2<T>::W;
+  constexpr int kLine = 64;
+  // a row of a tile need not start a cache line: ask for its last byte's too
+  constexpr int x_last = W * static_cast<int>(sizeof(T)) - 1;
+  constexpr int a_last = K * W * static_cast<int>(sizeof(T)) - 1;
+#pragma GCC unroll 8
+  for (int l = 0; l < W; ++l) {
+    const char* x = reinterpret_cast<const char*>(u + signal[l] * length + t);
+    const char* out = reinterpret_cast<const char*>(y + signal[l] * length + t);
+    __builtin_prefetch(x, 0, 0);
+    __builtin_prefetch(x + x_last, 0, 0);
+    __builtin_prefetch(out, 1, 0);
+    __builtin_prefetch(out + x_last, 1, 0);
+    if (per_sample) {
+      const char* row = reinterpret_cast<const char*>(
+          a + (signal[l] * length + t) * K);
+#pragma GCC unroll 4
+      for (int b = 0; b < a_last; b += kLine) __builtin_prefetch(row + b, 0, 0);
+      __builtin_prefetch(row + a_last, 0, 0);
+    }
+  }
+}
+
 template <typename T, int K, bool per_sample, bool adjoint>
 RETRAX_AVX2 void Tiles(const T* a, const T* u, const T* zi, T* y,
-                       int64_t length, int64_t batch, int64_t first) {
+                       int64_t length, int64_t batch, int64_t first,
+                       bool stream) {
   using A = Avx2<T>;
   using V = typename A::V;
   constexpr int W = A::W;
@@ -453,6 +488,7 @@ RETRAX_AVX2 void Tiles(const T* a, const T* u, const T* zi, T* y,
   const int64_t tiles = full / W;
   for (int64_t j = 0; j < tiles; ++j) {
     const int64_t t0 = (adjoint ? tiles - 1 - j : j) * W;
+    if (stream) Prefetch<T, K, per_sample, adjoint>(a, u, y, length, t0, signal);
     V x[W];
 #pragma GCC unroll 8
     for (int l = 0; l < W; ++l) x[l] = A::Load(u + signal[l] * length + t0);
@@ -506,27 +542,28 @@ RETRAX_AVX2 void Tiles(const T* a, const T* u, const T* zi, T* y,
 
 template <typename T, int K, bool per_sample, bool adjoint>
 RETRAX_AVX2 void TiledBatch(const T* a, const T* u, const T* zi, T* y,
-                            int64_t length, int64_t batch) {
+                            int64_t length, int64_t batch, bool stream) {
   for (int64_t first = 0; first < batch; first += Avx2<T>::W) {
-    Tiles<T, K, per_sample, adjoint>(a, u, zi, y, length, batch, first);
+    Tiles<T, K, per_sample, adjoint>(a, u, zi, y, length, batch, first, stream);
   }
 }
 
 template <typename T, bool per_sample, bool adjoint>
 RETRAX_AVX2 bool TiledByOrder(const T* a, const T* u, const T* zi, T* y,
-                              int64_t length, int64_t batch, int64_t order) {
+                              int64_t length, int64_t batch, int64_t order,
+                              bool stream) {
   switch (order) {
     case 1:
-      TiledBatch<T, 1, per_sample, adjoint>(a, u, zi, y, length, batch);
+      TiledBatch<T, 1, per_sample, adjoint>(a, u, zi, y, length, batch, stream);
       return true;
     case 2:
-      TiledBatch<T, 2, per_sample, adjoint>(a, u, zi, y, length, batch);
+      TiledBatch<T, 2, per_sample, adjoint>(a, u, zi, y, length, batch, stream);
       return true;
     case 3:
-      TiledBatch<T, 3, per_sample, adjoint>(a, u, zi, y, length, batch);
+      TiledBatch<T, 3, per_sample, adjoint>(a, u, zi, y, length, batch, stream);
       return true;
     case 4:
-      TiledBatch<T, 4, per_sample, adjoint>(a, u, zi, y, length, batch);
+      TiledBatch<T, 4, per_sample, adjoint>(a, u, zi, y, length, batch, stream);
       return true;
     default:
       return false;
@@ -540,15 +577,15 @@ __attribute__((target("avx2,fma"))) bool Tiled(const T* a, const T* u,
                                                const T* zi, T* y,
                                                int64_t length, int64_t batch,
                                                int64_t order, bool per_sample,
-                                               bool adjoint) {
+                                               bool adjoint, bool stream) {
   if (per_sample) {
     return adjoint
-               ? TiledByOrder<T, true, true>(a, u, zi, y, length, batch, order)
-               : TiledByOrder<T, true, false>(a, u, zi, y, length, batch, order);
+               ? TiledByOrder<T, true, true>(a, u, zi, y, length, batch, order, stream)
+               : TiledByOrder<T, true, false>(a, u, zi, y, length, batch, order, stream);
   }
   return adjoint
-             ? TiledByOrder<T, false, true>(a, u, zi, y, length, batch, order)
-             : TiledByOrder<T, false, false>(a, u, zi, y, length, batch, order);
+             ? TiledByOrder<T, false, true>(a, u, zi, y, length, batch, order, stream)
+             : TiledByOrder<T, false, false>(a, u, zi, y, length, batch, order, stream);
 }
 #endif
 
@@ -563,10 +600,12 @@ __attribute__((target("avx2,fma"))) void RunAvx2(const T* a, const T* u,
                                                  int64_t batch, int64_t order,
                                                  bool per_sample,
                                                  bool adjoint,
-                                                 bool batch_major) {
+                                                 bool batch_major,
+                                                 bool stream) {
   if constexpr (std::is_floating_point_v<T>) {
     if (batch_major && batch > 1 &&
-        Tiled<T>(a, u, zi, y, length, batch, order, per_sample, adjoint)) {
+        Tiled<T>(a, u, zi, y, length, batch, order, per_sample, adjoint,
+                 stream)) {
       return;
     }
   }
@@ -584,7 +623,7 @@ bool HasAvx2Fma() {
 template <typename T>
 void RunPortable(const T* a, const T* u, const T* zi, T* y, int64_t length,
                  int64_t batch, int64_t order, bool per_sample, bool adjoint,
-                 bool batch_major) {
+                 bool batch_major, bool /*stream*/) {
   Dispatch<T>(a, u, zi, y, length, batch, order, per_sample, adjoint,
               batch_major);
 }
@@ -604,13 +643,17 @@ void Run(ffi::ThreadPool& pool, const ffi::AnyBuffer& a,
   T* y_ = static_cast<T*>(y->untyped_data());
   retrax::AdviseHugePages(y_, y->size_bytes());
   if (!batch_major) {  // one signal (the layouts coincide)
-    run(a_, u_, zi_, y_, length, batch, order, per_sample, adjoint, false);
+    run(a_, u_, zi_, y_, length, batch, order, per_sample, adjoint, false,
+        false);
     return;
   }
+  const bool stream =
+      a.size_bytes() + u.size_bytes() + y->size_bytes() > retrax::kStreamFrom;
   const int64_t a_stride = per_sample ? length * order : order;
   retrax::ParallelChunks(pool, batch, [&](int64_t first, int64_t count) {
     run(a_ + first * a_stride, u_ + first * length, zi_ + first * order,
-        y_ + first * length, length, count, order, per_sample, adjoint, true);
+        y_ + first * length, length, count, order, per_sample, adjoint, true,
+        stream);
   });
 }
 

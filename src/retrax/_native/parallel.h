@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <thread>
@@ -22,6 +23,11 @@ namespace retrax {
 // do (the counters it reads are shared, not the caller's), so the wait never
 // depends on a task the pool has not started.
 inline constexpr int64_t kChunk = 16;
+
+// Operands and results of more bytes than this stream from memory rather
+// than the cache (L2 is a few MiB a core, L3 a few tens shared): the kernels
+// then prefetch.
+inline constexpr std::size_t kStreamFrom = std::size_t{16} << 20;
 
 template <typename F>
 inline void ParallelChunks(xla::ffi::ThreadPool& pool, int64_t batch, const F& body) {
