@@ -877,6 +877,14 @@ def test_check_keeps_every_value_bit_for_bit():
         eqx.filter_jit(lambda w: error_if(w, w[-1] > 2, "`w` is bad"))(v)
 
 
+def test_check_needs_an_array_to_carry_it():
+    # with nothing to thread the flag on, the check would vanish unseen
+    from retrax._errors import error_if
+
+    with pytest.raises(ValueError, match="no arrays"):
+        error_if((1.0, "name"), jnp.asarray(True), "m")
+
+
 def test_check_gives_nan_with_eqx_on_error_nan():
     # `EQX_ON_ERROR=nan` (read by equinox at import) turns a failed check
     # into NaN for the whole checked value, as `eqx.error_if` does.

@@ -48,6 +48,8 @@ def error_if(x: PyTree, pred: Bool[ArrayLike, "..."], msg: str) -> PyTree:
 
     As with `eqx.error_if`, only the returned value carries the check.
     """
+    if not any(eqx.is_array(v) for v in jax.tree.leaves(x)):
+        raise ValueError("error_if: `x` has no arrays to carry the check.")
     axes = tuple(sorted(varying_axes(pred)))
     if axes:
         pred = lax.pmax(jnp.any(pred).astype(jnp.int32), axes) > 0
