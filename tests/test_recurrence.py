@@ -474,6 +474,18 @@ def test_kernels_fill_outputs_past_the_huge_page_size():
         jax.vmap(lambda a, u, z: scan_linear("diagonal", a, u, z, unroll=1))
     )(ad, ud, zi)
     assert_close(got, want, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(want))))
+    # a batch of more than 16 signals is split over the threads: the dense
+    # structure's chunks, complex, forward and adjoint
+    c64 = jnp.complex64
+    ac = _random(rng, (20, 3_000, 2, 2), c64) * 0.45
+    uc = _random(rng, (20, 3_000, 2), c64)
+    zc = _random(rng, (20, 2), c64)
+    for adjoint in (False, True):
+        kernel = functools.partial(state_recurrence, "dense", adjoint=adjoint)
+        scan = functools.partial(scan_linear, "dense", unroll=1, adjoint=adjoint)
+        got = jax.jit(jax.vmap(kernel))(ac, uc, zc)
+        want = jax.jit(jax.vmap(scan))(ac, uc, zc)
+        assert_close(got, want, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(want))))
 
 
 @pytest.mark.parametrize("dtype", REAL)

@@ -488,7 +488,9 @@ RETRAX_AVX2 void Tiles(const T* a, const T* u, const T* zi, T* y,
   const int64_t tiles = full / W;
   for (int64_t j = 0; j < tiles; ++j) {
     const int64_t t0 = (adjoint ? tiles - 1 - j : j) * W;
-    if (stream) Prefetch<T, K, per_sample, adjoint>(a, u, y, length, t0, signal);
+    if (stream) {
+      Prefetch<T, K, per_sample, adjoint>(a, u, y, length, t0, signal);
+    }
     V x[W];
 #pragma GCC unroll 8
     for (int l = 0; l < W; ++l) x[l] = A::Load(u + signal[l] * length + t0);
@@ -579,13 +581,15 @@ __attribute__((target("avx2,fma"))) bool Tiled(const T* a, const T* u,
                                                int64_t order, bool per_sample,
                                                bool adjoint, bool stream) {
   if (per_sample) {
-    return adjoint
-               ? TiledByOrder<T, true, true>(a, u, zi, y, length, batch, order, stream)
-               : TiledByOrder<T, true, false>(a, u, zi, y, length, batch, order, stream);
+    return adjoint ? TiledByOrder<T, true, true>(a, u, zi, y, length, batch,
+                                                 order, stream)
+                   : TiledByOrder<T, true, false>(a, u, zi, y, length, batch,
+                                                  order, stream);
   }
-  return adjoint
-             ? TiledByOrder<T, false, true>(a, u, zi, y, length, batch, order, stream)
-             : TiledByOrder<T, false, false>(a, u, zi, y, length, batch, order, stream);
+  return adjoint ? TiledByOrder<T, false, true>(a, u, zi, y, length, batch,
+                                                order, stream)
+                 : TiledByOrder<T, false, false>(a, u, zi, y, length, batch,
+                                                 order, stream);
 }
 #endif
 

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "pages.h"
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -314,25 +315,37 @@ void RunPortable(const R* a, const R* u, const R* zi, R* y, int64_t length,
   Dispatch<R, C>(a, u, zi, y, length, batch, n, dense, per_sample, adjoint);
 }
 
+// A batch of more than retrax::kChunk signals is split into chunks of
+// signals that the calling thread and XLA's intra-op pool run together.
 template <typename R, bool C>
-void Run(const ffi::AnyBuffer& a, const ffi::AnyBuffer& u,
-         const ffi::AnyBuffer& zi, ffi::Result<ffi::AnyBuffer>& y,
-         int64_t length, int64_t batch, int64_t n, bool dense, bool per_sample,
-         bool adjoint) {
+void Run(ffi::ThreadPool& pool, const ffi::AnyBuffer& a,
+         const ffi::AnyBuffer& u, const ffi::AnyBuffer& zi,
+         ffi::Result<ffi::AnyBuffer>& y, int64_t length, int64_t batch,
+         int64_t n, bool dense, bool per_sample, bool adjoint) {
   auto run = RunPortable<R, C>;
 #ifdef RETRAX_LINEAR_X86
   if (LinearHasAvx2Fma()) run = RunAvx2<R, C>;
 #endif
   retrax::AdviseHugePages(y->untyped_data(), y->size_bytes());
-  run(static_cast<const R*>(a.untyped_data()),
-      static_cast<const R*>(u.untyped_data()),
-      static_cast<const R*>(zi.untyped_data()),
-      static_cast<R*>(y->untyped_data()), length, batch, n, dense, per_sample,
-      adjoint);
+  const R* a_ = static_cast<const R*>(a.untyped_data());
+  const R* u_ = static_cast<const R*>(u.untyped_data());
+  const R* zi_ = static_cast<const R*>(zi.untyped_data());
+  R* y_ = static_cast<R*>(y->untyped_data());
+  // R values per signal of each operand
+  const int64_t parts = kParts<C>;
+  const int64_t signal = length * n * parts;
+  const int64_t state = n * parts;
+  const int64_t coefficients =
+      (per_sample ? length : 1) * n * (dense ? n : 1) * parts;
+  retrax::ParallelChunks(pool, batch, [&](int64_t first, int64_t count) {
+    run(a_ + first * coefficients, u_ + first * signal, zi_ + first * state,
+        y_ + first * signal, length, count, n, dense, per_sample, adjoint);
+  });
 }
 
-ffi::Error Linear(ffi::AnyBuffer a, ffi::AnyBuffer u, ffi::AnyBuffer zi,
-                  ffi::Result<ffi::AnyBuffer> y, bool dense, bool adjoint) {
+ffi::Error Linear(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer u,
+                  ffi::AnyBuffer zi, ffi::Result<ffi::AnyBuffer> y, bool dense,
+                  bool adjoint) {
   const auto dims = u.dimensions();
   const auto zi_dims = zi.dimensions();
   if (dims.size() != 3 || zi_dims.size() != 2) {
@@ -357,20 +370,20 @@ ffi::Error Linear(ffi::AnyBuffer a, ffi::AnyBuffer u, ffi::AnyBuffer zi,
   if (length == 0 || batch == 0 || n == 0) return ffi::Error::Success();
   switch (type) {
     case ffi::DataType::F32:
-      Run<float, false>(a, u, zi, y, length, batch, n, dense, per_sample,
-                        adjoint);
+      Run<float, false>(pool, a, u, zi, y, length, batch, n, dense,
+                        per_sample, adjoint);
       return ffi::Error::Success();
     case ffi::DataType::F64:
-      Run<double, false>(a, u, zi, y, length, batch, n, dense, per_sample,
-                         adjoint);
+      Run<double, false>(pool, a, u, zi, y, length, batch, n, dense,
+                         per_sample, adjoint);
       return ffi::Error::Success();
     case ffi::DataType::C64:
-      Run<float, true>(a, u, zi, y, length, batch, n, dense, per_sample,
-                       adjoint);
+      Run<float, true>(pool, a, u, zi, y, length, batch, n, dense,
+                       per_sample, adjoint);
       return ffi::Error::Success();
     case ffi::DataType::C128:
-      Run<double, true>(a, u, zi, y, length, batch, n, dense, per_sample,
-                        adjoint);
+      Run<double, true>(pool, a, u, zi, y, length, batch, n, dense,
+                        per_sample, adjoint);
       return ffi::Error::Success();
     default:
       return ffi::Error::InvalidArgument(
@@ -382,6 +395,7 @@ ffi::Error Linear(ffi::AnyBuffer a, ffi::AnyBuffer u, ffi::AnyBuffer zi,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RetraxLinear, Linear,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
