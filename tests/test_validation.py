@@ -844,22 +844,48 @@ def test_effect_fields_set_to_python_numbers_by_tree_at():
 # ------------------------------------------------- how a run-time check costs
 
 
+def _batch_copies(f, *args) -> list[str]:
+    """The copies of a whole `(8, 1000)` batch in `f`'s compiled program."""
+    hlo = jax.jit(f).lower(*args).compile().as_text()
+    return [
+        line.strip()
+        for line in hlo.splitlines()
+        if " copy(" in line and "[8,1000]" in line.split("=")[1].split(" ")[1]
+    ]
+
+
 def test_checks_do_not_copy_the_checked_signal():
     # A run-time check passes a flag, not the signal, through its `lax.cond`
     # (`retrax._errors.error_if`): XLA would write a conditional's result to
-    # a new buffer, a copy of the whole batch on every call.
+    # a new buffer, a copy of the whole batch on every call. The checked op
+    # compiles to as many batch copies as its unchecked recursion (none
+    # with the kernel; the pure-JAX loop copies its initial buffer).
+    from retrax.ops._allpole_primitive import allpole_recurrence
+
     x = jnp.ones((8, 1_000), jnp.float32)
     a = jnp.broadcast_to(jnp.asarray([-0.5, 0.2], jnp.float32), (8, 1_000, 2))
-    batch = jax.vmap(allpole)
-    grad = jax.grad(lambda x, a: jnp.sum(batch(x, a) ** 2), argnums=(0, 1))
-    for f in (batch, grad):
-        hlo = jax.jit(f).lower(x, a).compile().as_text()
-        copies = [
-            line
-            for line in hlo.splitlines()
-            if " copy(" in line and "[8,1000]" in line.split("=")[1].split(" ")[1]
-        ]
-        assert copies == [], copies
+    zi = jnp.zeros((8, 2), jnp.float32)
+    checked = jax.vmap(lambda x, a, zi: allpole(x, a, zi))
+    bare = jax.vmap(lambda x, a, zi: allpole_recurrence(a, x, zi))
+    for f in (checked, bare):
+        assert jnp.allclose(jax.jit(checked)(x, a, zi), jax.jit(f)(x, a, zi))
+    for mode in ("forward", "gradient"):
+        counts = []
+        for f in (checked, bare):
+            if mode == "gradient":
+                f = jax.grad(  # noqa: PLW2901
+                    lambda x, a, zi, f=f: jnp.sum(f(x, a, zi) ** 2), argnums=(0, 1)
+                )
+            counts.append(_batch_copies(f, x, a, zi))
+        assert len(counts[0]) == len(counts[1]), (mode, counts)
+    # and a check on a computed value copies nothing
+    from retrax._errors import error_if
+
+    def f(x):
+        y = jnp.sin(x)
+        return 3 * error_if(y, ~jnp.all(jnp.isfinite(y[:, -1])), "m")
+
+    assert _batch_copies(f, x) == []
 
 
 def test_check_keeps_every_value_bit_for_bit():
