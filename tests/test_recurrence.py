@@ -435,6 +435,28 @@ def test_wide_batch_kernel_equals_the_scan(dtype, order):
             assert_close(in_place, want, rtol=0, atol=tol * scale)
 
 
+@pytest.mark.skipif(
+    not _native.available("allpole"), reason="the compiled kernel's lowering"
+)
+def test_one_signal_gradient_copies_nothing():
+    # One signal reaches the all-pole and lags kernels in the default layout
+    # (the time-major one has the same bytes, but XLA copied between the
+    # two, twice a gradient).
+    length = 1_000
+    x = jnp.ones(length, jnp.float32)
+    a = jnp.broadcast_to(jnp.asarray([-0.5, 0.2], jnp.float32), (length, 2))
+    zi = jnp.zeros(2, jnp.float32)
+    grad = jax.grad(lambda x, a, zi: jnp.sum(allpole(x, a, zi) ** 2), (0, 1, 2))
+    hlo = jax.jit(grad).lower(x, a, zi).compile().as_text()
+    assert f"@{_native.ALLPOLE_LAGS}(" in jax.jit(grad).lower(x, a, zi).as_text()
+    copies = [  # of a signal (not of a scalar constant)
+        line
+        for line in hlo.splitlines()
+        if "copy(" in line and str(length) in line.split("=")[1].split("(")[0]
+    ]
+    assert copies == [], copies
+
+
 def test_kernels_fill_outputs_past_the_huge_page_size():
     # Outputs of 4 MiB and more are marked for transparent huge pages before
     # the kernels write them (`_native/pages.h`: XLA allocates them afresh at

@@ -270,7 +270,10 @@ def _kernel_call(a, u, zi, *, adjoint):
     so: `[t, b]`, `[t, k, b]` and `[k, b]`, major to minor)."""
     batch_major = u.shape[0] > TIME_MAJOR_BATCH
     layouts = {}
-    if not batch_major:
+    # One signal's bytes are the same in both layouts, but XLA would copy
+    # between them (to and from the lags kernel, which reads batch-major):
+    # it takes the default layout.
+    if not batch_major and u.shape[0] > 1:
         layouts = dict(
             input_layouts=[(1, 2, 0) if a.ndim == 3 else (1, 0), (1, 0), (1, 0)],
             output_layouts=(1, 0),
