@@ -261,6 +261,17 @@ def primitive_eqns_in(jaxpr, primitive):
     return found
 
 
+def copies_in(hlo: str, dims: str) -> list[str]:
+    """The `copy` instructions of compiled HLO text whose result shape
+    contains `dims` (for example `"[8,1000]"`, or `"1000"` for any shape
+    with that extent)."""
+    return [
+        line.strip()
+        for line in hlo.splitlines()
+        if " copy(" in line and dims in line.split("=", 1)[1].split()[0]
+    ]
+
+
 def allpole_eqns_in(jaxpr):
     """Every equation of the all-pole recursion primitive in `jaxpr` (its
     `adjoint` parameter: the transposed recursion, run backwards in time),

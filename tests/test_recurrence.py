@@ -25,6 +25,7 @@ from helpers import (
     allpole_eqns_in,
     assert_close,
     check_grads,
+    copies_in,
     linear_eqns_in,
     naive_allpole,
     np_ballistics,
@@ -51,7 +52,6 @@ from retrax.ops._allpole_lags import (
     lag_outer,
 )
 from retrax.ops._allpole_primitive import (
-    TIME_MAJOR_BATCH,
     _scan as _primitive_scan,
     allpole_p,
     allpole_recurrence,
@@ -396,7 +396,7 @@ def test_primitive_check_grads(dtype, constant):
     ],
 )
 def test_wide_batch_kernel_equals_the_scan(dtype, order):
-    # A batch (wider than TIME_MAJOR_BATCH) reaches the kernel in its own
+    # A batch (of more than one signal) reaches the kernel in its own
     # batch-major layout: with AVX2, in register tiles of 8 (float32) or 4
     # (float64) signals by as many samples, the last group partly filled
     # (83 = 10 * 8 + 3 = 20 * 4 + 3) and the last samples one lane at a time
@@ -404,7 +404,7 @@ def test_wide_batch_kernel_equals_the_scan(dtype, order):
     # and 1 signals over blocks of 128 samples. Forward and adjoint,
     # constant and per-sample coefficients, against the pure-JAX lowering.
     batch, length = 83, 301
-    assert batch > TIME_MAJOR_BATCH
+    assert batch > 1
     rng = np.random.default_rng(40 + order)
     u = _random(rng, (batch, length), dtype)
     zi = _random(rng, (batch, order), dtype)
@@ -447,13 +447,9 @@ def test_one_signal_gradient_copies_nothing():
     a = jnp.broadcast_to(jnp.asarray([-0.5, 0.2], jnp.float32), (length, 2))
     zi = jnp.zeros(2, jnp.float32)
     grad = jax.grad(lambda x, a, zi: jnp.sum(allpole(x, a, zi) ** 2), (0, 1, 2))
-    hlo = jax.jit(grad).lower(x, a, zi).compile().as_text()
-    assert f"@{_native.ALLPOLE_LAGS}(" in jax.jit(grad).lower(x, a, zi).as_text()
-    copies = [  # of a signal (not of a scalar constant)
-        line
-        for line in hlo.splitlines()
-        if "copy(" in line and str(length) in line.split("=")[1].split("(")[0]
-    ]
+    lowered = jax.jit(grad).lower(x, a, zi)
+    assert f"@{_native.ALLPOLE_LAGS}(" in lowered.as_text()
+    copies = copies_in(lowered.compile().as_text(), str(length))  # of a signal
     assert copies == [], copies
 
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import assert_close
+from helpers import assert_close, copies_in
 from retrax.dynamics import (
     amp2db,
     avg,
@@ -846,12 +846,7 @@ def test_effect_fields_set_to_python_numbers_by_tree_at():
 
 def _batch_copies(f, *args) -> list[str]:
     """The copies of a whole `(8, 1000)` batch in `f`'s compiled program."""
-    hlo = jax.jit(f).lower(*args).compile().as_text()
-    return [
-        line.strip()
-        for line in hlo.splitlines()
-        if " copy(" in line and "[8,1000]" in line.split("=")[1].split(" ")[1]
-    ]
+    return copies_in(jax.jit(f).lower(*args).compile().as_text(), "[8,1000]")
 
 
 def test_checks_do_not_copy_the_checked_signal():

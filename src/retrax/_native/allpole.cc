@@ -13,7 +13,7 @@
 // batch, since XLA's transposes of it cost more than the filter): sample t
 // of signal b at `b * T + t`, per-sample coefficients at
 // `(b * T + t) * K + k`, constant coefficients and states at `b * K + k`.
-// Time-major (up to `TIME_MAJOR_BATCH` signals in the lowering, one today):
+// Time-major (in the lowering, only a single signal, whose layouts coincide):
 // sample t of signal b at `t * B + b`, per-sample coefficients at
 // `(t * K + k) * B + b`, constant coefficients and states at `k * B + b`.
 // The recursion of one signal is a chain of dependent multiply-adds; the

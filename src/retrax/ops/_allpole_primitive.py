@@ -253,35 +253,19 @@ def _scan(a, u, zi, *, adjoint, unroll, batch_major=False):
 # ---------------------------------------------------------------- lowering
 
 
-# Up to this many signals the kernel takes its operands time-major (XLA
-# transposes them to that layout); a batch of more stays batch-major, the
-# user's layout, which the kernel reads block by block. Measured on a 2-core
-# x86 CPU (order 2, T = 44,100, float32), reading in place was as fast or
-# faster from B = 2 on (B = 64: 8.7 against 11.3 ms forward, 29 against
-# 73 ms gradient) and XLA's transposes of a wide batch cost several times the
-# filter; for one signal the two layouts are the same.
-TIME_MAJOR_BATCH = 1
-
-
 def _kernel_call(a, u, zi, *, adjoint):
     """The compiled kernel on operands with a batch axis in front: `u` of
-    shape `(B, T)`, handed over as they are (batch-major) for a batch, and
-    time-major up to `TIME_MAJOR_BATCH` signals (XLA lays the operands out
-    so: `[t, b]`, `[t, k, b]` and `[k, b]`, major to minor)."""
-    batch_major = u.shape[0] > TIME_MAJOR_BATCH
-    layouts = {}
-    # One signal's bytes are the same in both layouts, but XLA would copy
-    # between them (to and from the lags kernel, which reads batch-major):
-    # it takes the default layout.
-    if not batch_major and u.shape[0] > 1:
-        layouts = dict(
-            input_layouts=[(1, 2, 0) if a.ndim == 3 else (1, 0), (1, 0), (1, 0)],
-            output_layouts=(1, 0),
-        )
-    call = jax.ffi.ffi_call(
-        _native.ALLPOLE, jax.ShapeDtypeStruct(u.shape, u.dtype), **layouts
-    )
-    return call(a, u, zi, adjoint=adjoint, batch_major=batch_major)
+    shape `(B, T)`, handed over as they are, in the user's batch-major
+    layout, which the kernel reads in register tiles. Transposing a batch
+    to time-major for the kernel costs more than the filter: measured on a
+    2-core x86 CPU (order 2, T = 44,100, float32), reading in place was as
+    fast or faster from B = 2 on (B = 64: 8.7 against 11.3 ms forward, 29
+    against 73 ms gradient). One signal runs the kernel's single-signal loop
+    (`batch_major` false); its bytes are the same in both layouts, so it
+    keeps the default one (a layout of its own made XLA copy it on the way
+    to and from the lags kernel)."""
+    call = jax.ffi.ffi_call(_native.ALLPOLE, jax.ShapeDtypeStruct(u.shape, u.dtype))
+    return call(a, u, zi, adjoint=adjoint, batch_major=u.shape[0] > 1)
 
 
 def _allpole_rule(ranks):
