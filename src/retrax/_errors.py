@@ -1,5 +1,8 @@
 """Run-time checks that also hold inside `shard_map`."""
 
+import functools
+from collections.abc import Callable
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -67,3 +70,73 @@ def error_if(x: PyTree, pred: Bool[ArrayLike, "..."], msg: str) -> PyTree:
         return jnp.where(bad, _nan_like(v), v)  # keeps a weak type weak
 
     return jax.tree.map(apply, x)
+
+
+# How `eqx.filter_jit` renders a failed run-time check: a header, the stack
+# that was current when the program was traced (the first call that compiled
+# it, not necessarily the one that failed), then the check's message and
+# general advice.
+_EQX_MESSAGE = "equinox.EquinoxRuntimeError: "
+_EQX_ADVICE = "\n\n-------------------\n"
+_EQX_HEADER = "Above is the stack outside of JIT. Below is the stack inside of JIT:\n"
+
+
+def _frames(stack: str) -> list[str]:
+    frames: list[str] = []
+    for line in stack.splitlines(keepends=True):
+        if line.startswith('  File "') or not frames:
+            frames.append(line)
+        else:
+            frames[-1] += line
+    return frames
+
+
+def _inside(stack: str) -> str:
+    """The frames of a traced stack below `filter_jit`'s own call, without
+    this module's: where in the compiled function the check was made. The
+    frames above are those of whichever call traced the program first."""
+    frames = _frames(stack)
+    this = f'"{__file__}"'
+    calls = [i for i, f in enumerate(frames) if this in f and ", in call" in f]
+    if calls:
+        frames = frames[calls[-1] + 1 :]
+    return "".join(f for f in frames if this not in f)
+
+
+def lead_with_check(text: str) -> str:
+    """`eqx.filter_jit`'s rendering of a failed check, reordered so that the
+    check's own message comes first and where it sits after it."""
+    head, found, rest = text.partition(_EQX_MESSAGE)
+    if not found:
+        return text
+    msg, _, advice = rest.partition(_EQX_ADVICE)
+    stack = _inside(head.removeprefix(_EQX_HEADER)).strip("\n")
+    parts = [msg.strip()]
+    if stack:
+        parts.append("The check, inside the compiled call:\n" + stack)
+    if advice:
+        parts.append(advice.strip())
+    return "\n\n".join(parts) + "\n"
+
+
+def filter_jit(fn: Callable) -> Callable:
+    """`eqx.filter_jit(fn)`, whose failed run-time checks raise an
+    `eqx.EquinoxRuntimeError` that leads with the check's message (which
+    names the argument), with the traced stack after it.
+
+    Only a call from outside any trace raises, so this reorders the message
+    whenever `fn` is the outermost compiled call; inside a user's own
+    `eqx.filter_jit` the error is raised, and rendered, by theirs.
+    """
+    jitted = eqx.filter_jit(fn)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        __tracebackhide__ = True
+        try:
+            return jitted(*args, **kwargs)
+        except eqx.EquinoxRuntimeError as error:
+            raise eqx.EquinoxRuntimeError(lead_with_check(str(error))) from None
+
+    call.lower = jitted.lower
+    return call

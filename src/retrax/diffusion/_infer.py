@@ -8,7 +8,7 @@ import lineax as lx
 import optimistix as optx
 from jaxtyping import Array, ArrayLike, Float, PyTree
 
-from .._errors import error_if
+from .._errors import error_if, filter_jit
 from .._misc import static_float
 from ._never_silent import nan_unless, never_silent
 from ._relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
@@ -89,7 +89,7 @@ def _solver(tol: float, matrix_free: bool, dtype) -> GuardedNewton:
     return GuardedNewton(rtol=tol, atol=tol)
 
 
-@eqx.filter_jit
+@filter_jit
 def implicit_infer(
     model: AbstractImplicitRelation,
     z0: Float[ArrayLike, " n"],
@@ -254,7 +254,7 @@ def _infer(
     return out
 
 
-@eqx.filter_jit
+@filter_jit
 def implicit_pullback(
     model: AbstractImplicitRelation,
     sol: ImplicitSolution,

@@ -4,13 +4,12 @@ from collections.abc import Callable
 from typing import Literal
 
 import diffrax
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._errors import error_if
+from .._errors import error_if, filter_jit
 from .._misc import static_float
 from ._predictor import AbstractPredictor, epsilon_jacobian
 from ._sample import _dtype, _shape, _t_end
@@ -42,7 +41,7 @@ def _solve(term, t0, t1, y0, rtol, atol, max_steps, throw):
     )
 
 
-@eqx.filter_jit
+@filter_jit
 def sample_ode(
     pred: AbstractPredictor,
     key: PRNGKeyArray,
@@ -100,7 +99,7 @@ def _standard_normal_logdensity(x: Array) -> Array:
     return -0.5 * (jnp.sum(x**2) + x.size * jnp.log(2 * jnp.pi).astype(x.dtype))
 
 
-@eqx.filter_jit
+@filter_jit
 def log_likelihood(
     pred: AbstractPredictor,
     x: Float[ArrayLike, " n"],

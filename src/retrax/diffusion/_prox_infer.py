@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import optimistix as optx
 from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
-from .._errors import error_if
+from .._errors import error_if, filter_jit
 from .._misc import check_positive_int, check_value
 from ._never_silent import never_silent
 from ._prox import AbstractProximalPredictor, _as_lam
@@ -54,7 +54,7 @@ def _hqs_step(w, args):
     return jnp.where(hard, z0, (u + stiff * z0) / (1 + stiff))
 
 
-@eqx.filter_jit
+@filter_jit
 def prox_infer(
     prox: AbstractProximalPredictor,
     z0: Float[ArrayLike, " n"],

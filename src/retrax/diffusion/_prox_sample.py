@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._errors import error_if
+from .._errors import error_if, filter_jit
 from .._misc import check_positive_int, check_value
 from ._never_silent import never_silent
 from ._prox import AbstractProximalPredictor
@@ -15,7 +15,7 @@ from ._solution import RESULTS
 from ._state import as_state
 
 
-@eqx.filter_jit
+@filter_jit
 def proxdm_sample(
     prox: AbstractProximalPredictor,
     key: PRNGKeyArray,

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import lineax as lx
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
-from .._errors import error_if
+from .._errors import error_if, filter_jit
 from .._misc import check_positive_int
 from ._infer import _check_query, _infer
 from ._potential import implicit_energy
@@ -42,7 +42,7 @@ class ImplicitRoots(eqx.Module):
     off_data: Bool[Array, " starts"]
 
 
-@eqx.filter_jit
+@filter_jit
 def implicit_roots(
     model: AbstractImplicitRelation,
     z0: Float[ArrayLike, " n"],

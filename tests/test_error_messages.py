@@ -1,0 +1,60 @@
+"""Failed run-time checks lead with the check's message, which names the
+argument; where the check sits comes after it."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import pytest
+
+from retrax import diffusion as rd
+from retrax._errors import error_if, filter_jit
+
+
+def _relation():
+    angles = jnp.linspace(0, 2 * jnp.pi, 12, endpoint=False)
+    ring = jnp.stack([jnp.cos(angles), jnp.sin(angles)], -1)
+    pred = rd.GaussianMixtureEps(rd.VPSDE(), ring, jnp.full(12, 0.05))
+    return rd.ImplicitDiffusion(pred, rd.field_nodes(jax.random.key(0), 2, samples=4))
+
+
+def _raised(call) -> str:
+    with pytest.raises(eqx.EquinoxRuntimeError) as info:
+        jax.block_until_ready(call())
+    return str(info.value)
+
+
+def test_a_later_call_leads_with_the_failed_check():
+    model, rho = _relation(), jnp.array([jnp.inf, 0.0])
+    ok = rd.implicit_infer(model, jnp.array([0.6, 0.5]), rho)
+    assert ok.result == rd.RESULTS.successful
+    # The same compiled program fails on the second call.
+    text = _raised(lambda: rd.implicit_infer(model, jnp.array([jnp.nan, 0.5]), rho))
+    assert text.startswith("`z0` must be finite"), text[:200]
+    # Where the check sits comes after, inside the compiled function only:
+    # not the stack of the first call, which traced the program.
+    where = text.index("The check, inside the compiled call:")
+    assert "_infer.py" in text[where:]
+    assert "test_a_later_call_leads_with_the_failed_check" not in text
+    assert "Above is the stack outside of JIT" not in text
+
+
+def test_wrapper_keeps_the_function_and_its_values():
+    def double(x):
+        """Twice `x`, which must be non-negative."""
+        return error_if(x, jnp.any(x < 0), "`x` must be non-negative.") * 2
+
+    jitted = filter_jit(double)
+    assert jitted.__doc__ == double.__doc__ and jitted.__wrapped__ is double
+    assert jnp.array_equal(jitted(jnp.arange(3.0)), 2 * jnp.arange(3.0))
+    text = _raised(lambda: jitted(-jnp.ones(3)))
+    assert text.startswith("`x` must be non-negative."), text[:200]
+
+
+def test_inside_a_users_own_filter_jit_the_check_still_raises():
+    # There the user's `eqx.filter_jit` renders the error; the check's message
+    # is in it.
+    model, rho = _relation(), jnp.array([jnp.inf, 0.0])
+    run = eqx.filter_jit(lambda z0: rd.implicit_infer(model, z0, rho).z)
+    run(jnp.array([0.6, 0.5]))
+    text = _raised(lambda: run(jnp.array([jnp.nan, 0.5])))
+    assert "`z0` must be finite" in text
