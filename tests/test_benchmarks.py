@@ -137,3 +137,20 @@ def test_bench_memory_smoke(tmp_path):
         assert cells[0] == "B=2 scan"
         assert 10 < float(cells[2]) < 10_000  # MiB
         assert cells[5] == "no"  # the kernel switched off in the subprocess
+
+
+def test_bench_scipy_smoke(tmp_path):
+    report = tmp_path / "bench_scipy.md"
+    names = "lfilter,lfilter+zi,filtfilt,sosfilt,sosfiltfilt,freqz,sosfreqz"
+    args = ["--names", names, "--orders", "2", "--seconds", "0.01"]
+    args += ["--batches", "1,8", "--repeats", "1", "--budget", "0.001"]
+    _run("bench_scipy.py", *args, "--markdown", str(report))
+    text = report.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
+    # every name, both dtypes, one signal and a batch: each matched scipy
+    # (a mismatch is reported and its row dropped)
+    assert len(rows) == 7 * 2 * 2, text
+    assert "differs from scipy" not in text
+    for row in rows:
+        eager, jit, scipy = (float(c) for c in row.split("|")[2:5])
+        assert eager > 0 and jit > 0 and scipy > 0
