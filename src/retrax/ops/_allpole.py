@@ -3,6 +3,7 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
+from .._compiled import compiled
 from .._misc import as_inexact, result_dtype
 from ._recurrence import DEFAULT_UNROLL, Method, check_method, recurrence
 from ._validate import (
@@ -14,6 +15,7 @@ from ._validate import (
 )
 
 
+@compiled(static=("return_zf", "method"))
 def allpole(
     x: Shaped[ArrayLike, " time"],
     a: Shaped[ArrayLike, "time order"] | Shaped[ArrayLike, " order"],
@@ -101,6 +103,7 @@ def _allpole(x, a, zi, return_zf: bool, method: Method, a_name: str):
     return y, zf
 
 
+@compiled(static=("return_zf", "method"))
 def linear_recurrence(
     decay: Shaped[ArrayLike, " time"] | Shaped[ArrayLike, ""] | float | complex,
     x: Shaped[ArrayLike, " time"],

@@ -1,0 +1,117 @@
+"""Public functions compiled as a whole, so that an eager call costs its
+jitted time plus one dispatch."""
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import numpy as np
+from jax.errors import JaxRuntimeError
+
+
+class InvalidArgumentError(ValueError, eqx.EquinoxRuntimeError):
+    """A run-time check of an argument failed during an eager call.
+
+    A `ValueError`, as the same check raises on concrete input when the
+    function is traced, and an `eqx.EquinoxRuntimeError`, as it raises under
+    `jax.jit`; code that catches either catches it."""
+
+
+# How equinox's check reads when the program that failed was compiled by
+# `jax.jit` rather than `eqx.filter_jit`: the message, then its advice.
+_MARK = "_EquinoxRuntimeError: "
+_ADVICE = "\n\n\n--------------------\n"
+
+
+_CALLBACK_LOG = logging.getLogger("jax._src.callback")
+
+
+class _QuietCallbackLog(logging.Filter):
+    """Drops JAX's log of the failed check's callback, whose traceback
+    would print before the error that reports it (as `eqx.filter_jit` does)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "jax.pure_callback failed"
+
+
+def _check_message(error: Exception) -> str | None:
+    text = str(error)
+    _, found, rest = text.partition(_MARK)
+    if not found:
+        return None
+    return rest.partition(_ADVICE)[0].strip()
+
+
+def _as_argument(value):
+    """`value` as `jax.jit` should take it: lists and tuples of numbers as
+    one array (one traced argument, not one per number)."""
+    if isinstance(value, list | tuple):
+        return np.asarray(value)
+    return value
+
+
+def _jax_type(leaf) -> bool:
+    """Whether `jax.jit` takes `leaf` as the function itself would: not an
+    object or extended-precision array, nor an integer array that JAX's
+    precision would narrow (`int64` without x64), which the function
+    converts or refuses itself. Floating arrays narrow (float64 to float32
+    without x64) in `jax.jit` as in `jnp.asarray`."""
+    if isinstance(leaf, jax.Array | bool | int | float | complex):
+        return True
+    if isinstance(leaf, np.ndarray | np.generic):
+        try:
+            canonical = jax.dtypes.canonicalize_dtype(leaf.dtype)
+        except TypeError:
+            return False
+        if np.issubdtype(leaf.dtype, np.inexact):
+            return np.dtype(leaf.dtype).itemsize <= 16 and leaf.dtype != np.float16
+        return canonical == leaf.dtype
+    return False
+
+
+def compiled(*, static: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Compile the decorated function with `jax.jit` as a whole, its keyword
+    arguments named in `static` static, every other argument traced.
+
+    Calls whose arrays JAX cannot hold as they are (object or extended
+    precision arrays, Python lists) run the function itself, which converts
+    or refuses them with its own errors. A run-time check that fails during
+    an eager call raises `InvalidArgumentError` (a `ValueError`) with the
+    check's message; inside a user's `jax.jit` the check raises at run time
+    as any other."""
+
+    def decorate(fn: Callable) -> Callable:
+        signature = inspect.signature(fn)
+        jitted = jax.jit(fn, static_argnames=static)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            __tracebackhide__ = True
+            bound = signature.bind(*args, **kwargs)
+            for name, value in bound.arguments.items():
+                if name not in static:
+                    bound.arguments[name] = _as_argument(value)
+            dynamic = [v for k, v in bound.arguments.items() if k not in static]
+            if not all(_jax_type(leaf) for leaf in jax.tree.leaves(dynamic)):
+                return fn(*args, **kwargs)
+            quiet = _QuietCallbackLog()
+            _CALLBACK_LOG.addFilter(quiet)
+            try:
+                return jitted(*bound.args, **bound.kwargs)
+            # JAX raises a failed callback as `JaxRuntimeError` or, in some
+            # releases, `ValueError` (equinox's `filter_jit` catches both)
+            except (JaxRuntimeError, ValueError) as error:
+                msg = _check_message(error)
+                if msg is None:
+                    raise
+                raise InvalidArgumentError(msg) from None
+            finally:
+                _CALLBACK_LOG.removeFilter(quiet)
+
+        call.lower = jitted.lower
+        return call
+
+    return decorate
