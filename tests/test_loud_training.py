@@ -1,0 +1,159 @@
+"""Training never fails quietly: diverging runs, checkpoint directories,
+the arguments of training through inference, and processes that disagree."""
+
+import pathlib
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from retrax import diffusion as rd
+from retrax.diffusion import _train
+
+
+# one object each, so that the calls share their compiled chunks
+DIVERGING = optax.sgd(optax.piecewise_constant_schedule(1e-3, {10: 1e12}))
+NAN_RATE = optax.sgd(float("nan"))
+
+
+def _problem(getkey, dtype=jnp.float64):
+    data = jax.random.normal(getkey(), (32, 2), dtype)
+    model = rd.TimeMLP(2, hidden=8, depth=1, key=getkey(), dtype=dtype)
+    return rd.NoisePredictor(model, rd.VPSDE()), data
+
+
+def _finite(tree) -> bool:
+    leaves = jax.tree.leaves(eqx.filter(tree, eqx.is_inexact_array))
+    return all(bool(jnp.all(jnp.isfinite(x))) for x in leaves)
+
+
+def _kw(**changes):
+    kw = dict(batch_size=8, progress=False)
+    kw.update(changes)
+    return kw
+
+
+# ---- fit: a diverging run stops, naming the step ----
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_fit_nan_learning_rate_raises_naming_the_step(getkey, dtype):
+    pred, data = _problem(getkey, dtype)
+    with pytest.raises(FloatingPointError, match="stopped at step 0 .*parameters"):
+        rd.fit(pred, data, getkey(), optimizer=NAN_RATE, steps=3, **_kw())
+
+
+def test_fit_diverging_schedule_keeps_the_finite_checkpoints(getkey, tmp_path):
+    """The issue's run: the loss leaves the floats after step 10. It stops
+    with an error, and every checkpoint left holds a finite state."""
+    pred, data = _problem(getkey)
+    key = getkey()
+    kw = _kw(optimizer=DIVERGING, steps=20, checkpoint_every=2)
+    with pytest.raises(FloatingPointError, match=r"stopped at step 1\d ") as info:
+        rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
+    assert str(tmp_path) in str(info.value)
+    files = sorted(tmp_path.glob("checkpoint-*.ckpt"))
+    assert len(files) == 3
+    params, _ = eqx.partition(pred, eqx.is_inexact_array)
+    like = {
+        "state": rd.TrainState(params, DIVERGING.init(params), None, 0, key, None),
+        "losses": jnp.zeros(20),
+    }
+    found = rd.load_checkpoint(tmp_path, like)
+    assert _finite(found.tree["state"].params)
+    assert _finite(found.tree["state"].opt_state)
+    # the steps before the failure are the ones an unchecked run takes
+    stopped = found.step
+    _, losses = rd.fit(pred, data, key, **_kw(optimizer=DIVERGING, steps=stopped))
+    np.testing.assert_array_equal(found.tree["losses"][:stopped], losses)
+    # running the script again resumes and stops at the same step, loudly
+    with pytest.raises(FloatingPointError, match=r"stopped at step 1\d "):
+        rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
+
+
+def test_fit_nonfinite_skip_keeps_the_last_finite_state(getkey):
+    pred, data = _problem(getkey)
+    key = getkey()
+    with pytest.warns(RuntimeWarning, match=r"skipped \d+ of 20 steps"):
+        trained, losses, state = rd.fit(
+            pred,
+            data,
+            key,
+            **_kw(optimizer=DIVERGING, steps=20, nonfinite="skip"),
+            return_state=True,
+        )
+    assert losses.shape == (20,)
+    assert not bool(jnp.all(jnp.isfinite(losses)))
+    assert _finite(trained) and _finite(state.opt_state)
+    assert state.step == 20
+    with pytest.raises(ValueError, match="`nonfinite` must be 'raise' or 'skip'"):
+        rd.fit(pred, data, key, **_kw(steps=1, nonfinite="ignore"))
+
+
+# ---- checkpoint rotation never removes the last finite state ----
+
+
+def test_save_checkpoint_rotation_keeps_the_last_finite_checkpoint(tmp_path):
+    good = {"w": jnp.ones(3)}
+    bad = {"w": jnp.array([1.0, jnp.nan, 2.0])}
+    rd.save_checkpoint(tmp_path, 1, good, keep=2)
+    for step in range(2, 6):
+        rd.save_checkpoint(tmp_path, step, bad, keep=2)
+    names = sorted(p.name for p in tmp_path.glob("checkpoint-*.ckpt"))
+    # the newest two, and the last finite one
+    assert names == [f"checkpoint-00000000{s}.ckpt" for s in (1, 4, 5)]
+    # the inf of a diverged run counts as non-finite too
+    rd.save_checkpoint(tmp_path, 6, {"w": jnp.full(3, jnp.inf)}, keep=2)
+    names = sorted(p.name for p in tmp_path.glob("checkpoint-*.ckpt"))
+    assert names == [f"checkpoint-00000000{s}.ckpt" for s in (1, 5, 6)]
+    # once a finite state is saved again, the old one rotates away as usual
+    rd.save_checkpoint(tmp_path, 7, good, keep=2)
+    names = sorted(p.name for p in tmp_path.glob("checkpoint-*.ckpt"))
+    assert names == [f"checkpoint-00000000{s}.ckpt" for s in (6, 7)]
+
+
+# ---- the checkpoint directory is checked before the first step ----
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a training step ran before the check")
+
+    monkeypatch.setattr(_train, "_train_chunk", refuse)
+
+
+def test_checkpoint_dir_under_a_regular_file(getkey, tmp_path, no_training):
+    pred, data = _problem(getkey)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    for path in (blocker / "checkpoints", blocker):
+        with pytest.raises(ValueError, match="`checkpoint_dir` .* is not a writable"):
+            rd.fit(pred, data, getkey(), checkpoint_dir=path, **_kw(steps=5))
+    assert blocker.read_text() == "not a directory"
+
+
+def test_checkpoint_dir_writable_leaves_no_probe(getkey, tmp_path, monkeypatch):
+    pred, data = _problem(getkey)
+    target = tmp_path / "new" / "checkpoints"
+    rd.fit(pred, data, getkey(), checkpoint_dir=target, **_kw(steps=2))
+    assert sorted(p.name for p in target.iterdir()) == ["checkpoint-000000002.ckpt"]
+
+
+@pytest.mark.skipif(not pathlib.Path("/sys").is_dir(), reason="needs sysfs")
+def test_checkpoint_dir_on_a_read_only_filesystem(getkey, no_training):
+    """sysfs refuses new entries even to root (a chmod would not stop root)."""
+    target = pathlib.Path("/sys/retrax-checkpoints")
+    try:
+        target.mkdir()
+    except OSError:
+        pass
+    else:
+        target.rmdir()
+        pytest.skip("/sys accepts new directories here")
+    pred, data = _problem(getkey)
+    with pytest.raises(ValueError, match="`checkpoint_dir` .* is not a writable"):
+        rd.fit(pred, data, getkey(), checkpoint_dir=target, **_kw(steps=5))
