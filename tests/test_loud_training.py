@@ -157,3 +157,87 @@ def test_checkpoint_dir_on_a_read_only_filesystem(getkey, no_training):
     pred, data = _problem(getkey)
     with pytest.raises(ValueError, match="`checkpoint_dir` .* is not a writable"):
         rd.fit(pred, data, getkey(), checkpoint_dir=target, **_kw(steps=5))
+
+
+# ---- fit_through_inference: its solver settings and weights ----
+
+
+def _inference_problem():
+    sched = rd.VPSDE()
+    angle = jnp.arange(8.0) * (2 * jnp.pi / 8)
+    means = jnp.stack([jnp.cos(angle), jnp.sin(angle)], axis=1)
+    relation = rd.ImplicitDiffusion(
+        rd.GaussianMixtureEps(sched, means, 0.05),
+        rd.field_nodes(jax.random.key(1), 2, samples=2),
+    )
+    xs = jnp.linspace(-0.5, 0.5, 3)
+    z0 = jnp.stack([xs, jnp.full_like(xs, -0.5)], axis=1)
+    return relation, z0, xs**2 - 0.5
+
+
+RHO = jnp.array([jnp.inf, 0.0])
+
+
+def _squared_error(z, target):
+    return (z[1] - target) ** 2
+
+
+def _means(relation):
+    return relation.pred.means
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        (dict(denoising_weight=float("inf")), "`denoising_weight` must be"),
+        (dict(denoising_weight=float("nan")), "`denoising_weight` must be"),
+        (dict(denoising_weight=-1.0), "`denoising_weight` must be"),
+        (dict(tol=0.0), "`tol` must be a positive finite"),
+        (dict(tol=-1.0), "`tol` must be a positive finite"),
+        (dict(tol=float("nan")), "`tol` must be a positive finite"),
+        (dict(tol=float("inf")), "`tol` must be a positive finite"),
+        (dict(max_steps=0), "`max_steps` must be a positive integer"),
+    ],
+)
+def test_fit_through_inference_refuses_bad_settings(getkey, changes, match):
+    relation, z0, targets = _inference_problem()
+    with pytest.raises(ValueError, match=match):
+        rd.fit_through_inference(
+            relation,
+            z0,
+            RHO,
+            targets,
+            _squared_error,
+            getkey(),
+            epochs=1,
+            where=_means,
+            progress=False,
+            **changes,
+        )
+
+
+@pytest.mark.parametrize("tol", [0.0, -1.0, float("nan")])
+def test_task_gradient_refuses_bad_tol_under_jit(tol):
+    """`task_gradient` is jitted; the tolerance is fixed when it is traced."""
+    relation, z0, targets = _inference_problem()
+    with pytest.raises(ValueError, match="`tol` must be a positive finite"):
+        rd.task_gradient(relation, z0, RHO, targets, _squared_error, tol=tol)
+
+
+def test_fit_through_inference_nan_learning_rate_raises(getkey):
+    relation, z0, targets = _inference_problem()
+    for progress in (False, True):
+        with pytest.raises(FloatingPointError, match="stopped at epoch 0"):
+            rd.fit_through_inference(
+                relation,
+                z0,
+                RHO,
+                targets,
+                _squared_error,
+                getkey(),
+                epochs=2,
+                optimizer=NAN_RATE,
+                where=_means,
+                max_steps=4,
+                progress=progress,
+            )
