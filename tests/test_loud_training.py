@@ -1,7 +1,9 @@
 """Training never fails quietly: diverging runs, checkpoint directories,
 the arguments of training through inference, and processes that disagree."""
 
+import json
 import pathlib
+import sys
 
 import equinox as eqx
 import jax
@@ -241,3 +243,52 @@ def test_fit_through_inference_nan_learning_rate_raises(getkey):
                 max_steps=4,
                 progress=progress,
             )
+
+
+# ---- processes that disagree on `fit`'s arguments ----
+
+
+@pytest.mark.slow
+def test_two_processes_that_disagree_raise_on_both(tmp_path):
+    """Each argument that differs between the two processes raises the same
+    error on both, naming it and what each holds, instead of hanging one in a
+    collective or training parameters that are not replicated."""
+    from test_distributed import ROOT, _free_port, _run_group
+
+    coordinator = f"127.0.0.1:{_free_port()}"
+    worker = str(ROOT / "tests" / "distributed_agreement_worker.py")
+    out = tmp_path / "result"
+    commands = [
+        [sys.executable, worker, coordinator, "2", str(rank), str(out)]
+        for rank in range(2)
+    ]
+    _run_group(commands, timeout=300, log=tmp_path / "log.txt")
+    results = [json.loads(pathlib.Path(f"{out}.{r}").read_text()) for r in (0, 1)]
+    want = {
+        "steps": ("steps=2", "steps=3"),
+        "batch_size": ("batch_size=4", "batch_size=3"),
+        "chunk_size": ("chunk_size=1", "chunk_size=2"),
+        "t_range": ("t_range[1]=0.2", "t_range[1]=0.30000000000000004"),
+        "ema": ("ema=None", "ema=0.9"),
+        "key": ("key=key ", "key=key "),
+        "pred": ("pred.model", "pred.model"),
+        "optimizer": ("step_size=-0.001", "step_size=-0.002"),
+        "schedule": ("[10]=1.0", "[10]=2.0"),
+        "injected": ("learning_rate']=0.1", "learning_rate']=1.1"),
+        "data": ("sha256:", "sha256:"),
+    }
+    names = {"schedule": "optimizer", "injected": "optimizer"}
+    for result in results:
+        for case, (zero, one) in want.items():
+            message = result[case]
+            assert message is not None, case
+            name = names.get(case, case)
+            assert message.startswith(f"`{name}` differs across processes"), message
+            assert f"process 0 holds {name}" in message, message
+            assert zero in message.split("; process 1")[0], (case, message)
+            assert one in message.split("; process 1")[1], (case, message)
+    # both processes give the same message, and then train together
+    assert {k: v for k, v in results[0].items() if k != "rank"} == {
+        k: v for k, v in results[1].items() if k != "rank"
+    }
+    assert len(results[0]["losses"]) == 2

@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree, Shaped
 from tqdm.auto import tqdm
 
-from .._distributed import _replicate, _same_on_every_process
+from .._distributed import _replicate, _same_arguments, _same_on_every_process
 from .._misc import check_positive_int, static_float
 from ._checkpoint import (
     _newest_intact,
@@ -88,6 +88,19 @@ def _check_fits(name: str, got, want) -> None:
 def _fingerprint(data: jax.Array) -> str:
     host = np.ascontiguousarray(np.asarray(data))
     return f"{host.shape} {host.dtype} sha256:{hashlib.sha256(host).hexdigest()}"
+
+
+def _spans_processes(mesh: Mesh) -> bool:
+    return len({d.process_index for d in mesh.devices.flat}) > 1
+
+
+def _initial_opt_state(optimizer, pred):
+    """The state `optimizer.init` starts from (its array hyperparameters, such
+    as `optax.inject_hyperparams`'), or why it cannot be made."""
+    try:
+        return optimizer.init(eqx.filter(pred, eqx.is_inexact_array))
+    except Exception as err:  # `fit`'s own checks report bad arguments
+        return f"<optimizer.init fails: {type(err).__name__}>"
 
 
 def _param_dtype(params) -> jnp.dtype | None:
@@ -301,7 +314,14 @@ def fit(
     single-process run with the same `batch_size`, equal to rounding; the
     parameters and optimiser state are replicated, the same on every process
     after every step. Every process calls `fit` with the same arguments
-    (`data` whole on every process; this is checked). `checkpoint_dir` is
+    (`data` whole on every process), and this is checked with one collective
+    before anything else: `steps`, `batch_size`, `chunk_size`, `t_range`,
+    `ema`, `nonfinite`, `checkpoint_every`, `key`, `data`, the predictor's
+    arrays, the optimiser (its code and the values its functions close over,
+    e.g. a learning rate or a schedule, and the arrays of `optimizer.init`)
+    and `opt_state`; one that differs raises a `ValueError` on every process
+    naming it and what each process holds, so that no process waits forever
+    for a peer. Only `progress` and `return_state` may differ. `checkpoint_dir` is
     refused with a mesh that spans several processes; `return_state` and
     `opt_state` continue such a run.
 
@@ -355,6 +375,30 @@ def fit(
     first step); `FloatingPointError` naming the step when a step's loss or
     update is not finite (with `nonfinite="raise"`).
     """
+    if isinstance(mesh, Mesh) and _spans_processes(mesh):
+        # first, before any check that could raise on some processes only
+        # and leave the others waiting in a collective
+        _same_arguments(
+            {
+                "steps": steps,
+                "batch_size": batch_size,
+                "chunk_size": chunk_size,
+                "checkpoint_every": checkpoint_every,
+                "checkpoint_dir": None if checkpoint_dir is None else "a path",
+                "t_range": t_range,
+                "ema": ema,
+                "nonfinite": nonfinite,
+                "key": key,
+                "data": data,
+                "pred": pred,
+                "optimizer": optimizer,
+                "optimizer.init(pred)": _initial_opt_state(optimizer, pred),
+                "opt_state": opt_state,
+                "mesh": [mesh.axis_names, [d.id for d in mesh.devices.flat]],
+            },
+            "call `fit` with the same arguments (all but `progress` and "
+            "`return_state`)",
+        )
     check_positive_int("steps", steps)
     check_positive_int("batch_size", batch_size)
     check_positive_int("chunk_size", chunk_size)
