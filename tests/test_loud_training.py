@@ -95,6 +95,28 @@ def test_fit_nonfinite_skip_keeps_the_last_finite_state(getkey):
         rd.fit(pred, data, key, **_kw(steps=1, nonfinite="ignore"))
 
 
+@pytest.mark.float32
+def test_fit_diverges_loudly_in_float32(getkey, tmp_path):
+    """x64 off, the users' default: float32 overflows sooner, and still stops."""
+    pred, data = _problem(getkey, jnp.float32)
+    kw = _kw(optimizer=DIVERGING, steps=20, checkpoint_every=2)
+    with pytest.raises(FloatingPointError, match=r"stopped at step 1\d "):
+        rd.fit(pred, data, getkey(), checkpoint_dir=tmp_path, **kw)
+    params, _ = eqx.partition(pred, eqx.is_inexact_array)
+    found = rd.load_checkpoint(
+        tmp_path,
+        {
+            "state": rd.TrainState(
+                params, DIVERGING.init(params), None, 0, getkey(), None
+            ),
+            "losses": jnp.zeros(20, jnp.float32),
+        },
+    )
+    assert _finite(found.tree["state"].params)
+    with pytest.raises(FloatingPointError, match="stopped at step 0 "):
+        rd.fit(pred, data, getkey(), optimizer=NAN_RATE, steps=2, **_kw())
+
+
 # ---- checkpoint rotation never removes the last finite state ----
 
 
