@@ -30,6 +30,7 @@ def main(coordinator, count, rank, out):
     jax.distributed.initialize(
         coordinator, num_processes=count, process_id=rank, initialization_timeout=60
     )
+    import equinox as eqx
     import jax.numpy as jnp
     import numpy as np
     import optax
@@ -75,8 +76,15 @@ def main(coordinator, count, rank, out):
             lambda kw=kw: rd.fit(kw.pop("pred"), kw.pop("data"), kw.pop("key"), **kw)
         )
     # after all that, a run on which both agree trains
-    _, losses = rd.fit(pred, data, key, **base)
+    _, losses, state = rd.fit(pred, data, key, **base, return_state=True)
     result["losses"] = np.asarray(losses).tolist()
+    # a continued run compares its (replicated, global) `opt_state` too
+    _, more = rd.fit(pred, data, key, **base, opt_state=state)
+    result["continued"] = np.asarray(more).tolist()
+    later = eqx.tree_at(lambda s: s.step, state, state.step + rank)
+    result["opt_state"] = raised(
+        lambda: rd.fit(pred, data, key, **base, opt_state=later)
+    )
     with open(f"{out}.{rank}", "w") as f:
         json.dump(result, f)
 

@@ -314,3 +314,7 @@ def test_two_processes_that_disagree_raise_on_both(tmp_path):
         k: v for k, v in results[1].items() if k != "rank"
     }
     assert len(results[0]["losses"]) == 2
+    assert len(results[0]["continued"]) == 2
+    message = results[0]["opt_state"]
+    assert message.startswith("`opt_state` differs across processes"), message
+    assert "opt_state.step=2; process 1 holds opt_state.step=3" in message
