@@ -7,7 +7,12 @@ out of a batch that every process can compute. Both also work in a single
 process, where the share is the whole batch.
 """
 
+import dataclasses
+import functools
+import hashlib
 import json
+import types
+from typing import Any
 
 import jax
 import numpy as np
@@ -66,6 +71,17 @@ def _rows(name: str, tree) -> tuple[list, int]:
     return arrays, sizes.pop()
 
 
+def _gather_texts(text: str) -> list[str]:
+    """Every process's `text`, in process order (a collective)."""
+    raw = text.encode()
+    lengths = multihost_utils.process_allgather(np.asarray(len(raw), np.int32))
+    width = max(int(np.max(lengths)), 1)
+    padded = np.zeros(width, np.uint8)
+    padded[: len(raw)] = np.frombuffer(raw, np.uint8)
+    gathered = np.asarray(multihost_utils.process_allgather(padded))
+    return [bytes(row[:n]).decode() for row, n in zip(gathered, lengths, strict=True)]
+
+
 def _same_on_every_process(name: str, description: list, what: str) -> None:
     """Raise unless `description` (JSON-serialisable) is equal on every process.
 
@@ -73,18 +89,130 @@ def _same_on_every_process(name: str, description: list, what: str) -> None:
     """
     if jax.process_count() == 1:
         return
-    text = json.dumps(description).encode()
-    lengths = multihost_utils.process_allgather(np.asarray(len(text), np.int32))
-    width = int(np.max(lengths))
-    padded = np.zeros(width, np.uint8)
-    padded[: len(text)] = np.frombuffer(text, np.uint8)
-    gathered = np.asarray(multihost_utils.process_allgather(padded))
-    texts = [bytes(row[:n]).decode() for row, n in zip(gathered, lengths, strict=True)]
+    texts = _gather_texts(json.dumps(description))
     if len(set(texts)) == 1:
         return
     held = "; ".join(f"process {i} holds {json.loads(t)}" for i, t in enumerate(texts))
     raise ValueError(
         f"`{name}` differs across processes ({held}): every process must hold {what}."
+    )
+
+
+_MAX_ENTRIES = 4096
+_MAX_DEPTH = 24
+
+
+def _array_text(x) -> str:
+    if isinstance(x, jax.Array):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return "key " + _array_text(jax.random.key_data(x))
+        if not x.is_fully_addressable:
+            if not x.is_fully_replicated:
+                return f"{x.shape} {x.dtype} (sharded, not compared)"
+            x = x.addressable_data(0)
+    host = np.ascontiguousarray(np.asarray(x))
+    if host.size <= 4:
+        return f"{host.dtype} {host.tolist()!r}"
+    digest = hashlib.sha256(host).hexdigest()[:16]
+    return f"{host.shape} {host.dtype} sha256:{digest}"
+
+
+def _walk(obj, path: str, out: dict, depth: int, stack: frozenset) -> None:
+    """Flatten what `obj` holds into `out` (path -> text): numbers and arrays,
+    the code and closed-over values of functions, the fields of modules."""
+    if len(out) >= _MAX_ENTRIES:
+        return
+    if obj is None or isinstance(obj, bool | int | float | complex | str | bytes):
+        out[path] = repr(obj)
+        return
+    if isinstance(obj, jax.Array | np.ndarray | np.generic):
+        out[path] = _array_text(obj)
+        return
+    if depth >= _MAX_DEPTH or id(obj) in stack:
+        out[path] = f"<{type(obj).__qualname__}>"
+        return
+    stack = stack | {id(obj)}
+    walk = lambda value, sub: _walk(value, path + sub, out, depth + 1, stack)
+    if isinstance(obj, dict):
+        out[path] = f"{type(obj).__qualname__} of {len(obj)}"
+        for k in sorted(obj, key=repr):
+            walk(obj[k], f"[{k!r}]")
+    elif isinstance(obj, tuple | list):
+        out[path] = f"{type(obj).__qualname__} of {len(obj)}"
+        names = getattr(obj, "_fields", None)
+        for i, v in enumerate(obj):
+            walk(v, f".{names[i]}" if names else f"[{i}]")
+    elif isinstance(obj, functools.partial):
+        out[path] = "partial"
+        walk(obj.func, ".func")
+        walk(obj.args, ".args")
+        walk(obj.keywords, ".keywords")
+    elif isinstance(obj, types.MethodType):
+        walk(obj.__func__, ".__func__")
+        walk(obj.__self__, ".__self__")
+    elif isinstance(obj, types.FunctionType):
+        out[path] = f"{obj.__module__}.{obj.__qualname__}"
+        code = obj.__code__
+        for name, cell in zip(code.co_freevars, obj.__closure__ or (), strict=True):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # a cell not yet filled
+                continue
+            walk(value, f".{name}")
+        walk(obj.__defaults__, ".__defaults__")
+        walk(obj.__kwdefaults__, ".__kwdefaults__")
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out[path] = type(obj).__qualname__
+        for field in dataclasses.fields(obj):
+            walk(getattr(obj, field.name, None), f".{field.name}")
+    else:
+        name = getattr(obj, "__qualname__", getattr(obj, "__name__", ""))
+        out[path] = f"<{type(obj).__qualname__} {name}>".replace(" >", ">")
+
+
+def _describe_value(value) -> dict:
+    """`value` as a flat dictionary of texts that two processes can compare."""
+    out: dict = {}
+    try:
+        _walk(value, "", out, 0, frozenset())
+    except Exception as err:  # describing must never raise on one process only
+        out = {"": f"<unreadable {type(value).__qualname__}: {err}>"}
+    return out
+
+
+def _same_arguments(arguments: dict[str, Any], what: str) -> None:
+    """Raise on every process unless each argument agrees on every process.
+
+    A collective, made once before a multi-process computation: each
+    argument (numbers, arrays by their SHA-256, functions by their code and
+    closed-over values, e.g. an optimiser's learning rate) is described,
+    the descriptions are gathered, and the first argument that differs is
+    named with what each process holds. Every process reaches the same
+    verdict, so none is left waiting in a later collective.
+    """
+    if jax.process_count() == 1:
+        return
+    described = {name: _describe_value(v) for name, v in arguments.items()}
+    texts = _gather_texts(json.dumps(described))
+    if len(set(texts)) == 1:
+        return
+    held = [json.loads(t) for t in texts]
+    for name in arguments:
+        views = [h.get(name, {}) for h in held]
+        if all(v == views[0] for v in views):
+            continue
+        paths = sorted({p for v in views for p in v})
+        differ = [p for p in paths if len({v.get(p) for v in views}) > 1][:4]
+
+        def show(view, name=name, differ=differ):
+            return ", ".join(f"{name}{p}={view.get(p, '(nothing)')}" for p in differ)
+
+        told = "; ".join(f"process {i} holds {show(v)}" for i, v in enumerate(views))
+        raise ValueError(
+            f"`{name}` differs across processes ({told}): every process must {what}."
+        )
+    raise ValueError(
+        f"the arguments differ across processes: every process must {what}."
     )
 
 

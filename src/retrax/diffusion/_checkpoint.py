@@ -128,6 +128,56 @@ def _checkpoint_files(directory: pathlib.Path) -> list[tuple[int, pathlib.Path]]
     return sorted(found, key=lambda item: item[0], reverse=True)
 
 
+def _writable_directory(directory, name: str) -> pathlib.Path:
+    """Create `directory` if missing and prove it writable with a probe file.
+
+    Raises a `ValueError` naming the argument `name` when it cannot be
+    created, is not a directory, or a file cannot be written, flushed and
+    removed there: found before a run's first step, not at its first save.
+    """
+    path = pathlib.Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".probe-", suffix=".tmp", dir=path)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(b"retrax")
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            pathlib.Path(probe).unlink(missing_ok=True)
+    except OSError as err:
+        raise ValueError(
+            f"`{name}` ({str(directory)!r}) is not a writable directory: {err}. "
+            "Pass a directory that can be created and written to."
+        ) from err
+    return path
+
+
+def _all_finite(tree) -> bool:
+    """Whether every floating-point array of `tree` is finite (on the host)."""
+    for leaf in jax.tree.leaves(tree):
+        if _is_key(leaf):
+            continue
+        if isinstance(leaf, jax.Array | np.ndarray | np.generic | float | complex):
+            host = np.asarray(leaf)
+            if np.issubdtype(host.dtype, np.inexact) and not np.all(np.isfinite(host)):
+                return False
+    return True
+
+
+def _holds_finite(path: pathlib.Path, step: int) -> bool:
+    """Whether the checkpoint at `path` is intact and holds finite arrays.
+
+    Files written before the flag existed count as finite.
+    """
+    try:
+        header, _ = _read(path, step)
+    except _Corrupt:
+        return False
+    return bool(header.get("finite", True))
+
+
 def _fsync_directory(directory: pathlib.Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -195,12 +245,22 @@ def save_checkpoint(
       settings of the run, to check when resuming).
     - `keep`: keep only the newest `keep` checkpoints in `directory` (counting
       this one), deleting older ones after this one is safely written; `None`
-      (the default) keeps all.
+      (the default) keeps all. The rotation never removes the last finite
+      state: when this checkpoint and the other survivors all hold a NaN or
+      inf in a floating-point array (a diverged run), the newest intact
+      checkpoint whose arrays are all finite is kept as well.
 
     **Returns:**
 
     The path of the written file.
     """
+    return _save(directory, step, tree, metadata=metadata, keep=keep, finite_part=tree)
+
+
+def _save(directory, step, tree, *, metadata, keep, finite_part) -> pathlib.Path:
+    """`save_checkpoint`, with the rotation's notion of a finite state read
+    from `finite_part` (a part of `tree`, e.g. a training state without its
+    loss history)."""
     directory = _check_directory(directory)
     step = _check_step(step)
     if keep is not None and (
@@ -211,6 +271,7 @@ def save_checkpoint(
         metadata = {}
     if not isinstance(metadata, dict):
         raise TypeError(f"`metadata` must be a dict, got {type(metadata).__name__}.")
+    finite = _all_finite(finite_part)
     payload = io.BytesIO()
     eqx.tree_serialise_leaves(payload, tree, filter_spec=_serialise_leaf)
     payload = payload.getvalue()
@@ -221,6 +282,7 @@ def save_checkpoint(
                 "payload_bytes": len(payload),
                 "leaves": _signature(tree),
                 "metadata": metadata,
+                "finite": finite,
             }
         ).encode()
     except TypeError as err:
@@ -243,8 +305,14 @@ def save_checkpoint(
     _fsync_directory(directory)
 
     if keep is not None:
-        older = [p for s, p in _checkpoint_files(directory) if s < step]
-        for path in older[keep - 1 :]:
+        older = [(s, p) for s, p in _checkpoint_files(directory) if s < step]
+        survivors, doomed = older[: keep - 1], older[keep - 1 :]
+        if doomed and not finite and not any(_holds_finite(p, s) for s, p in survivors):
+            # a diverged run must not rotate away its last good state
+            last_good = next(((s, p) for s, p in doomed if _holds_finite(p, s)), None)
+            if last_good is not None:
+                doomed.remove(last_good)
+        for _, path in doomed:
             path.unlink(missing_ok=True)
     return final
 

@@ -4,6 +4,7 @@ import hashlib
 import numbers
 import os
 import pathlib
+import warnings
 
 import equinox as eqx
 import jax
@@ -14,14 +15,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree, Shaped
 from tqdm.auto import tqdm
 
-from .._distributed import _replicate, _same_on_every_process
+from .._distributed import _replicate, _same_arguments, _same_on_every_process
 from .._misc import check_positive_int, static_float
 from ._checkpoint import (
     _newest_intact,
     _restore,
+    _save,
     _signature,
     _signature_mismatch,
-    save_checkpoint,
+    _writable_directory,
 )
 from ._predictor import AbstractPredictor
 
@@ -88,6 +90,19 @@ def _fingerprint(data: jax.Array) -> str:
     return f"{host.shape} {host.dtype} sha256:{hashlib.sha256(host).hexdigest()}"
 
 
+def _spans_processes(mesh: Mesh) -> bool:
+    return len({d.process_index for d in mesh.devices.flat}) > 1
+
+
+def _initial_opt_state(optimizer, pred):
+    """The state `optimizer.init` starts from (its array hyperparameters, such
+    as `optax.inject_hyperparams`'), or why it cannot be made."""
+    try:
+        return optimizer.init(eqx.filter(pred, eqx.is_inexact_array))
+    except Exception as err:  # `fit`'s own checks report bad arguments
+        return f"<optimizer.init fails: {type(err).__name__}>"
+
+
 def _param_dtype(params) -> jnp.dtype | None:
     for leaf in jax.tree.leaves(params):
         if jnp.issubdtype(leaf.dtype, jnp.floating):
@@ -95,11 +110,27 @@ def _param_dtype(params) -> jnp.dtype | None:
     return None
 
 
+def _all_finite(tree) -> jax.Array:
+    flags = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree.leaves(tree)
+        if eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.inexact)
+    ]
+    return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
+
+
+_WHY = {
+    1: "the minibatch loss is not finite",
+    2: "its update made the parameters non-finite",
+    3: "its update made the optimiser state non-finite",
+}
+
+
 @eqx.filter_jit
 def _train_chunk(
     params, opt_state, average, static, optimizer, data, key, start, end, config
 ):
-    chunk, batch_size, t0, t1, ema, split = config
+    chunk, batch_size, t0, t1, ema, split, skip = config
     num, dtype = data.shape[0], data.dtype
     # data parallel: each device computes its rows of every minibatch, drawn
     # from the one stream (threefry draws do not depend on their sharding), and
@@ -114,7 +145,7 @@ def _train_chunk(
         return jnp.mean(jax.vmap(pred.denoising_loss)(eps, x0, t))
 
     def step(carry, i):
-        params, opt_state, average = carry
+        params, opt_state, average, bad, why, skipped = carry
         k_idx, k_t, k_eps = jax.random.split(jax.random.fold_in(key, i), 3)
         x0 = spread(data[jax.random.randint(k_idx, (batch_size,), 0, num)])
         t = spread(jax.random.uniform(k_t, (batch_size,), dtype, t0, t1))
@@ -131,24 +162,52 @@ def _train_chunk(
             new_average = jax.tree.map(
                 lambda a, p: ema * a + (1 - ema) * p, average, new_params
             )
+        # a step whose loss, parameters or optimiser state is not finite is
+        # never applied: with `nonfinite="raise"` the run stands still from
+        # there (and `fit` raises after the chunk), with "skip" it goes on
+        # from the last finite state. One reduction over the parameters per
+        # step, no more than the update itself costs.
+        why_here = jnp.where(
+            ~jnp.isfinite(loss),
+            1,
+            jnp.where(
+                ~_all_finite(new_params),
+                2,
+                jnp.where(~_all_finite(new_opt_state), 3, 0),
+            ),
+        ).astype(jnp.int32)
         # steps past the end of the run (the tail of the last chunk) are no-ops
-        active = i < end
+        live = i < end
+        failed = live & (why_here > 0)
+        if skip:
+            active = live & ~failed
+            skipped = skipped + failed.astype(jnp.int32)
+        else:
+            active = live & ~failed & (bad < 0)
+        first = failed & (bad < 0)
+        bad = jnp.where(first, i, bad)
+        why = jnp.where(first, why_here, why)
         keep = lambda new, old: jnp.where(active, new, old)
         params = jax.tree.map(keep, new_params, params)
         opt_state = jax.tree.map(keep, new_opt_state, opt_state)
         average = jax.tree.map(keep, new_average, average)
-        return (params, opt_state, average), loss
+        return (params, opt_state, average, bad, why, skipped), loss
 
     idx = start + jnp.arange(chunk, dtype=jnp.int32)
-    carry = (params, opt_state, average)
-    (params, opt_state, average), losses = jax.lax.scan(step, carry, idx)
+    none = jnp.asarray(-1, jnp.int32)
+    zero = jnp.asarray(0, jnp.int32)
+    carry = (params, opt_state, average, none, zero, zero)
+    (params, opt_state, average, bad, why, skipped), losses = jax.lax.scan(
+        step, carry, idx
+    )
+    report = jnp.stack([bad, why, skipped])
     if split is not None:
         # the same on every device, so that each process reads its own copy
         whole = NamedSharding(split.mesh, PartitionSpec())
-        params, opt_state, average, losses = jax.lax.with_sharding_constraint(
-            (params, opt_state, average, losses), whole
+        params, opt_state, average, losses, report = jax.lax.with_sharding_constraint(
+            (params, opt_state, average, losses, report), whole
         )
-    return params, opt_state, average, losses
+    return params, opt_state, average, losses, report
 
 
 def fit(
@@ -168,6 +227,7 @@ def fit(
     checkpoint_dir: str | os.PathLike | None = None,
     checkpoint_every: int | None = None,
     mesh: Mesh | None = None,
+    nonfinite: str = "raise",
 ) -> (
     tuple[AbstractPredictor, Float[Array, " steps"]]
     | tuple[AbstractPredictor, Float[Array, " steps"], TrainState]
@@ -230,6 +290,19 @@ def fit(
     hyperparameters (e.g. a learning rate) are not stored: resume with the
     same `optimizer`.
 
+    **A diverging run stops.** Every step checks that its minibatch loss,
+    and the parameters and optimiser state its update makes, are finite (a
+    reduction over the parameters, inside the compiled scan). A step that
+    fails is not applied: with `nonfinite="raise"` (the default) the run
+    stands still from there and `fit` raises a `FloatingPointError` naming
+    the step (a NaN learning rate fails at step 0; a schedule that grows to
+    1e12 at the step where the loss overflows). No checkpoint of a
+    non-finite state is written, so `checkpoint_dir` still holds the last
+    finite states. With `nonfinite="skip"` such steps are skipped (the
+    parameters, optimiser state and average stay those of the last finite
+    step; the step still counts, and its loss is recorded), and a
+    `RuntimeWarning` at the end says how many were.
+
     **Data parallelism.** With `mesh` (e.g. [`retrax.batch_mesh`][]`()`, over
     every device of every process of `jax.distributed`), every minibatch is
     split along its rows over the mesh's devices: each device computes the
@@ -241,7 +314,14 @@ def fit(
     single-process run with the same `batch_size`, equal to rounding; the
     parameters and optimiser state are replicated, the same on every process
     after every step. Every process calls `fit` with the same arguments
-    (`data` whole on every process; this is checked). `checkpoint_dir` is
+    (`data` whole on every process), and this is checked with one collective
+    before anything else: `steps`, `batch_size`, `chunk_size`, `t_range`,
+    `ema`, `nonfinite`, `checkpoint_every`, `key`, `data`, the predictor's
+    arrays, the optimiser (its code and the values its functions close over,
+    e.g. a learning rate or a schedule, and the arrays of `optimizer.init`)
+    and `opt_state`; one that differs raises a `ValueError` on every process
+    naming it and what each process holds, so that no process waits forever
+    for a peer. Only `progress` and `return_state` may differ. `checkpoint_dir` is
     refused with a mesh that spans several processes; `return_state` and
     `opt_state` continue such a run.
 
@@ -266,13 +346,19 @@ def fit(
     - `return_state`: also return the [`retrax.diffusion.TrainState`][] at the
       end.
     - `checkpoint_dir`: a directory to checkpoint into and resume from;
-      `None` (the default) writes nothing.
+      `None` (the default) writes nothing. It is created if missing and
+      proved writable (a probe file is written and removed) before the
+      first step: a path under a regular file, or on a read-only
+      filesystem, raises a `ValueError` naming `checkpoint_dir` at once.
     - `checkpoint_every`: save every this many steps (a positive integer; the
       chunks are shortened to it if `chunk_size` is longer); `None` saves at
       the end of every chunk. Needs `checkpoint_dir`.
     - `mesh`: a `jax.sharding.Mesh` to run data-parallel on; every minibatch
       is split over all its axes, so `batch_size` must be a multiple of its
       number of devices. `None` (the default) runs on the default device.
+    - `nonfinite`: what a step with a non-finite loss or update does:
+      `"raise"` (the default) stops the run with a `FloatingPointError`
+      naming the step, `"skip"` skips the step and warns at the end.
 
     **Returns:**
 
@@ -281,10 +367,44 @@ def fit(
     this call, shape `(steps,)` (after a resume from a checkpoint, the whole
     run's). `trained_pred` holds the last iterate, or the moving average with
     `ema`.
+
+    **Raises:**
+
+    `ValueError` or `TypeError` naming the argument for bad arguments
+    (including a `checkpoint_dir` that cannot be written, found before the
+    first step); `FloatingPointError` naming the step when a step's loss or
+    update is not finite (with `nonfinite="raise"`).
     """
+    if isinstance(mesh, Mesh) and _spans_processes(mesh):
+        # first, before any check that could raise on some processes only
+        # and leave the others waiting in a collective
+        _same_arguments(
+            {
+                "steps": steps,
+                "batch_size": batch_size,
+                "chunk_size": chunk_size,
+                "checkpoint_every": checkpoint_every,
+                "checkpoint_dir": None if checkpoint_dir is None else "a path",
+                "t_range": t_range,
+                "ema": ema,
+                "nonfinite": nonfinite,
+                "key": key,
+                "data": data,
+                "pred": pred,
+                "optimizer": optimizer,
+                "optimizer.init(pred)": _initial_opt_state(optimizer, pred),
+                "opt_state": opt_state,
+                "mesh": [mesh.axis_names, [d.id for d in mesh.devices.flat]],
+            },
+            "call `fit` with the same arguments (all but `progress` and "
+            "`return_state`)",
+        )
     check_positive_int("steps", steps)
     check_positive_int("batch_size", batch_size)
     check_positive_int("chunk_size", chunk_size)
+    if nonfinite not in ("raise", "skip"):
+        raise ValueError(f"`nonfinite` must be 'raise' or 'skip', got {nonfinite!r}.")
+    skip = nonfinite == "skip"
     if ema is not None:
         if isinstance(ema, bool) or not isinstance(ema, numbers.Real):
             raise TypeError(f"`ema` must be a float decay or None, got {ema!r}.")
@@ -403,11 +523,14 @@ def fit(
     split = None
     if mesh is not None:
         split = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
-    config = (chunk, batch_size, t0, t1, ema, split)
+    config = (chunk, batch_size, t0, t1, ema, split, skip)
     history = []
     done = 0
+    skipped = 0
 
     if checkpoint_dir is not None:
+        # before the first step, not at the first save a chunk later
+        _writable_directory(checkpoint_dir, "checkpoint_dir")
         run = {
             "run": "retrax.diffusion.fit",
             "steps": steps,
@@ -467,7 +590,7 @@ def fit(
     ) as bar:
         while done < steps:
             first = jnp.asarray(start + done, jnp.int32)
-            params, opt, average, losses = _train_chunk(
+            params, opt, average, losses, report = _train_chunk(
                 params,
                 opt,
                 average,
@@ -483,8 +606,24 @@ def fit(
                 # this process's copy of the replicated losses: reading it is
                 # no collective, so processes may differ in `progress`
                 losses = losses.addressable_data(0)
+                report = report.addressable_data(0)
             n = min(chunk, steps - done)
             history.append(losses[:n])
+            bad, why, skipped_here = (int(v) for v in np.asarray(report))
+            skipped += skipped_here
+            if bad >= 0 and not skip:
+                saved = ""
+                if checkpoint_dir is not None:
+                    saved = f" The checkpoints in {checkpoint_dir} hold finite states."
+                loss = float(losses[bad - start - done])
+                raise FloatingPointError(
+                    f"`fit` stopped at step {bad} (counting from 0 at the start of "
+                    f"training): {_WHY[why]} (loss {loss:.6g}). A learning rate "
+                    "too large, NaN or inf, or a schedule that grows, makes the "
+                    f"run diverge. No update of a step from {bad} on was "
+                    f"applied.{saved} Lower the learning rate, "
+                    "or pass `nonfinite='skip'` to skip such steps."
+                )
             previous, done = done, done + n
             if progress:
                 bar.update(n)
@@ -496,13 +635,22 @@ def fit(
                 state = TrainState(params, opt, average, start + done, key, ema)
                 so_far = jnp.concatenate(history)
                 padded = jnp.zeros(steps, data.dtype).at[:done].set(so_far)
-                save_checkpoint(
+                _save(
                     checkpoint_dir,
                     start + done,
                     {"state": state, "losses": padded},
                     metadata=run,
                     keep=3,
+                    finite_part=state,
                 )
+    if skipped:
+        warnings.warn(
+            f"`fit` skipped {skipped} of {steps} steps whose loss or update was not "
+            "finite (`nonfinite='skip'`): their updates were not applied, and the "
+            "parameters are those of the last finite step.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     losses = jnp.concatenate(history)
     state = TrainState(params, opt, average, end, key, ema)
     if ema is not None:

@@ -9,12 +9,14 @@ Jacobian-free approximation; the solver's iterations are never
 differentiated.
 """
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree, Shaped
 from tqdm.auto import tqdm
@@ -185,6 +187,23 @@ def _task(relation, spec, z0, rho, targets, loss, z_init, gradient, tol, max_ste
     )
 
 
+def _check_tol(tol) -> float | None:
+    if tol is None:
+        return None
+    tol = static_float("tol", tol)
+    if not (math.isfinite(tol) and tol > 0):
+        raise ValueError(
+            f"`tol` must be a positive finite tolerance or None, got {tol}: with "
+            "it no solve can converge (or every one would, at once)."
+        )
+    return tol
+
+
+def _all_finite(tree) -> jax.Array:
+    flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
+
+
 def _check_gradient(gradient):
     if gradient not in ("implicit", "jacobian_free"):
         raise ValueError(
@@ -242,7 +261,9 @@ def task_gradient(
       `relation.pred` by default.
     - `z_init`: the starts, shaped like `z0`; `z0` by default.
     - `gradient`: `"implicit"` (exact) or `"jacobian_free"`.
-    - `tol`, `max_steps`: as in `implicit_infer`.
+    - `tol`, `max_steps`: as in `implicit_infer`; `tol` a positive finite
+      number (or `None`, a `ValueError` otherwise), `max_steps` a positive
+      integer.
 
     **Returns:**
 
@@ -250,7 +271,7 @@ def task_gradient(
     """
     _check_gradient(gradient)
     check_positive_int("max_steps", max_steps)
-    tol = None if tol is None else static_float("tol", tol)
+    tol = _check_tol(tol)
     z0, rho, z_init = _check_queries(relation, z0, rho, z_init)
     spec = _spec(relation, where)
     return _task(
@@ -290,10 +311,21 @@ def _epoch(params, opt_state, static, spec, queries, key, config):
     # optax mixes Python floats with its int32 step count, which a caller's
     # strict dtype promotion would reject
     with jax.numpy_dtype_promotion("standard"):
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-    params = eqx.apply_updates(params, updates)
+        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+    new_params = eqx.apply_updates(params, updates)
+    # a non-finite update is never applied: `fit_through_inference` raises
+    inexact = [
+        x
+        for x in jax.tree.leaves(new_opt_state)
+        if eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.inexact)
+    ]
+    finite = _all_finite(new_params) & _all_finite(inexact)
+    finite = finite & jnp.isfinite(denoising)
+    keep = lambda new, old: jnp.where(finite, new, old)
+    params = jax.tree.map(keep, new_params, params)
+    opt_state = jax.tree.map(keep, new_opt_state, opt_state)
     z_init = jnp.where(task.valid[:, None], task.z, z_init)
-    return params, opt_state, z_init, task.loss, denoising, task.failed
+    return params, opt_state, z_init, task.loss, denoising, task.failed, finite
 
 
 def fit_through_inference(
@@ -362,27 +394,40 @@ def fit_through_inference(
       `lambda r: r.pred.means` trains only a mixture's means.
     - `data`: training data for the denoising loss, shape `(num, n)`, or
       `None` for the task loss alone.
-    - `denoising_weight`: the weight $w$ of the denoising loss.
+    - `denoising_weight`: the weight $w$ of the denoising loss, finite and
+      nonnegative.
     - `batch_size`: denoising examples per epoch.
     - `t_range`: the interval of denoising times.
     - `z_init`: the first starts, shaped like `z0`; `z0` by default.
     - `gradient`: `"implicit"` (the exact adjoint) or `"jacobian_free"`.
-    - `tol`, `max_steps`: as in `implicit_infer`.
+    - `tol`, `max_steps`: as in `implicit_infer`; `tol` a positive finite
+      number (or `None`), `max_steps` a positive integer.
     - `progress`: show a tqdm progress bar.
 
     **Returns:**
 
     `(trained_relation, history)`, an [`retrax.diffusion.InferenceHistory`][].
+
+    **Raises:**
+
+    `ValueError` naming the argument for a non-finite or negative
+    `denoising_weight`, a `tol` that is not positive and finite, or
+    `max_steps < 1` (and for the other bad arguments). An update that would
+    make the trained arrays or the optimiser state non-finite is not
+    applied and raises a `FloatingPointError` naming the epoch: after that
+    epoch with `progress` (which reads every epoch's results anyway), after
+    the last epoch without it (so that the epochs run without a pause).
     """
     check_positive_int("epochs", epochs)
     check_positive_int("batch_size", batch_size)
     check_positive_int("max_steps", max_steps)
     _check_gradient(gradient)
-    tol = None if tol is None else static_float("tol", tol)
+    tol = _check_tol(tol)
     weight = static_float("denoising_weight", denoising_weight)
-    if not weight >= 0:
+    if not (math.isfinite(weight) and weight >= 0):
         raise ValueError(
-            f"`denoising_weight` must be nonnegative, got {denoising_weight}."
+            "`denoising_weight` must be a nonnegative finite weight, got "
+            f"{denoising_weight}."
         )
     t0, t1 = (static_float("t_range", v) for v in t_range)
     if not 0.0 <= t0 < t1 <= 1.0:
@@ -437,11 +482,22 @@ def fit_through_inference(
         batch_size,
         (t0, t1),
     )
-    task_losses, denoising_losses, failures = [], [], []
+    task_losses, denoising_losses, failures, finites = [], [], [], []
+
+    def check(epoch, finite):
+        if not bool(finite):
+            raise FloatingPointError(
+                f"`fit_through_inference` stopped at epoch {epoch} (counting from "
+                "0): its update made the trained parameters or the optimiser "
+                "state non-finite, or its denoising loss is not finite (a "
+                "learning rate or `denoising_weight` too large?). The returned "
+                "arrays would be NaN; the update was not applied."
+            )
+
     with tqdm(total=epochs, disable=not progress, desc="fit", unit="epoch") as bar:
         for epoch in range(epochs):
             queries = (z0, rho, targets, z_init, data)
-            params, opt_state, z_init, task, denoising, failed = _epoch(
+            params, opt_state, z_init, task, denoising, failed, finite = _epoch(
                 params,
                 opt_state,
                 static,
@@ -453,9 +509,17 @@ def fit_through_inference(
             task_losses.append(task)
             denoising_losses.append(denoising)
             failures.append(failed)
+            finites.append(finite)
             if progress:
+                # this reads the epoch's results anyway
+                check(epoch, finite)
                 bar.update(1)
                 bar.set_postfix(loss=f"{float(task):.4g}", failed=int(failed))
+    if not progress:
+        # one read at the end, so that the epochs still run without a pause
+        flags = np.asarray(jnp.stack(finites))
+        if not flags.all():
+            check(int(np.argmin(flags)), False)
     history = InferenceHistory(
         task_loss=jnp.stack(task_losses),
         denoising_loss=jnp.stack(denoising_losses),
