@@ -223,6 +223,50 @@ def _gaussian_factor(dtype=jnp.float64):
     return rd.Factor(rel, {"x": 1, "y": 2})
 
 
+def test_factor_infer_refuses_tolerances_and_step_counts_it_cannot_use():
+    # Before: tol=-1 failed every query and blamed max_steps.
+    factor = _gaussian_factor()
+    marks = {"x": rd.Observed(jnp.asarray(0.5))}
+    for tol in (-1.0, 0.0, -1e-9, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="`tol` must be a positive, finite"):
+            rd.factor_infer(factor, marks, tol=tol)
+    for steps in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="`max_steps` must be a positive integer"):
+            rd.factor_infer(factor, marks, max_steps=steps)
+
+    # under jit (the options are fixed when the program is traced)
+    @eqx.filter_jit
+    def solve(factor, marks, tol):
+        return rd.factor_infer(factor, marks, tol=tol).z
+
+    with pytest.raises(ValueError, match="`tol` must be a positive, finite"):
+        solve(factor, marks, -1.0)
+    with pytest.raises(TypeError, match="`tol` is fixed when the program is traced"):
+        jax.jit(lambda tol: rd.factor_infer(factor, marks, tol=tol).z)(1e-9)
+    # valid options still answer
+    sol = rd.factor_infer(factor, marks, tol=1e-10, max_steps=50)
+    assert bool(sol.converged) and bool(sol.stable)
+    np.testing.assert_allclose(solve(factor, marks, 1e-10), sol.z, rtol=1e-12)
+
+
+def test_factor_query_refuses_integer_dtypes():
+    # Before: an internal error deep in the channel marks (or from inf cast
+    # to an integer stiffness).
+    factor = _gaussian_factor()
+    marks = {"x": rd.Observed(jnp.asarray(0.5)), "y": rd.Unobserved(0.1, 2.0)}
+    for dtype in (jnp.int32, np.int64, bool, "int8"):
+        with pytest.raises(TypeError, match="`dtype` must be a real floating dtype"):
+            factor.query(marks, dtype=dtype)
+        with pytest.raises(TypeError, match="`dtype` must be a real floating dtype"):
+            rd.factor_infer(factor, marks, dtype=dtype)
+    with pytest.raises(TypeError, match="`dtype` must be a real floating dtype"):
+        eqx.filter_jit(lambda f: f.query(marks, dtype=jnp.int32))(factor)
+    for dtype in (jnp.float32, jnp.float64):
+        z0, rho = factor.query(marks, dtype=dtype)
+        assert z0.dtype == dtype and rho.dtype == dtype
+        np.testing.assert_array_equal(rho[0], np.inf)
+
+
 def test_marginal_coords_must_be_concrete():
     # Before: jax's TracerArrayConversionError, which does not say that the
     # coordinates fix the marginal's shape.
