@@ -85,8 +85,9 @@ class LaplaceBelief(AbstractGaussian):
         return self.mean.shape[0]
 
     def moment(self) -> MomentGaussian:
-        """`MomentGaussian(mean, cov)`."""
-        return MomentGaussian(mean=self.mean, cov=self.cov)
+        """`MomentGaussian(mean, cov)`, `cov` symmetrised (an inverse computed in
+        floating point is symmetric only to rounding)."""
+        return MomentGaussian(mean=self.mean, cov=0.5 * (self.cov + self.cov.T))
 
     def canonical(self) -> CanonicalGaussian:
         """The canonical form (NaN where a coordinate is clamped: marginalise

@@ -1,14 +1,17 @@
 """Factors: a relation whose joint state is named channels, each observed,
 unobserved (soft, with a precision) or latent (free)."""
 
+import math
 from collections.abc import Mapping
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PyTree
 
+from .._misc import static_float
 from ._channel import AbstractChannel, Latent
 from ._infer import implicit_infer, implicit_pullback
 from ._relation import AbstractImplicitRelation
@@ -84,6 +87,24 @@ def assemble_state(
             )
         state = state.at[r.start : r.stop].set(value)
     return state
+
+
+def query_dtype(dtype: DTypeLike | None) -> np.dtype:
+    """A query's dtype: a real floating dtype, JAX's default float for `None`."""
+    if dtype is None:
+        return jnp.result_type(float)
+    try:
+        dtype = jnp.dtype(dtype)
+    except TypeError as err:
+        raise TypeError(
+            f"`dtype` must be a real floating dtype, got {dtype!r}."
+        ) from err
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(
+            f"`dtype` must be a real floating dtype (the query's values and "
+            f"stiffnesses, which may be infinite), got {dtype}."
+        )
+    return dtype
 
 
 class Factor(AbstractImplicitRelation):
@@ -176,7 +197,8 @@ class Factor(AbstractImplicitRelation):
           [`retrax.diffusion.Observed`][], [`retrax.diffusion.Unobserved`][]
           or [`retrax.diffusion.Latent`][]; channels not named are latent
           (starting at 0).
-        - `dtype`: the query's dtype; JAX's default float by default.
+        - `dtype`: the query's dtype, a real floating dtype (a `TypeError`
+          otherwise); JAX's default float by default.
 
         **Returns:**
 
@@ -184,7 +206,7 @@ class Factor(AbstractImplicitRelation):
         [`retrax.diffusion.implicit_infer`][].
         """
         self._check_marks(marks)
-        dtype = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
+        dtype = query_dtype(dtype)
         lam_eff = self.effective_lambda(dtype)
         z0, rho = [], []
         for name, size in self.channels:
@@ -267,10 +289,14 @@ def factor_infer(
     - `marks`: channel names to [`retrax.diffusion.Observed`][],
       [`retrax.diffusion.Unobserved`][] or [`retrax.diffusion.Latent`][]
       (channels not named are latent).
-    - `dtype`: the query's dtype; JAX's default float by default.
+    - `dtype`: the query's dtype, a real floating dtype (a `TypeError`
+      otherwise); JAX's default float by default.
     - `**kwargs`: the options of `implicit_infer` (`tol`, `max_steps`,
       `throw`, ...). The solve starts at the latent channels' starts (and
-      the unobserved channels' values) unless `z_init` is given.
+      the unobserved channels' values) unless `z_init` is given. A `tol`
+      that is not a positive, finite Python float, or a `max_steps` that is
+      not a positive integer, raises a `ValueError` naming it (a traced
+      `tol` a `TypeError`: it is fixed when the program is traced).
 
     **Returns:**
 
@@ -279,6 +305,23 @@ def factor_infer(
     """
     if not isinstance(factor, Factor):
         raise TypeError(f"`factor` must be a Factor, got {type(factor).__name__}.")
+    tol = kwargs.get("tol")
+    if tol is not None:
+        tol = static_float("tol", tol)
+        if not (tol > 0 and math.isfinite(tol)):
+            raise ValueError(
+                "`tol` must be a positive, finite tolerance (or None for the "
+                f"dtype's default), got {kwargs['tol']!r}: no query can meet it."
+            )
+    if "max_steps" in kwargs:
+        max_steps = kwargs["max_steps"]
+        if isinstance(max_steps, bool) or not (
+            isinstance(max_steps, (int, np.integer)) and max_steps >= 1
+        ):
+            raise ValueError(
+                "`max_steps` must be a positive integer (the most solver "
+                f"iterations), got {max_steps!r}."
+            )
     z0, rho = factor.query(marks, dtype)
     return implicit_infer(factor, z0, rho, **kwargs)
 

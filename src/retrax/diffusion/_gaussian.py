@@ -5,13 +5,32 @@ import abc
 from collections.abc import Sequence
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float
+from jaxtyping import Array, ArrayLike, Bool, Float, Shaped
+
+from .._errors import error_if
+from ._never_silent import nan_unless
+from ._state import as_state
 
 
 def as_coords(coords: Sequence[int] | ArrayLike, dim: int) -> np.ndarray:
-    """Checked coordinates: distinct integers in `[0, dim)`, as a numpy index."""
+    """Checked coordinates: distinct integers in `[0, dim)`, as a numpy index.
+
+    They fix the marginal's shape, so they are static: a traced value (an
+    argument of a `jit`-transformed function) raises a `TypeError` saying so.
+    """
+    traced = isinstance(coords, jax.core.Tracer) or (
+        isinstance(coords, (list, tuple))
+        and any(isinstance(c, jax.core.Tracer) for c in coords)
+    )
+    if traced:
+        raise TypeError(
+            "`coords` must be concrete: they fix the marginal's shape when the "
+            "program is traced. Pass a tuple of Python ints (close over it, or "
+            "mark it static in `jax.jit`), not a traced array."
+        )
     idx = np.asarray(coords)
     if idx.ndim != 1 or not (idx.size == 0 or np.issubdtype(idx.dtype, np.integer)):
         raise ValueError(
@@ -26,6 +45,87 @@ def as_coords(coords: Sequence[int] | ArrayLike, dim: int) -> np.ndarray:
     if len(set(idx.tolist())) != idx.size:
         raise ValueError(f"`coords` {idx.tolist()} repeats a coordinate.")
     return idx
+
+
+def _square_checked(name: str, matrix: Array, psd: bool) -> Array:
+    r"""`matrix` checked symmetric (and, with `psd`, positive semidefinite).
+
+    Relative to the dtype's precision: an asymmetry or a negative eigenvalue
+    beyond $\sqrt{\epsilon}$ times the largest entry or eigenvalue (rounding
+    in a computed matrix stays far below that). A concrete `matrix` raises a
+    `ValueError` at once; a traced one (built under `jit`) is checked at run
+    time, with the same message. NaN passes: it is the documented result of a
+    failed solve.
+    """
+    what = "symmetric positive semidefinite" if psd else "symmetric"
+    msg = f"`{name}` must be {what}"
+    if matrix.size == 0:
+        return matrix
+    if isinstance(matrix, jax.core.Tracer):
+        xp, value = jnp, jax.lax.stop_gradient(matrix)
+    else:
+        xp, value = np, np.asarray(matrix)
+    tol = float(np.sqrt(np.finfo(value.dtype).eps))
+    scale = xp.max(xp.abs(value))
+    asym = xp.max(xp.abs(value - value.T))
+    bad_sym = asym > tol * scale
+    bad_psd = False
+    if psd:
+        # non-finite entries are not this check's business (and LAPACK's
+        # eigensolver may refuse them)
+        finite = xp.all(xp.isfinite(value))
+        sym = xp.where(
+            finite, 0.5 * (value + value.T), xp.eye(value.shape[0], dtype=value.dtype)
+        )
+        vals = xp.linalg.eigvalsh(sym)
+        bad_psd = finite & (vals[0] < -tol * xp.max(xp.abs(vals)))
+    if xp is jnp:
+        matrix = error_if(matrix, bad_sym, msg + " (it is not symmetric).")
+        return error_if(matrix, bad_psd, msg + " (it has a negative eigenvalue).")
+    if bad_sym:
+        raise ValueError(
+            f"{msg}: it differs from its transpose by {float(asym):.3g}, for "
+            f"entries up to {float(scale):.3g}."
+        )
+    if bad_psd:
+        raise ValueError(
+            f"{msg}: its smallest eigenvalue is {float(vals[0]):.3g}, for a largest "
+            f"of {float(xp.max(xp.abs(vals))):.3g}."
+        )
+    return matrix
+
+
+def well_conditioned(matrix: Array) -> Bool[Array, ""]:
+    r"""Whether a symmetric `matrix` is positive definite and invertible to the
+    dtype's precision: its smallest eigenvalue above $10\,n\,\epsilon$ times
+    its largest (a rank-deficient matrix's smallest one is rounding, about
+    $\epsilon$ times the largest). A decision, so not differentiated (an
+    eigenvalue's derivative is fine, but not the eigenvectors' that
+    `eigvalsh` carries along, at repeated eigenvalues)."""
+    vals, tol = _eigenvalues(matrix)
+    return vals[0] > tol * jnp.max(jnp.abs(vals))
+
+
+def nonsingular(matrix: Array) -> Bool[Array, ""]:
+    r"""Whether a symmetric `matrix` (perhaps indefinite) is invertible to the
+    dtype's precision: no eigenvalue within $10\,n\,\epsilon$ of 0 relative
+    to the largest."""
+    vals, tol = _eigenvalues(matrix)
+    vals = jnp.abs(vals)
+    return jnp.min(vals) > tol * jnp.max(vals)
+
+
+def _eigenvalues(matrix: Array) -> tuple[Array, float]:
+    r"""The eigenvalues of a symmetric `matrix` (NaN if it is not finite), not
+    differentiated, and the relative tolerance $10\,n\,\epsilon$."""
+    matrix = jax.lax.stop_gradient(matrix)
+    n = matrix.shape[0]
+    if n == 0:
+        return jnp.ones((1,), matrix.dtype), 0.0
+    finite = jnp.all(jnp.isfinite(matrix))
+    safe = jnp.where(finite, matrix, jnp.eye(n, dtype=matrix.dtype))
+    vals = jnp.where(finite, jnp.linalg.eigvalsh(safe), jnp.nan)
+    return vals, 10 * n * float(jnp.finfo(matrix.dtype).eps)
 
 
 class AbstractGaussian(eqx.Module):
@@ -63,19 +163,27 @@ class MomentGaussian(AbstractGaussian):
     **Arguments:**
 
     - `mean`: $\mu$, shape `(n,)`.
-    - `cov`: $\Sigma$, shape `(n, n)`, symmetric positive semidefinite.
+    - `cov`: $\Sigma$, shape `(n, n)`, symmetric positive semidefinite. A
+      non-symmetric `cov`, or one with a negative eigenvalue (beyond
+      rounding: $\sqrt{\epsilon}$ relative to the largest), raises a
+      `ValueError` naming `cov` (at run time when it is traced). NaN entries
+      (from a failed solve) pass.
     """
 
     mean: Float[Array, " n"]
     cov: Float[Array, "n n"]
 
-    def __check_init__(self):
-        n = self.mean.shape
-        if len(n) != 1 or self.cov.shape != n * 2:
+    # loose annotations: dtypes and shapes are checked with messages naming them
+    def __init__(self, mean: Shaped[ArrayLike, "..."], cov: Shaped[ArrayLike, "..."]):
+        mean, cov = as_state("mean", mean), as_state("cov", cov)
+        n = mean.shape
+        if len(n) != 1 or cov.shape != n * 2:
             raise ValueError(
                 "`mean` must have shape (n,) and `cov` shape (n, n), got "
-                f"{self.mean.shape} and {self.cov.shape}."
+                f"{mean.shape} and {cov.shape}."
             )
+        self.mean = mean
+        self.cov = _square_checked("cov", cov, psd=True)
 
     @property
     def dim(self) -> int:
@@ -85,11 +193,17 @@ class MomentGaussian(AbstractGaussian):
         return self
 
     def canonical(self) -> "CanonicalGaussian":
-        r"""$\Lambda = \Sigma^{-1}$, $\eta = \Lambda\mu$ (NaN for a singular
-        $\Sigma$, such as a clamped coordinate's zero variance)."""
+        r"""$\Lambda = \Sigma^{-1}$, $\eta = \Lambda\mu$; NaN for a singular
+        $\Sigma$ (such as a clamped coordinate's zero variance, or a
+        covariance of lower rank), singular meaning an eigenvalue below
+        $10\,n\,\epsilon$ times the largest, where the inverse would be
+        rounding error."""
         precision = jnp.linalg.inv(self.cov)
         precision = 0.5 * (precision + precision.T)
-        return CanonicalGaussian(info=precision @ self.mean, precision=precision)
+        info, precision = nan_unless(
+            well_conditioned(self.cov), (precision @ self.mean, precision)
+        )
+        return CanonicalGaussian(info=info, precision=precision)
 
     def marginal(self, coords: Sequence[int] | ArrayLike) -> "MomentGaussian":
         idx = as_coords(coords, self.dim)
@@ -107,35 +221,50 @@ class CanonicalGaussian(AbstractGaussian):
     where the moment form does not exist. Marginalising over coordinates
     $a$ (out of $b$) is the Schur complement:
     $\Lambda_{aa} - \Lambda_{ab}\Lambda_{bb}^{-1}\Lambda_{ba}$,
-    $\eta_a - \Lambda_{ab}\Lambda_{bb}^{-1}\eta_b$.
+    $\eta_a - \Lambda_{ab}\Lambda_{bb}^{-1}\eta_b$, NaN when $\Lambda_{bb}$ is
+    singular (an eigenvalue within $10\,n\,\epsilon$ of 0, relative to the
+    largest).
 
     **Arguments:**
 
     - `info`: the information vector $\eta$, shape `(n,)`.
-    - `precision`: the precision $\Lambda$, shape `(n, n)`, symmetric.
+    - `precision`: the precision $\Lambda$, shape `(n, n)`, symmetric (it may
+      be singular or indefinite, as a quotient's is). A non-symmetric
+      `precision` (beyond rounding: $\sqrt{\epsilon}$ relative to its
+      largest entry) raises a `ValueError` naming `precision` (at run time
+      when it is traced).
     """
 
     info: Float[Array, " n"]
     precision: Float[Array, "n n"]
 
-    def __check_init__(self):
-        n = self.info.shape
-        if len(n) != 1 or self.precision.shape != n * 2:
+    # loose annotations: dtypes and shapes are checked with messages naming them
+    def __init__(
+        self, info: Shaped[ArrayLike, "..."], precision: Shaped[ArrayLike, "..."]
+    ):
+        info, precision = as_state("info", info), as_state("precision", precision)
+        n = info.shape
+        if len(n) != 1 or precision.shape != n * 2:
             raise ValueError(
                 "`info` must have shape (n,) and `precision` shape (n, n), got "
-                f"{self.info.shape} and {self.precision.shape}."
+                f"{info.shape} and {precision.shape}."
             )
+        self.info = info
+        self.precision = _square_checked("precision", precision, psd=False)
 
     @property
     def dim(self) -> int:
         return self.info.shape[0]
 
     def moment(self) -> MomentGaussian:
-        r"""$\Sigma = \Lambda^{-1}$, $\mu = \Sigma\eta$ (NaN unless $\Lambda$ is
-        invertible)."""
+        r"""$\Sigma = \Lambda^{-1}$, $\mu = \Sigma\eta$; NaN unless $\Lambda$ is
+        positive definite (a singular or indefinite precision has no moment
+        form), singular meaning an eigenvalue below $10\,n\,\epsilon$ times
+        the largest."""
         cov = jnp.linalg.inv(self.precision)
         cov = 0.5 * (cov + cov.T)
-        return MomentGaussian(mean=cov @ self.info, cov=cov)
+        mean, cov = nan_unless(well_conditioned(self.precision), (cov @ self.info, cov))
+        return MomentGaussian(mean=mean, cov=cov)
 
     def canonical(self) -> "CanonicalGaussian":
         return self
@@ -153,7 +282,10 @@ class CanonicalGaussian(AbstractGaussian):
         )
         precision = p_aa - p_ab @ solved[:, :-1]
         precision = 0.5 * (precision + precision.T)
-        return CanonicalGaussian(info=h_a - p_ab @ solved[:, -1], precision=precision)
+        info, precision = nan_unless(
+            nonsingular(p_bb), (h_a - p_ab @ solved[:, -1], precision)
+        )
+        return CanonicalGaussian(info=info, precision=precision)
 
 
 def _same_dim(beliefs: Sequence[AbstractGaussian]) -> None:
