@@ -172,5 +172,5 @@ class FDNReverb(AbstractRangedEffect):
             wet, zf = absorbed_fdn(xc, self.delays, A, b, zeros, c, k, p, z)
             return (1 - mix) * xc + mix * wet, zf
 
-        y, zf = per_channel(mono, x, zi)
+        y, zf = per_channel(mono, x, zi, shape)
         return output(y, zf, return_zf)

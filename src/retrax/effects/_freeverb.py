@@ -154,5 +154,10 @@ class Freeverb(AbstractRangedEffect):
                 zf.append(state)
             return (1 - mix) * xc + mix * wet, (zc, zp, tuple(zf))
 
-        y, zf = per_channel(mono, x, zi)
+        shapes = (
+            absorbed_state_shape(combs),
+            (),
+            tuple((2, d) for d in self.allpass_delays),
+        )
+        y, zf = per_channel(mono, x, zi, shapes)
         return output(y, zf, return_zf)

@@ -209,7 +209,7 @@ class NoiseShapedReverb(AbstractRangedEffect):
                     f"`{name}` must be a scalar or hold one value per band, shape "
                     f"({N_BANDS},), got shape {value.shape}."
                 )
-            setattr(self, name, r[name].check_init(name, value))
+            setattr(self, name, r[name].check_init(name, value, (N_BANDS,)))
         self.mix = r["mix"].check_init("mix", mix)
         shape = (channels, N_BANDS, length + n_taps - 1)
         if (key is None) == (white_noise is None):

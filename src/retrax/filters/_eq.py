@@ -264,7 +264,7 @@ def _cascade(sos, x, zi, return_zf):
         z = state_leaf("zi", z, (sos.shape[0], 2), xc.dtype)
         return sosfilt(sos, xc, axis=0, zi=z)
 
-    y, zf = per_channel(mono, x, zi)
+    y, zf = per_channel(mono, x, zi, (sos.shape[0], 2))
     return output(y, zf, return_zf)
 
 

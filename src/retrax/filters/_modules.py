@@ -265,7 +265,7 @@ class Compressor(AbstractEffect):
             n = xc.shape[0]
             return line[:n] * g * makeup, (power_zf, gain_zf, line[n:])
 
-        y, zf = per_channel(mono, x, zi)
+        y, zf = per_channel(mono, x, zi, ((), (), (lookahead,)))
         return output(y, zf, return_zf)
 
 

@@ -285,5 +285,5 @@ class SVF(AbstractEffect):
             z = state_leaf("zi", z, (2,), xc.dtype)
             return svf(xc, cutoff, q, self.sample_rate, self.mode, z, return_zf=True)
 
-        y, zf = per_channel(mono, x, zi)
+        y, zf = per_channel(mono, x, zi, (2,))
         return output(y, zf, return_zf)
