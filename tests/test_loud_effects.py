@@ -13,6 +13,16 @@ import pytest
 from helpers import unchecked
 from retrax import effects as fx
 from retrax.filters import SVF, Biquad, Compressor, ParametricEQ
+from retrax.losses import (
+    EnergyDecayLoss,
+    MelBandEnergyLoss,
+    MultiResolutionSTFTLoss,
+    OctaveBandEnergyLoss,
+    STFTLoss,
+    energy_decay_curve,
+    t60_from_edc,
+)
+from retrax.ops import fdn, fdn_frequency_response, fdn_impulse_response
 
 
 def call(effect, x, **kwargs):
@@ -150,3 +160,82 @@ def test_time_first_audio_is_refused(index, dtype):
     assert call(effect, x.T).shape == (2, 4410)
     for shape in [(1, 8), (64, 1), (16, 2), (200, 25), (3, 0)]:
         assert jit_call(effect, np.zeros(shape, dtype)).shape == shape
+
+
+# --- losses: sample rates and decay times ----------------------------------------
+
+
+@pytest.mark.parametrize("rate", [np.inf, -np.inf, np.nan, 0.0, -8000.0])
+def test_losses_refuse_a_sample_rate_that_is_not_finite_and_positive(rate):
+    for make in [
+        lambda: MelBandEnergyLoss(sample_rate=rate),
+        lambda: OctaveBandEnergyLoss(rate),
+        lambda: EnergyDecayLoss(sample_rate=rate),
+        lambda: EnergyDecayLoss(sample_rate=rate, fraction=1),
+    ]:
+        with pytest.raises(ValueError, match=r"`sample_rate` must be a finite number"):
+            make()
+    line = -60 * np.arange(400) / 8000 / 0.02
+    with pytest.raises(ValueError, match=r"`sample_rate` must be a finite number"):
+        t60_from_edc(line, rate)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_t60_refuses_a_curve_with_nan(dtype, bad):
+    fs = 48_000
+    x = np.exp(-np.arange(fs) / 4000.0) * np.cos(np.arange(fs))
+    edc = np.asarray(energy_decay_curve(x.astype(dtype)))
+    t60 = float(t60_from_edc(edc, fs))  # the curve itself measures
+    assert 0.5 < t60 < 0.6
+    broken = edc.copy()
+    broken[2000] = bad
+    with pytest.raises(ValueError, match=r"`edc` holds NaN or \+inf entries"):
+        t60_from_edc(broken, fs)
+    with pytest.raises(Exception, match=r"`edc` holds NaN or \+inf entries"):
+        jax.jit(lambda e: t60_from_edc(e, fs))(broken)
+    # -inf (no energy left, `eps=0`) is allowed
+    tail = np.concatenate([edc, [-np.inf]]).astype(dtype)
+    np.testing.assert_allclose(float(t60_from_edc(tail, fs)), t60, rtol=1e-6)
+
+
+# --- float16 through the FFTs and the delay-network kernels -----------------------
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_half_precision_is_refused_where_it_is_not_computed(dtype):
+    x = jnp.ones((2, 600), dtype)
+    effects = [
+        fx.FDNReverb(delays=(3, 5)),
+        fx.Freeverb(sample_rate=4410),
+        fx.NoiseShapedReverb(key=jax.random.key(0), length=64),
+    ]
+    for effect in effects:
+        for f in (call, jit_call):
+            with pytest.raises(TypeError, match=rf"`x` has dtype {dtype.__name__}"):
+                f(effect, x)
+    for loss in [
+        STFTLoss(fft_size=64, hop_size=16, win_length=64),
+        MultiResolutionSTFTLoss(fft_sizes=[64], hop_sizes=[16], win_lengths=[64]),
+        MelBandEnergyLoss(16_000, fft_size=64, hop_size=16, n_mels=8),
+        OctaveBandEnergyLoss(16_000, fft_size=512, hop_size=256, fraction=1),
+    ]:
+        for f in (loss, jax.jit(loss)):
+            with pytest.raises(TypeError, match=r"`pred` \(with `target`\) has dtype"):
+                f(x, x)
+    A, b, c = jnp.eye(2, dtype=dtype) / 2, jnp.ones(2, dtype), jnp.ones(2, dtype)
+    for f in [
+        lambda: fdn(x[0], (3, 5), A, b, c),
+        lambda: fdn_frequency_response((3, 5), A, b, c, n_fft=64),
+        lambda: fdn_impulse_response((3, 5), A, b, c, length=64),
+    ]:
+        with pytest.raises(TypeError, match=r"float32 or float64 only"):
+            f()
+    # where half precision is computed, it still is
+    assert fx.Gain(1.0)(x).dtype == dtype
+    assert EnergyDecayLoss()(x, x).dtype == dtype
+    # and float32 runs through every one of them
+    x32 = x.astype(jnp.float32)
+    for effect in effects:
+        assert call(effect, x32).dtype == jnp.float32
+    assert fdn(x32[0], (3, 5), A.astype(jnp.float32), b, c).dtype == jnp.float32

@@ -278,7 +278,7 @@ class EnergyDecayLoss(eqx.Module):
         A scalar in the signals' promoted float dtype. Mismatched shapes or
         non-finite signals raise an error naming the argument.
         """
-        pred, target = check_signals(pred, target, 1)
+        pred, target = check_signals(pred, target, 1, fft=False)
         d = self.curves(pred) - self.curves(target)
         # sign(d) * d: |d| with a zero derivative where the curves meet.
         return jnp.mean(jnp.sign(d) * d if self.distance == "L1" else d * d)
