@@ -239,3 +239,27 @@ def test_half_precision_is_refused_where_it_is_not_computed(dtype):
     for effect in effects:
         assert call(effect, x32).dtype == jnp.float32
     assert fdn(x32[0], (3, 5), A.astype(jnp.float32), b, c).dtype == jnp.float32
+
+
+@pytest.mark.float32
+def test_loud_errors_at_the_users_default_precision():
+    # x64 off: the users' default, where every array is float32
+    x = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)
+    gain = eqx.tree_at(lambda e: e.gain_db, fx.Gain(1.0), jnp.asarray(100.0))
+    with pytest.raises(ValueError, match=r"`gain_db` must be finite and lie in"):
+        gain.to_normalised()
+    with pytest.raises(Exception, match=r"`gain_db` must be finite and lie in"):
+        eqx.filter_jit(lambda e: e.to_normalised())(gain)
+    delay = fx.FeedbackDelay(delay_samples=5)
+    for f in (call, jit_call):
+        with pytest.raises(ValueError, match=r"`zi` must have shape \(2, 5\)"):
+            f(delay, x, zi=jnp.zeros((3, 5)))
+        with pytest.raises(ValueError, match=r"Pass `x.T`"):
+            f(ParametricEQ([100.0, 1000.0]), np.zeros((4410, 2), np.float32))
+    y, zf = call(delay, x, return_zf=True)
+    assert y.dtype == zf.dtype == jnp.float32
+    assert call(delay, x, zi=zf).dtype == jnp.float32
+    edc = np.array(energy_decay_curve(np.exp(-np.arange(8000) / 400.0)))
+    edc[100] = np.nan
+    with pytest.raises(Exception, match=r"`edc` holds NaN"):
+        jax.jit(lambda e: t60_from_edc(e, 8000))(edc)
