@@ -242,7 +242,7 @@ def signal(x: ArrayLike) -> Array:
     A `(channels, time)` signal with more than 64 channels and more than 8
     times as many channels as samples raises `ValueError`: it is audio laid
     out `(time, channels)`, which would otherwise run as thousands of
-    channels of a few samples each (pass `x.T`)."""
+    channels of a few samples each (pass `x.T`). An empty signal passes."""
     x = real_array("x", x)
     if x.ndim not in (1, 2):
         raise ValueError(
@@ -288,13 +288,9 @@ def check_state(zi: Any, shapes: Any, x: Array) -> None:
     names the entry of `zi`, the shape expected and the shape given."""
     if zi is None:
         return
-    expected, treedef = jax.tree.flatten(shapes, is_leaf=_is_shape)
-    paths = [
-        "zi" + jax.tree_util.keystr(path)
-        for path, _ in jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_shape)[
-            0
-        ]
-    ]
+    flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_shape)
+    paths = ["zi" + jax.tree_util.keystr(path) for path, _ in flat]
+    expected = [shape for _, shape in flat]
     lead = x.shape[:-1]
     try:
         given = treedef.flatten_up_to(zi)
