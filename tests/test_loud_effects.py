@@ -45,7 +45,7 @@ def test_to_normalised_refuses_a_parameter_out_of_range(dtype):
     with pytest.raises(ValueError, match=r"`gain_db` must be finite and lie in"):
         gain.to_normalised()
     with pytest.raises(Exception, match=r"`gain_db` must be finite and lie in"):
-        eqx.filter_jit(lambda e: e.to_normalised())(gain)
+        eqx.filter_jit(lambda e: e.to_normalised())(gain).block_until_ready()
     # t60 = 0 is outside FDNReverb's logarithmic range [0.05, 10] (its
     # normalised value would be -inf)
     with pytest.raises(ValueError, match=r"`t60`"):
@@ -54,7 +54,7 @@ def test_to_normalised_refuses_a_parameter_out_of_range(dtype):
     with pytest.raises(ValueError, match=r"`t60` must be finite and lie in"):
         reverb.to_normalised()
     with pytest.raises(Exception, match=r"`t60` must be finite and lie in"):
-        eqx.filter_jit(lambda e: e.to_normalised())(reverb)
+        eqx.filter_jit(lambda e: e.to_normalised())(reverb).block_until_ready()
     # in range: unchanged
     p = fx.Gain(jnp.asarray(12.0, dtype)).to_normalised()
     np.testing.assert_allclose(np.asarray(p), [0.75], rtol=1e-6)
@@ -193,7 +193,7 @@ def test_t60_refuses_a_curve_with_nan(dtype, bad):
     with pytest.raises(ValueError, match=r"`edc` holds NaN or \+inf entries"):
         t60_from_edc(broken, fs)
     with pytest.raises(Exception, match=r"`edc` holds NaN or \+inf entries"):
-        jax.jit(lambda e: t60_from_edc(e, fs))(broken)
+        jax.jit(lambda e: t60_from_edc(e, fs))(broken).block_until_ready()
     # -inf (no energy left, `eps=0`) is allowed
     tail = np.concatenate([edc, [-np.inf]]).astype(dtype)
     np.testing.assert_allclose(float(t60_from_edc(tail, fs)), t60, rtol=1e-6)
@@ -249,7 +249,7 @@ def test_loud_errors_at_the_users_default_precision():
     with pytest.raises(ValueError, match=r"`gain_db` must be finite and lie in"):
         gain.to_normalised()
     with pytest.raises(Exception, match=r"`gain_db` must be finite and lie in"):
-        eqx.filter_jit(lambda e: e.to_normalised())(gain)
+        eqx.filter_jit(lambda e: e.to_normalised())(gain).block_until_ready()
     delay = fx.FeedbackDelay(delay_samples=5)
     for f in (call, jit_call):
         with pytest.raises(ValueError, match=r"`zi` must have shape \(2, 5\)"):
@@ -262,4 +262,4 @@ def test_loud_errors_at_the_users_default_precision():
     edc = np.array(energy_decay_curve(np.exp(-np.arange(8000) / 400.0)))
     edc[100] = np.nan
     with pytest.raises(Exception, match=r"`edc` holds NaN"):
-        jax.jit(lambda e: t60_from_edc(e, 8000))(edc)
+        jax.jit(lambda e: t60_from_edc(e, 8000))(edc).block_until_ready()
