@@ -263,3 +263,29 @@ def test_loud_errors_at_the_users_default_precision():
     edc[100] = np.nan
     with pytest.raises(Exception, match=r"`edc` holds NaN"):
         jax.jit(lambda e: t60_from_edc(e, 8000))(edc).block_until_ready()
+
+
+def test_filter_modules_moved_out_of_range_raise_value_error_at_once():
+    cases = [
+        (SVF(1000.0, 1.0, 8000.0), lambda e: e.cutoff, 4_000.0, "`cutoff`"),
+        (
+            Biquad(jnp.asarray([0.5, 0.2, -0.1]), 0.7, 0.9),
+            lambda e: e.radius,
+            1.5,
+            "`radius`",
+        ),  # fmt: skip
+        (
+            ParametricEQ([20.0, 200.0, 2_000.0], sample_rate=8000.0),
+            lambda e: e.qs,
+            jnp.asarray([0.6, -1.0, 1.1]),
+            "`qs`",
+        ),  # fmt: skip
+        (Compressor(), lambda e: e.ratio, 0.5, "`ratio`"),
+    ]
+    for effect, where, value, name in cases:
+        bad = eqx.tree_at(where, effect, jnp.asarray(value))
+        with pytest.raises(ValueError, match=rf"{name} must be finite and lie in"):
+            bad.to_normalised()
+        with pytest.raises(Exception, match=rf"{name} must be finite and lie in"):
+            eqx.filter_jit(lambda e: e.to_normalised())(bad).block_until_ready()
+        effect.to_normalised()  # the valid module
