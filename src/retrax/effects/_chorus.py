@@ -124,5 +124,5 @@ class Chorus(AbstractRangedEffect):
             end = phase + rate * length
             return (1 - mix) * xc + mix * wet, (hf, end - jnp.floor(end))
 
-        y, zf = per_channel(mono, x, zi)
+        y, zf = per_channel(mono, x, zi, ((size,), ()))
         return output(y, zf, return_zf)

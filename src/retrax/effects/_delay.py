@@ -92,5 +92,5 @@ class Delay(AbstractRangedEffect):
             wet, zf = delay(xc, d, max_delay=self.max_delay, zi=z, return_zf=True)
             return (1 - mix) * xc + mix * wet, zf
 
-        y, zf = per_channel(mono, x, zi)
+        y, zf = per_channel(mono, x, zi, (size,))
         return output(y, zf, return_zf)

@@ -146,5 +146,5 @@ class Distortion(AbstractRangedEffect):
                 return jnp.tanh(drive * xc), xc[-1]
             return adaa_tanh(drive * xc, drive * z), xc[-1]
 
-        y, zf = per_channel(mono, x, zi)
+        y, zf = per_channel(mono, x, zi, ())
         return output(y, zf, return_zf)

@@ -8,6 +8,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._errors import error_if
+from .._float_dtypes import check_float_dtype
 from ..ops._validate import check_delay, check_finite, check_rate
 from ._absorption import absorbed_fdn, absorbed_state_shape
 from ._processor import (
@@ -79,7 +80,9 @@ class FDNReverb(AbstractRangedEffect):
     Works channel by channel on `(channels, time)`. The state `zi` is the
     network's, shape `(2N, max(delays) - 1)` (with a leading channel axis
     for `(channels, time)`). Parameters out of range, a zero `v` or
-    non-finite gains raise an error (also under `jax.jit`).
+    non-finite gains raise an error (also under `jax.jit`). The network's
+    kernel computes in float32 or float64: a float16 or bfloat16 signal
+    raises `TypeError` naming its dtype (cast it with `x.astype(jnp.float32)`).
     """
 
     t60: Float[Array, ""]
@@ -154,6 +157,7 @@ class FDNReverb(AbstractRangedEffect):
     ) -> Float[Array, "*channels time"] | tuple[Float[Array, "*channels time"], Array]:
         """Reverberate `x` `(time,)` or `(channels, time)`."""
         x = signal(x)
+        check_float_dtype("`x`", x.dtype, "FDNReverb (its delay-network kernel)")
         dt = x.dtype
         t60 = self.param("t60", dt)
         hf = self.param("hf_ratio", dt)
@@ -172,5 +176,5 @@ class FDNReverb(AbstractRangedEffect):
             wet, zf = absorbed_fdn(xc, self.delays, A, b, zeros, c, k, p, z)
             return (1 - mix) * xc + mix * wet, zf
 
-        y, zf = per_channel(mono, x, zi)
+        y, zf = per_channel(mono, x, zi, shape)
         return output(y, zf, return_zf)

@@ -94,5 +94,5 @@ class FeedbackDelay(AbstractFeedbackDelay):
             wet = full[: xc.shape[0]]  # w[t - D]
             return (1 - mix) * xc + mix * wet, zf
 
-        y, zf = per_channel(mono, x, zi)
+        y, zf = per_channel(mono, x, zi, (D,))
         return output(y, zf, return_zf)

@@ -4,6 +4,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._float_dtypes import check_float_dtype
 from ..ops import schroeder_allpass
 from ..ops._validate import check_rate
 from ._absorption import absorbed_fdn, absorbed_state_shape
@@ -64,7 +65,9 @@ class Freeverb(AbstractRangedEffect):
     the comb network's state `(16, max(m) - 1)`, the comb sum's last sample
     `()`, and the four allpasses' states `(2, D_k)` (each with a leading
     channel axis for `(channels, time)`). Parameters out of range raise an
-    error (also under `jax.jit`).
+    error (also under `jax.jit`). The combs' kernel computes in float32 or
+    float64: a float16 or bfloat16 signal raises `TypeError` naming its
+    dtype (cast it with `x.astype(jnp.float32)`).
     """
 
     room_size: Float[Array, ""]
@@ -116,6 +119,7 @@ class Freeverb(AbstractRangedEffect):
     ) -> Float[Array, "*channels time"] | tuple[Float[Array, "*channels time"], tuple]:
         """Reverberate `x` `(time,)` or `(channels, time)`."""
         x = signal(x)
+        check_float_dtype("`x`", x.dtype, "Freeverb (its delay-network kernel)")
         dt = x.dtype
         g = 0.7 + 0.28 * self.param("room_size", dt)
         damp = 0.4 * self.param("damping", dt)
@@ -154,5 +158,10 @@ class Freeverb(AbstractRangedEffect):
                 zf.append(state)
             return (1 - mix) * xc + mix * wet, (zc, zp, tuple(zf))
 
-        y, zf = per_channel(mono, x, zi)
+        shapes = (
+            absorbed_state_shape(combs),
+            (),
+            tuple((2, d) for d in self.allpass_delays),
+        )
+        y, zf = per_channel(mono, x, zi, shapes)
         return output(y, zf, return_zf)

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 
+from .._float_dtypes import check_float_dtype
 from .._misc import check_positive_int
 from ..ops._validate import check_finite, check_rate, real_array
 from ._processor import AbstractRangedEffect, Range, output, signal, state_leaf
@@ -159,7 +160,9 @@ class NoiseShapedReverb(AbstractRangedEffect):
     effect streams: the state `zi` is the last $L - 1$ input samples of
     every channel, shape `(channels, L - 1)` (`(L - 1,)` for a mono effect
     on a mono signal), zero by default. Parameters out of range raise an
-    error (also under `jax.jit`).
+    error (also under `jax.jit`). The convolution runs on XLA's FFT, which
+    takes float32 and float64 only: a float16 or bfloat16 signal raises
+    `TypeError` naming its dtype (cast it with `x.astype(jnp.float32)`).
     """
 
     band_gains: Float[Array, " bands"]
@@ -209,7 +212,7 @@ class NoiseShapedReverb(AbstractRangedEffect):
                     f"`{name}` must be a scalar or hold one value per band, shape "
                     f"({N_BANDS},), got shape {value.shape}."
                 )
-            setattr(self, name, r[name].check_init(name, value))
+            setattr(self, name, r[name].check_init(name, value, (N_BANDS,)))
         self.mix = r["mix"].check_init("mix", mix)
         shape = (channels, N_BANDS, length + n_taps - 1)
         if (key is None) == (white_noise is None):
@@ -271,6 +274,7 @@ class NoiseShapedReverb(AbstractRangedEffect):
         """Reverberate `x` `(time,)` or `(channels, time)`; with `return_zf`,
         also the last $L - 1$ input samples (the next block's `zi`)."""
         x = signal(x)
+        check_float_dtype("`x`", x.dtype, "NoiseShapedReverb (its FFT convolution)")
         dt = x.dtype
         c = self.channels
         if x.ndim == 2 and x.shape[0] != c:

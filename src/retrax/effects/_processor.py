@@ -20,7 +20,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PyTree, Shaped
 
 from .._misc import as_inexact, check_value
-from ..ops._validate import check_in_range, check_init_range, real_array
+from ..ops._validate import check_init_range, real_array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,19 +63,28 @@ class Range:
             return jnp.log(v / self.low) / math.log(self.high / self.low)
         return (v - self.low) / (self.high - self.low)
 
-    def check_init(self, name: str, value: ArrayLike) -> Array:
-        """`value` as a float array, checked to lie in the range (a concrete
-        value raises `ValueError` at once, a traced one at run time)."""
+    def check_init(
+        self, name: str, value: ArrayLike, shape: tuple[int, ...] = ()
+    ) -> Array:
+        """`value` as a float array of `shape` (by default a scalar), checked
+        to lie in the range (a concrete value raises `ValueError` at once, a
+        traced one at run time; a wrong shape raises `ValueError` at once)."""
         value = jnp.asarray(value, float)
+        if value.shape != shape:
+            what = "a scalar" if shape == () else "an array"
+            raise ValueError(
+                f"`{name}` must be {what} of shape {shape}, got shape {value.shape}."
+            )
         return check_init_range(
             name, value, self.low, self.high, low_open=False, high_open=False
         )
 
     def check(self, name: str, value: ArrayLike) -> Array:
-        """`value` as an array, checked at run time (also under `jax.jit`) to
-        lie in the range. A Python number (as `eqx.tree_at` may set a field)
-        becomes an array of the default float."""
-        return check_in_range(
+        """`value` as an array, checked to lie in the range: a concrete value
+        raises `ValueError` at once, a traced one (under `jax.jit`) at run
+        time. A Python number (as `eqx.tree_at` may set a field) becomes an
+        array of the default float."""
+        return check_init_range(
             name,
             as_inexact(name, value),
             self.low,
@@ -119,7 +128,10 @@ class AbstractEffect(eqx.Module):
       sample (`None`: silence before the signal) and, with `return_zf=True`,
       `(y, zf)` where `zf` is the `zi` of the next block, so that a long
       signal processed block by block equals one call. Stateless effects
-      take `zi=None` and return `zf=None`.
+      take `zi=None` and return `zf=None`. A `zi` of the wrong shape or
+      structure raises `ValueError` naming it, with the shape expected and
+      the shape given; so does a signal laid out `(time, channels)` (see
+      `signal`).
 
     Build an effect from a controller's output with the classmethod
     `from_normalised`; for a batch `(B, P)` of normalised vectors, map it:
@@ -183,9 +195,11 @@ class AbstractRangedEffect(AbstractEffect):
         return sum(np.size(getattr(self, name)) for name in self.ranges())
 
     def to_normalised(self) -> Float[Array, " params"]:
-        """The normalised parameters `(P,)`, in $[0, 1]$."""
+        """The normalised parameters `(P,)`, in $[0, 1]$; a parameter outside
+        its range (moved there by `eqx.tree_at` or an optimiser) raises an
+        error naming it (also under `jax.jit`)."""
         parts = [
-            jnp.ravel(r.normalised(getattr(self, name)))
+            jnp.ravel(r.normalised(r.check(name, getattr(self, name))))
             for name, r in self.ranges().items()
         ]
         return jnp.concatenate(parts)
@@ -214,8 +228,21 @@ class AbstractRangedEffect(AbstractEffect):
         return self.ranges()[name].check(name, getattr(self, name)).astype(dtype)
 
 
+# More channels than this, and more than `TIME_FIRST_RATIO` times the samples,
+# is audio laid out time first, `(time, channels)` (as `soundfile` reads it),
+# not `(channels, time)`: no effect here is meant for hundreds of channels
+# of a few samples each.
+MAX_CHANNELS = 64
+TIME_FIRST_RATIO = 8
+
+
 def signal(x: ArrayLike) -> Array:
-    """A real signal `x` of shape `(time,)` or `(channels, time)`."""
+    """A real signal `x` of shape `(time,)` or `(channels, time)`.
+
+    A `(channels, time)` signal with more than 64 channels and more than 8
+    times as many channels as samples raises `ValueError`: it is audio laid
+    out `(time, channels)`, which would otherwise run as thousands of
+    channels of a few samples each (pass `x.T`). An empty signal passes."""
     x = real_array("x", x)
     if x.ndim not in (1, 2):
         raise ValueError(
@@ -223,6 +250,15 @@ def signal(x: ArrayLike) -> Array:
             f"of shape (channels, time), got shape {x.shape}. Batch several "
             "signals with `jax.vmap`."
         )
+    if x.ndim == 2 and x.shape[1] > 0:
+        channels, time = x.shape
+        if channels > MAX_CHANNELS and channels > TIME_FIRST_RATIO * time:
+            raise ValueError(
+                "`x` must be laid out (channels, time), got shape "
+                f"{x.shape}: {channels} channels of {time} samples each looks like "
+                "audio laid out (time, channels), as soundfile reads it. Pass "
+                "`x.T`."
+            )
     return x
 
 
@@ -240,12 +276,49 @@ def stereo(x: ArrayLike) -> Array:
     return x
 
 
+def _is_shape(s: Any) -> bool:
+    return isinstance(s, tuple) and all(isinstance(n, int) for n in s)
+
+
+def check_state(zi: Any, shapes: Any, x: Array) -> None:
+    """Raise `ValueError` unless the state `zi` (a pytree of arrays, or
+    `None`) has the structure of `shapes` (a pytree of one channel's state
+    shapes, tuples of ints) and each of its arrays the shape given there,
+    with a leading channel axis when `x` is `(channels, time)`. The message
+    names the entry of `zi`, the shape expected and the shape given."""
+    if zi is None:
+        return
+    flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_shape)
+    paths = ["zi" + jax.tree_util.keystr(path) for path, _ in flat]
+    expected = [shape for _, shape in flat]
+    lead = x.shape[:-1]
+    try:
+        given = treedef.flatten_up_to(zi)
+    except (TypeError, ValueError):
+        want = jax.tree.unflatten(treedef, [lead + s for s in expected])
+        raise ValueError(
+            f"`zi` must be this effect's state, of shapes {want} for `x` of shape "
+            f"{x.shape}, got {jax.tree.map(np.shape, zi)}."
+        ) from None
+    for path, shape, value in zip(paths, expected, given, strict=True):
+        if value is not None and np.shape(value) != lead + shape:
+            raise ValueError(
+                f"`{path}` must have shape {lead + shape} for `x` of shape "
+                f"{x.shape}, got shape {np.shape(value)}."
+            )
+
+
 def per_channel(
-    mono: Callable[[Array, Any], tuple[Array, Any]], x: Array, zi: Any
+    mono: Callable[[Array, Any], tuple[Array, Any]],
+    x: Array,
+    zi: Any,
+    shapes: Any,
 ) -> tuple[Array, Any]:
     """Apply `mono(x, zi) -> (y, zf)` (one channel `(time,)`; `zi=None` is
     silence) to `x` of shape `(time,)`, or to each row of `(channels, time)`
-    with the state's leaves stacked along a leading channel axis."""
+    with the state's leaves stacked along a leading channel axis. `shapes`
+    are one channel's state shapes (see `check_state`), checked first."""
+    check_state(zi, shapes, x)
     if x.ndim == 1:
         return mono(x, zi)
     return jax.vmap(mono, in_axes=(0, None if zi is None else 0))(x, zi)

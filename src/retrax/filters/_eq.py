@@ -168,11 +168,13 @@ class Biquad(AbstractEffect):
         self.max_radius = float(max_radius)
 
     def _checked(self) -> tuple[Array, Array, Array]:
-        """The numerator, radius and angle, checked at run time to be valid."""
-        b = check_in_range("b", _numerator(self.b))
+        """The numerator, radius and angle, checked to be valid (`ValueError`
+        at once for concrete values, at run time under `jax.jit`)."""
+        b = check_init_range("b", _numerator(self.b))
         radius = field_array("radius", self.radius)
-        radius = check_in_range("radius", radius, 0.0, self.max_radius)
-        return b, radius, check_in_range("angle", field_array("angle", self.angle))
+        radius = check_init_range("radius", radius, 0.0, self.max_radius)
+        angle = check_init_range("angle", field_array("angle", self.angle))
+        return b, radius, angle
 
     @property
     def sos(self) -> Float[Array, "1 6"]:
@@ -264,7 +266,7 @@ def _cascade(sos, x, zi, return_zf):
         z = state_leaf("zi", z, (sos.shape[0], 2), xc.dtype)
         return sosfilt(sos, xc, axis=0, zi=z)
 
-    y, zf = per_channel(mono, x, zi)
+    y, zf = per_channel(mono, x, zi, (sos.shape[0], 2))
     return output(y, zf, return_zf)
 
 
@@ -352,12 +354,14 @@ class ParametricEQ(AbstractEffect):
         return int(np.shape(self.freqs)[0])
 
     def _checked(self) -> tuple[Array, Array, Array]:
-        """The frequencies, gains and Qs, checked at run time to be valid."""
+        """The frequencies, gains and Qs, checked to be valid (their ranges:
+        `ValueError` at once for concrete values, at run time under
+        `jax.jit`)."""
         freqs, gains_db, qs = _sections(self.freqs, self.gains_db, self.qs)
-        freqs = check_in_range("freqs", freqs, 0.0, self.sample_rate / 2)
+        freqs = check_init_range("freqs", freqs, 0.0, self.sample_rate / 2)
         freqs = error_if(freqs, jnp.any(jnp.diff(freqs) <= 0), _INCREASING)
-        gains_db = check_in_range("gains_db", gains_db)
-        return freqs, gains_db, check_in_range("qs", qs, 0.0)
+        gains_db = check_init_range("gains_db", gains_db)
+        return freqs, gains_db, check_init_range("qs", qs, 0.0)
 
     @property
     def sos(self) -> Float[Array, "sections 6"]:

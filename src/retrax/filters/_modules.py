@@ -159,12 +159,12 @@ class Compressor(AbstractEffect):
             setattr(self, name, checked)
 
     def _checked(self, name: str) -> Array:
-        """The field `name`, checked (at run time, also under `jax.jit`) to
-        hold a valid value."""
+        """The field `name`, checked to hold a valid value (`ValueError` at
+        once for a concrete value, at run time under `jax.jit`)."""
         low, high, low_open = _LIMITS[name]
         # `as_inexact`: `eqx.tree_at` may have put a Python number here
         value = as_inexact(name, getattr(self, name))
-        return check_in_range(name, value, low, high, low_open=low_open)
+        return check_init_range(name, value, low, high, low_open=low_open)
 
     def _gain(self, x, power, gain):
         """The gain `(T,)` for one channel from the detector's `power` and
@@ -265,7 +265,7 @@ class Compressor(AbstractEffect):
             n = xc.shape[0]
             return line[:n] * g * makeup, (power_zf, gain_zf, line[n:])
 
-        y, zf = per_channel(mono, x, zi)
+        y, zf = per_channel(mono, x, zi, ((), (), (lookahead,)))
         return output(y, zf, return_zf)
 
 

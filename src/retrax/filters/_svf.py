@@ -205,11 +205,12 @@ class SVF(AbstractEffect):
         self.mode = mode
 
     def _checked(self) -> tuple[Array, Array]:
-        """The cutoff and resonance, checked at run time to be valid."""
-        cutoff = check_in_range(
+        """The cutoff and resonance, checked to be valid (`ValueError` at once
+        for concrete values, at run time under `jax.jit`)."""
+        cutoff = check_init_range(
             "cutoff", field_array("cutoff", self.cutoff), 0.0, self.sample_rate / 2
         )
-        return cutoff, check_in_range("q", field_array("q", self.q), 0.0)
+        return cutoff, check_init_range("q", field_array("q", self.q), 0.0)
 
     def to_unconstrained(self) -> Float[Array, " 2"]:
         r"""The unconstrained vector $\theta$ of this filter:
@@ -285,5 +286,5 @@ class SVF(AbstractEffect):
             z = state_leaf("zi", z, (2,), xc.dtype)
             return svf(xc, cutoff, q, self.sample_rate, self.mode, z, return_zf=True)
 
-        y, zf = per_channel(mono, x, zi)
+        y, zf = per_channel(mono, x, zi, (2,))
         return output(y, zf, return_zf)

@@ -97,7 +97,9 @@ class AbstractBandEnergyLoss(eqx.Module):
         **Returns:**
 
         A scalar in the signals' promoted float dtype. Mismatched shapes, too
-        short or non-finite signals raise an error naming the argument.
+        short or non-finite signals raise an error naming the argument; a
+        dtype other than float32 or float64 (float16, bfloat16: XLA's FFT
+        has no such transform) raises `TypeError` naming it.
         """
         pred, target = check_signals(pred, target, self.fft_size)
         return log_band_l1(

@@ -1,5 +1,6 @@
 """Energy decay curves (Schroeder integration), decay times, and a loss on them."""
 
+import math
 from typing import Literal
 
 import equinox as eqx
@@ -9,7 +10,7 @@ from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._errors import error_if
 from .._misc import as_inexact, check_positive_int, static_float
-from ._octave import octave_band_sos, octave_band_split
+from ._octave import check_sample_rate, octave_band_sos, octave_band_split
 from ._stft_loss import check_choice, check_signals
 
 
@@ -18,6 +19,16 @@ def _checked_eps(eps) -> float:
     if not (eps >= 0 and eps < float("inf")):
         raise ValueError(f"`eps` must be a finite number >= 0, got {eps!r}.")
     return eps
+
+
+def _check(x, pred, msg: str):
+    """`x`, raising `msg` where `pred` holds: `ValueError` at once when
+    `pred` is concrete, at run time (`error_if`) when it is traced."""
+    if isinstance(pred, jax.core.Tracer):
+        return error_if(x, pred, msg)
+    if bool(pred):
+        raise ValueError(msg)
+    return x
 
 
 def _real_signals(name: str, x: ArrayLike) -> jax.Array:
@@ -92,7 +103,7 @@ def t60_from_edc(
 
     - `edc`: energy decay curves in dB, time last, `(..., time)`, e.g. from
       `energy_decay_curve`; each must fall to `stop_db` below its start.
-    - `sample_rate`: the sample rate in Hz, > 0.
+    - `sample_rate`: the sample rate in Hz, a finite Python number > 0.
     - `start_db`, `stop_db`: the fit's range in dB relative to the start,
       `0 >= start_db > stop_db` (Python floats).
 
@@ -100,28 +111,40 @@ def t60_from_edc(
 
     $T_{60}$ in seconds, shape `edc.shape[:-1]`. Differentiable with
     respect to the curve's samples inside the range (the range itself is
-    held fixed). A curve that does not fall to `stop_db`, has fewer than two
-    samples in the range, is not finite at its start or rises over the range
-    (a non-negative slope) raises an error, eagerly and under `jax.jit`.
+    held fixed). A curve that holds a NaN or $+\infty$ anywhere (the
+    $-\infty$ of zero remaining energy is allowed), does not fall to
+    `stop_db`, has fewer than two samples in the range, is not finite at its
+    start or rises over the range (a non-negative slope) raises an error
+    naming `edc`: `ValueError` at once for a concrete curve, at run time
+    under `jax.jit` (never a decay time fitted around the bad samples). A
+    `sample_rate` that is not a finite number > 0 raises `ValueError`.
     """
     edc = _real_signals("edc", edc)
     fs = static_float("sample_rate", sample_rate)
     start_db = static_float("start_db", start_db)
     stop_db = static_float("stop_db", stop_db)
-    if not fs > 0:
-        raise ValueError(f"`sample_rate` must be a number > 0, got {sample_rate!r}.")
+    if not (math.isfinite(fs) and fs > 0):
+        raise ValueError(
+            f"`sample_rate` must be a finite number > 0, got {sample_rate!r}."
+        )
     if not 0 >= start_db > stop_db:
         raise ValueError(
             "`start_db` and `stop_db` must satisfy 0 >= start_db > stop_db, got "
             f"start_db={start_db!r}, stop_db={stop_db!r}."
         )
-    edc = error_if(
+    edc = _check(
+        edc,
+        jnp.any(jnp.isnan(edc) | (edc == jnp.inf)),
+        "`edc` holds NaN or +inf entries: an energy decay curve in dB is finite "
+        "(or -inf where no energy remains).",
+    )
+    edc = _check(
         edc,
         ~jnp.all(jnp.isfinite(edc[..., 0])),
         "`edc` must be finite at its first sample (the level it is measured from).",
     )
     level = edc - edc[..., :1]
-    edc = error_if(
+    edc = _check(
         edc,
         ~jnp.all(jnp.any(level <= stop_db, axis=-1)),
         f"`edc` does not fall to {stop_db} dB below its start: the response is "
@@ -130,7 +153,7 @@ def t60_from_edc(
     )
     inside = (level <= start_db) & (level >= stop_db)
     count = jnp.sum(inside, axis=-1)
-    edc = error_if(
+    edc = _check(
         edc,
         ~jnp.all(count >= 2),
         f"`edc` has fewer than two samples between {start_db} and {stop_db} dB: "
@@ -145,7 +168,7 @@ def t60_from_edc(
     y_mean = jnp.sum(y, axis=-1, keepdims=True) / n[..., None]
     dt = w * (t - t_mean)
     slope = jnp.sum(dt * (y - y_mean), axis=-1) / jnp.sum(dt * dt, axis=-1)
-    slope = error_if(
+    slope = _check(
         slope,
         ~jnp.all(slope < 0),
         "`edc` does not decay over the fitted range (its fitted slope is not "
@@ -168,8 +191,8 @@ class EnergyDecayLoss(eqx.Module):
 
     **Arguments:**
 
-    - `sample_rate`: the signals' sample rate in Hz, > 0; needed with
-      `fraction`, otherwise unused (may be `None`).
+    - `sample_rate`: the signals' sample rate in Hz, a finite number > 0;
+      needed with `fraction`, otherwise unused (may be `None`).
     - `fraction`: `None` for one broadband curve, or $b$ for curves per
       $1/b$-octave band (1: octave bands, 3: third-octave bands).
     - `f_min`, `f_max`, `order`: the bands and their Butterworth filters, as
@@ -212,6 +235,8 @@ class EnergyDecayLoss(eqx.Module):
                 "`eps` must be > 0 for a loss (its derivative is not finite where "
                 "a curve reaches zero energy), got 0."
             )
+        if sample_rate is not None:
+            sample_rate = check_sample_rate(sample_rate)
         if fraction is not None:
             if sample_rate is None:
                 raise ValueError("`sample_rate` is needed for bands (`fraction`).")
@@ -253,7 +278,7 @@ class EnergyDecayLoss(eqx.Module):
         A scalar in the signals' promoted float dtype. Mismatched shapes or
         non-finite signals raise an error naming the argument.
         """
-        pred, target = check_signals(pred, target, 1)
+        pred, target = check_signals(pred, target, 1, fft=False)
         d = self.curves(pred) - self.curves(target)
         # sign(d) * d: |d| with a zero derivative where the curves meet.
         return jnp.mean(jnp.sign(d) * d if self.distance == "L1" else d * d)

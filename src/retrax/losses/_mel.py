@@ -39,7 +39,7 @@ def mel_filterbank(
 
     **Arguments:**
 
-    - `sample_rate`: the sample rate in Hz, > 0.
+    - `sample_rate`: the sample rate in Hz, a finite number > 0.
     - `fft_size`: the FFT length the spectra come from, a positive integer.
     - `n_mels`: the number of bands, a positive integer.
     - `f_min`, `f_max`: the band edges in Hz, `0 <= f_min < f_max <=
@@ -49,8 +49,14 @@ def mel_filterbank(
 
     The filters as a NumPy array (a constant of any traced program).
     """
-    if not (isinstance(sample_rate, (int, float)) and sample_rate > 0):
-        raise ValueError(f"`sample_rate` must be a number > 0, got {sample_rate!r}.")
+    if isinstance(sample_rate, bool) or not (
+        isinstance(sample_rate, (int, float))
+        and np.isfinite(sample_rate)
+        and sample_rate > 0
+    ):
+        raise ValueError(
+            f"`sample_rate` must be a finite number > 0, got {sample_rate!r}."
+        )
     check_positive_int("fft_size", fft_size)
     check_positive_int("n_mels", n_mels)
     f_max = sample_rate / 2 if f_max is None else f_max

@@ -21,7 +21,7 @@ class MelBandEnergyLoss(AbstractBandEnergyLoss):
 
     **Arguments:**
 
-    - `sample_rate`: the signals' sample rate in Hz, > 0.
+    - `sample_rate`: the signals' sample rate in Hz, a finite number > 0.
     - `fft_size`, `hop_size`, `win_length`, `window`: the STFT, as in
       `STFTLoss` (`win_length=None` is `fft_size`).
     - `n_mels`, `f_min`, `f_max`: the bands, as in `mel_filterbank`.

@@ -99,7 +99,9 @@ class MultiResolutionSTFTLoss(eqx.Module):
         **Returns:**
 
         A scalar in the signals' promoted float dtype. Mismatched shapes, too
-        short or non-finite signals raise an error naming the argument.
+        short or non-finite signals raise an error naming the argument; a
+        dtype other than float32 or float64 (float16, bfloat16: XLA's FFT
+        has no such transform) raises `TypeError` naming it.
         """
         pred, target = check_signals(pred, target, max(self.fft_sizes))
         losses = [r.unchecked_loss(pred, target) for r in self.resolutions]

@@ -15,11 +15,16 @@ _G = 10.0 ** (3.0 / 10.0)  # IEC 61260-1's octave frequency ratio (base 10)
 _F_REF = 1000.0
 
 
-def _check_rate(sample_rate) -> float:
+def check_sample_rate(sample_rate) -> float:
+    """A sample rate: a finite Python number > 0 (`ValueError` otherwise)."""
     if isinstance(sample_rate, bool) or not (
-        isinstance(sample_rate, (int, float)) and sample_rate > 0
+        isinstance(sample_rate, (int, float))
+        and np.isfinite(sample_rate)
+        and sample_rate > 0
     ):
-        raise ValueError(f"`sample_rate` must be a number > 0, got {sample_rate!r}.")
+        raise ValueError(
+            f"`sample_rate` must be a finite number > 0, got {sample_rate!r}."
+        )
     return float(sample_rate)
 
 
@@ -76,7 +81,7 @@ def octave_bands(
 
 
 def _bands_below_nyquist(sample_rate, fraction, f_min, f_max):
-    sample_rate = _check_rate(sample_rate)
+    sample_rate = check_sample_rate(sample_rate)
     nyquist = sample_rate / 2
     if f_max is None:
         lower, centre, upper = octave_bands(fraction, f_min, nyquist)
@@ -115,7 +120,7 @@ def octave_filterbank(
 
     **Arguments:**
 
-    - `sample_rate`: the sample rate in Hz, > 0.
+    - `sample_rate`: the sample rate in Hz, a finite number > 0.
     - `fft_size`: the FFT length $N$, a positive int.
     - `fraction`, `f_min`, `f_max`: the bands, as in `octave_bands`; every
       band must lie below the Nyquist frequency (`f_max=None`: the bands from
@@ -160,7 +165,7 @@ def octave_band_sos(
 
     **Arguments:**
 
-    - `sample_rate`: the sample rate in Hz, > 0.
+    - `sample_rate`: the sample rate in Hz, a finite number > 0.
     - `fraction`, `f_min`, `f_max`: the bands, as in `octave_filterbank`.
     - `order`: the Butterworth order of the low-pass prototype, a positive
       int (each band filter has `order` second-order sections).

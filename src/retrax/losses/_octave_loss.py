@@ -22,7 +22,7 @@ class OctaveBandEnergyLoss(AbstractBandEnergyLoss):
 
     **Arguments:**
 
-    - `sample_rate`: the signals' sample rate in Hz, > 0.
+    - `sample_rate`: the signals' sample rate in Hz, a finite number > 0.
     - `fft_size`, `hop_size`, `win_length`, `window`: the STFT, as in
       `STFTLoss` (`win_length=None` is `fft_size`).
     - `fraction`, `f_min`, `f_max`: the bands, as in `octave_filterbank`

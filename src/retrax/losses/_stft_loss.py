@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._errors import error_if
+from .._float_dtypes import check_float_dtype
 from .._misc import as_inexact, check_positive_int, check_value, result_dtype
 from ._stft import WINDOWS, Window, analysis_window, stft_magnitude
 
@@ -40,13 +41,14 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def check_signals(
-    pred: ArrayLike, target: ArrayLike, min_length: int
+    pred: ArrayLike, target: ArrayLike, min_length: int, *, fft: bool = True
 ) -> tuple[jax.Array, jax.Array]:
     """`pred` and `target` as arrays of one float dtype, checked.
 
     Shapes `(time,)`, `(channels, time)` or `(batch, channels, time)`, equal
     for both, with at least `min_length` samples; values finite (checked under
-    `jit` too).
+    `jit` too). With `fft` (the STFT losses) the dtype must be float32 or
+    float64, XLA's FFT's (`TypeError` otherwise).
     """
     pred = as_inexact("pred", pred)
     target = as_inexact("target", target)
@@ -70,6 +72,8 @@ def check_signals(
             "samples (or use smaller FFT sizes)."
         )
     dtype = result_dtype(pred, target)
+    if fft:
+        check_float_dtype("`pred` (with `target`)", dtype, "an STFT loss")
     pred = error_if(
         pred.astype(dtype),
         ~jnp.all(jnp.isfinite(pred)),
@@ -227,7 +231,9 @@ class STFTLoss(eqx.Module):
         **Returns:**
 
         A scalar in the signals' promoted float dtype. Mismatched shapes, too
-        short or non-finite signals raise an error naming the argument.
+        short or non-finite signals raise an error naming the argument; a
+        dtype other than float32 or float64 (float16, bfloat16: XLA's FFT
+        has no such transform) raises `TypeError` naming it.
         """
         pred, target = check_signals(pred, target, self.fft_size)
         return self.unchecked_loss(pred, target)

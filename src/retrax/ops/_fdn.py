@@ -5,6 +5,7 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._float_dtypes import check_float_dtype
 from .._misc import as_inexact, check_value, result_dtype
 from ._recurrence import DEFAULT_UNROLL, DelayLines, delay_line_reads, recurrence
 from ._validate import check_delay, check_signal, real_array
@@ -35,8 +36,14 @@ def _bounded_norm(xp, A):
 def checked_network(delays: tuple[int, ...], A, b, c, d):
     """`(A, b, c, d)` as inexact arrays, their shapes checked at once and their
     values (finite; `A` of spectral norm at most 1) eagerly or under `jit`.
-    `d=None` is 0."""
+    `d=None` is 0. A dtype other than float32 or float64 raises `TypeError`."""
     lines = len(delays)
+    # before the norm's SVD, which LAPACK has no float16 or bfloat16 for
+    check_float_dtype(
+        "`A` (with `b`, `c`, `d`)",
+        result_dtype(A, b, c, d),
+        "a feedback delay network",
+    )
     shapes = {"A": (lines, lines), "b": (lines,), "c": (lines,)}
     params = {"A": A, "b": b, "c": c, "d": 0.0 if d is None else d}
     for name, value in params.items():
@@ -117,7 +124,9 @@ def fdn(
     `y` of shape `(T,)`, or `(y, zf)` if `return_zf`. The dtype is the
     promoted dtype of the inputs (float32 or float64).
 
-    Bad `delays`, shapes or a wrong `zi` shape raise a `ValueError` at once.
+    Bad `delays`, shapes or a wrong `zi` shape raise a `ValueError` at once;
+    inputs that promote to a dtype other than float32 or float64 (float16,
+    bfloat16) raise a `TypeError` naming it.
     A non-finite `A`, `b`, `c` or `d`, or an `A` with spectral norm above 1
     (beyond rounding, `100 eps`), raise an error: NumPy or Python values at
     once, JAX arrays at run time (also under `jax.jit`).
@@ -126,6 +135,11 @@ def fdn(
     lines, longest = len(delays), max(delays)
     x = real_array("x", x)
     check_signal("x", x)
+    check_float_dtype(
+        "`x` (with `A`, `b`, `c`, `d`, `zi`)",
+        result_dtype(x, A, b, c, d, zi),
+        "`fdn`",
+    )
     A, b, c, dd = checked_network(delays, A, b, c, d)
     if zi is not None:
         zi = real_array("zi", zi)

@@ -95,7 +95,8 @@ def fdn_frequency_response(
     1 in magnitude raise an error, NumPy values at once and JAX arrays at run
     time (under `jax.jit` too). So does a pole exactly on a sampled frequency
     (a lossless network can have one, e.g. `A = I` at $z = 1$), where the
-    response is infinite.
+    response is infinite. `A`, `b`, `c`, `d` of a dtype other than float32
+    or float64 (float16, bfloat16) raise `TypeError` naming it.
     """
     delays = check_delays(delays)
     check_positive_int("n_fft", n_fft)
