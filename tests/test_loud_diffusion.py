@@ -299,3 +299,19 @@ def test_marginal_coords_must_be_concrete():
         )
     belief = rd.laplace_belief(factor, sol, rho, factor.coords("y"))
     assert belief.mean.shape == (2,) and np.all(np.isfinite(belief.cov))
+
+
+def test_implicit_infer_refuses_tolerances_and_step_counts_it_cannot_use():
+    # Before: tol=-1 or 0 ran to max_steps and reported "maximum steps reached".
+    model = _gaussian_factor()
+    z0, rho = jnp.array([0.5, 0.0, 0.0]), jnp.array([jnp.inf, 0.0, 0.0])
+    for tol in (-1.0, 0.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="`tol` must be a positive, finite"):
+            rd.implicit_infer(model, z0, rho, tol=tol)
+    for steps in (0, -3, True):
+        with pytest.raises(ValueError, match="`max_steps` must be a positive integer"):
+            rd.implicit_infer(model, z0, rho, max_steps=steps)
+    run = eqx.filter_jit(lambda tol: rd.implicit_infer(model, z0, rho, tol=tol).z)
+    with pytest.raises(ValueError, match="`tol` must be a positive, finite"):
+        run(-1.0)
+    assert bool(rd.implicit_infer(model, z0, rho, tol=1e-10).converged)

@@ -1,5 +1,6 @@
 """Small private helpers shared across retrax."""
 
+import math
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -79,10 +80,27 @@ def static_float(name: str, value: Any) -> float:
     return float(value)
 
 
-def check_positive_int(name: str, value: int) -> None:
+def check_positive_int(name: str, value: Any) -> None:
     """`value` must be a positive Python `int` (a size or a count of steps)."""
-    if not (isinstance(value, int) and value >= 1):
+    if isinstance(value, bool) or not (
+        isinstance(value, int | np.integer) and value >= 1
+    ):
         raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+
+
+def check_tol(tol: Any) -> float | None:
+    """A solver's tolerance as a Python float: positive and finite, or `None`
+    for the dtype's default; a `ValueError` naming `tol` otherwise (a traced
+    one a `TypeError`, from `static_float`)."""
+    if tol is None:
+        return None
+    value = static_float("tol", tol)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"`tol` must be a positive, finite tolerance (or None for the "
+            f"dtype's default), got {tol!r}: no solve can meet it."
+        )
+    return value
 
 
 def cast_all(dtype: np.dtype, *args: jax.Array | None) -> tuple[jax.Array | None, ...]:

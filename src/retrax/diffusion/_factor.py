@@ -1,7 +1,6 @@
 """Factors: a relation whose joint state is named channels, each observed,
 unobserved (soft, with a precision) or latent (free)."""
 
-import math
 from collections.abc import Mapping
 
 import equinox as eqx
@@ -11,7 +10,7 @@ import numpy as np
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PyTree
 
-from .._misc import static_float
+from .._misc import check_positive_int, check_tol
 from ._channel import AbstractChannel, Latent
 from ._infer import implicit_infer, implicit_pullback
 from ._relation import AbstractImplicitRelation
@@ -305,23 +304,9 @@ def factor_infer(
     """
     if not isinstance(factor, Factor):
         raise TypeError(f"`factor` must be a Factor, got {type(factor).__name__}.")
-    tol = kwargs.get("tol")
-    if tol is not None:
-        tol = static_float("tol", tol)
-        if not (tol > 0 and math.isfinite(tol)):
-            raise ValueError(
-                "`tol` must be a positive, finite tolerance (or None for the "
-                f"dtype's default), got {kwargs['tol']!r}: no query can meet it."
-            )
-    if "max_steps" in kwargs:
-        max_steps = kwargs["max_steps"]
-        if isinstance(max_steps, bool) or not (
-            isinstance(max_steps, (int, np.integer)) and max_steps >= 1
-        ):
-            raise ValueError(
-                "`max_steps` must be a positive integer (the most solver "
-                f"iterations), got {max_steps!r}."
-            )
+    # checked here too, before the solve's own annotations see them
+    check_tol(kwargs.get("tol"))
+    check_positive_int("max_steps", kwargs.get("max_steps", 1))
     z0, rho = factor.query(marks, dtype)
     return implicit_infer(factor, z0, rho, **kwargs)
 

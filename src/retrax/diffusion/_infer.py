@@ -9,7 +9,7 @@ import optimistix as optx
 from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from .._errors import error_if, filter_jit
-from .._misc import static_float
+from .._misc import check_positive_int, check_tol
 from ._never_silent import nan_unless, never_silent
 from ._relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
 from ._solution import RESULTS, ImplicitSolution
@@ -184,6 +184,8 @@ def _infer(
     symmetric=None,
     off_data_tol=3.0,
 ):
+    tol = check_tol(tol)
+    check_positive_int("max_steps", max_steps)
     z0, rho, z_init = _check_query(model, z0, rho, z_init)
     if symmetric is None:
         symmetric = model.conservative
@@ -195,7 +197,7 @@ def _infer(
             "return wrong gradients. Leave `symmetric=None`."
         )
     dtype = z0.dtype
-    tol = default_tol(dtype) if tol is None else static_float("tol", tol)
+    tol = default_tol(dtype) if tol is None else tol
     clamped = clamp_mask(rho)
     y0 = jnp.where(clamped, z0, z_init)
     if adjoint_solver is None:

@@ -18,14 +18,13 @@ measurement, both reverse-time chains over a uniform grid from $t = 1$:
 import math
 from typing import Literal
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 
-from .._errors import error_if
+from .._errors import error_if, filter_jit
 from .._misc import check_positive_int, check_value, static_float
 from ._predictor import AbstractPredictor, epsilon_jacobian
 from ._sample import _t_end, _transition
@@ -158,7 +157,7 @@ def _chain(key, n, dtype, ts, update):
     return x
 
 
-@eqx.filter_jit
+@filter_jit
 def sample_tweedie_projection(
     pred: AbstractPredictor,
     key: PRNGKeyArray,
@@ -285,7 +284,7 @@ def _dps_likelihood_step(
     return out + weight * ascent
 
 
-@eqx.filter_jit
+@filter_jit
 def sample_dps(
     pred: AbstractPredictor,
     key: PRNGKeyArray,

@@ -4,11 +4,11 @@ with the channel's incoming anchor divided out."""
 from collections.abc import Mapping
 from typing import Literal
 
-import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._errors import filter_jit
 from ._belief import laplace_belief
 from ._factor import AbstractChannel, Factor
 from ._gaussian import CanonicalGaussian, divide
@@ -48,7 +48,7 @@ def channel_anchor(
     return CanonicalGaussian(info=precision * z0[idx], precision=jnp.diag(precision))
 
 
-@eqx.filter_jit
+@filter_jit
 def factor_messages(
     factor: Factor,
     sol: ImplicitSolution,

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
-from .._errors import error_if
+from .._errors import error_if, filter_jit
 from .._misc import check_positive_int, check_value, static_float
 from ._never_silent import never_silent
 from ._predictor import AbstractPredictor
@@ -161,7 +161,7 @@ def _as_vector(name: str, x: ArrayLike) -> Float[Array, " n"]:
     return x
 
 
-@eqx.filter_jit
+@filter_jit
 def regulariser_gradient(
     pred: AbstractPredictor,
     cfg: REDDiff,
@@ -259,7 +259,7 @@ def _check_hard(hard, x):
     return mask, jnp.where(mask, values.astype(x.dtype), jnp.zeros((), x.dtype))
 
 
-@eqx.filter_jit
+@filter_jit
 def reddiff_solve(
     pred: AbstractPredictor,
     cfg: REDDiff,

@@ -1,12 +1,11 @@
 """Sampling from a noise predictor: ancestral, reverse SDE, DDIM, conditional."""
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
-from .._errors import error_if
+from .._errors import error_if, filter_jit
 from .._misc import check_positive_int, static_float
 from ._predictor import AbstractPredictor
 from ._state import as_state_like
@@ -93,7 +92,7 @@ def _ancestral_update(pred):
     return update
 
 
-@eqx.filter_jit
+@filter_jit
 def sample_ancestral(
     pred: AbstractPredictor,
     key: PRNGKeyArray,
@@ -134,7 +133,7 @@ def sample_ancestral(
     )
 
 
-@eqx.filter_jit
+@filter_jit
 def sample_euler_maruyama(
     pred: AbstractPredictor,
     key: PRNGKeyArray,
@@ -179,7 +178,7 @@ def sample_euler_maruyama(
     return _reverse_scan(pred, key, shape, dtype, steps, t_end, update, None)
 
 
-@eqx.filter_jit
+@filter_jit
 def sample_ddim(
     pred: AbstractPredictor,
     key: PRNGKeyArray,
@@ -233,7 +232,7 @@ def sample_ddim(
     return _reverse_scan(pred, key, shape, dtype, steps, t_end, update, None)
 
 
-@eqx.filter_jit
+@filter_jit
 def sample_conditional(
     pred: AbstractPredictor,
     key: PRNGKeyArray,

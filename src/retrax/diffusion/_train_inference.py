@@ -21,7 +21,8 @@ import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree, Shaped
 from tqdm.auto import tqdm
 
-from .._misc import check_positive_int, static_float
+from .._errors import filter_jit
+from .._misc import check_positive_int, check_tol, static_float
 from ._infer import implicit_infer, implicit_pullback
 from ._predictor import AbstractPredictor
 from ._relation import AbstractImplicitRelation, clamp_mask
@@ -187,18 +188,6 @@ def _task(relation, spec, z0, rho, targets, loss, z_init, gradient, tol, max_ste
     )
 
 
-def _check_tol(tol) -> float | None:
-    if tol is None:
-        return None
-    tol = static_float("tol", tol)
-    if not (math.isfinite(tol) and tol > 0):
-        raise ValueError(
-            f"`tol` must be a positive finite tolerance or None, got {tol}: with "
-            "it no solve can converge (or every one would, at once)."
-        )
-    return tol
-
-
 def _all_finite(tree) -> jax.Array:
     flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
     return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
@@ -212,7 +201,7 @@ def _check_gradient(gradient):
         )
 
 
-@eqx.filter_jit
+@filter_jit
 def task_gradient(
     relation: AbstractImplicitRelation,
     z0: Shaped[ArrayLike, "..."],
@@ -271,7 +260,7 @@ def task_gradient(
     """
     _check_gradient(gradient)
     check_positive_int("max_steps", max_steps)
-    tol = _check_tol(tol)
+    tol = check_tol(tol)
     z0, rho, z_init = _check_queries(relation, z0, rho, z_init)
     spec = _spec(relation, where)
     return _task(
@@ -279,7 +268,7 @@ def task_gradient(
     )
 
 
-@eqx.filter_jit
+@filter_jit
 def _epoch(params, opt_state, static, spec, queries, key, config):
     z0, rho, targets, z_init, data = queries
     (loss, optimizer, where, gradient, tol, max_steps, weight, batch_size, t_range) = (
@@ -422,7 +411,7 @@ def fit_through_inference(
     check_positive_int("batch_size", batch_size)
     check_positive_int("max_steps", max_steps)
     _check_gradient(gradient)
-    tol = _check_tol(tol)
+    tol = check_tol(tol)
     weight = static_float("denoising_weight", denoising_weight)
     if not (math.isfinite(weight) and weight >= 0):
         raise ValueError(
