@@ -133,7 +133,8 @@ def lfilter(
 
     - `b`: the numerator coefficients, shape `(M+1,)`.
     - `a`: the denominator coefficients including `a[0]`, shape `(N+1,)`.
-      `a[0] == 0` is an error (also under `jax.jit`).
+      `a[0] == 0` is a `ValueError`, as in scipy (under `jax.jit`, a
+      run-time error), as is a non-finite entry of `b` or `a`.
     - `x`: the signal, any number of dimensions.
     - `axis`: the axis of `x` to filter along (default: the last).
     - `zi`: the initial state, scipy's layout: the shape of `x` with
@@ -186,7 +187,8 @@ def lfilter_zi(
     the first sample to start [`lfilter`][retrax.ops.lfilter] without a
     transient, as [`filtfilt`][retrax.ops.filtfilt] does. Undefined (division
     by zero) for a pole at $z = 1$. Unlike scipy, leading zeros of `a` are not
-    stripped: `a[0] == 0` is an error (also under `jax.jit`).
+    stripped: `a[0] == 0` is a `ValueError` (under `jax.jit`, a run-time
+    error).
 
     **Arguments:**
 
@@ -226,6 +228,9 @@ def lfiltic(
     **Returns:**
 
     The state, shape `(max(M, N),)`.
+
+    `a[0] == 0` is a `ValueError`, as in scipy (under `jax.jit`, a run-time
+    error).
     """
     dtype = scipy_dtype(b, a, y, x)
     b, a = normalise(coefficients("b", b, dtype), coefficients("a", a, dtype))

@@ -13,9 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike
 
-from .._errors import error_if
 from .._misc import result_dtype
-from ._validate import check_finite
+from ._validate import check_finite, value_error_if
 
 
 def _python_kind(value) -> type | None:
@@ -85,14 +84,15 @@ def coefficients(
 
 
 def normalise(b: jax.Array, a: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """`b / a[0]` and `a[1:] / a[0]`, with a run-time error if `a[0] == 0`.
+    """`b / a[0]` and `a[1:] / a[0]`; `ValueError` if `a[0] == 0` or an entry is
+    not finite (a run-time error under `jit`).
 
     The second result is the denominator without its leading 1, the layout
     of retrax's recurrence core.
     """
-    a = check_finite("a", a)
-    b = check_finite("b", b)
-    a0 = error_if(
+    a = check_finite("a", a, at_once=True)
+    b = check_finite("b", b, at_once=True)
+    a0 = value_error_if(
         a[0],
         a[0] == 0,
         "`a[0]` must be non-zero: `b` and `a` are normalised by it.",

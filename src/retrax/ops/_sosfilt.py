@@ -3,10 +3,9 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
-from .._errors import error_if
 from ._lfilter import steady_state, tdf2_apply
 from ._scipy_args import along_axis, as_array, normalise, normalise_axis, scipy_dtype
-from ._validate import check_finite
+from ._validate import check_finite, value_error_if
 
 
 def sos_array(sos: ArrayLike | list | tuple, dtype) -> Array:
@@ -21,9 +20,10 @@ def sos_array(sos: ArrayLike | list | tuple, dtype) -> Array:
 
 
 def checked_sos(sos: Array) -> Array:
-    """`sos` with a run-time error (also under `jit`) unless every `a0` is 1."""
-    sos = check_finite("sos", sos)
-    return error_if(
+    """`sos`, checked: finite, and every `a0` is 1; `ValueError` at once on
+    concrete `sos`, a run-time error under `jit`."""
+    sos = check_finite("sos", sos, at_once=True)
+    return value_error_if(
         sos,
         jnp.any(sos[:, 3] != 1),
         "`sos` rows must have a0 = sos[:, 3] = 1, as scipy.signal requires "
@@ -57,9 +57,10 @@ def sosfilt(
     the sections are applied in order. This is the numerically safe way to run
     high-order IIR filters (e.g. `scipy.signal.butter(..., output="sos")`).
 
-    **Convention: scipy's.** The rows include `a0`, which must be 1 (an error
-    otherwise, also under `jax.jit`); `zi` and `zf` are scipy's layout, each
-    section's transposed-direct-form-II state. Every section runs on retrax's
+    **Convention: scipy's.** The rows include `a0`, which must be 1 (a
+    `ValueError` otherwise, as in scipy; under `jax.jit` a run-time error);
+    `zi` and `zf` are scipy's layout, each section's transposed-direct-form-II
+    state. Every section runs on retrax's
     recurrence core, so gradients run the adjoint filters backwards in time.
 
     **Arguments:**

@@ -1,0 +1,121 @@
+"""The scipy-named ops fail loudly, as scipy does: bad values of concrete
+arguments are a `ValueError` at once (run-time errors under `jit`), dtypes JAX
+does not compute in a `TypeError` naming the argument and the dtype."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.signal as ss
+
+from helpers import assert_close
+from retrax import ops
+
+
+RUNTIME = eqx.EquinoxRuntimeError
+SOS4 = ss.butter(4, 0.2, output="sos")  # two sections: scipy's padlen is 15
+
+
+def _under_jit(f, args, match):
+    """`f(*args)` with traced arguments raises at run time with `match`."""
+    with pytest.raises(RUNTIME, match=match):
+        eqx.filter_jit(f)(*args)
+    with pytest.raises(Exception, match=match):
+        jax.jit(f)(*args)
+
+
+# ------------------------------------------- scipy's ValueError on values
+
+
+A0_ZERO = [
+    ("lfilter", lambda b, a: ops.lfilter(b, a, jnp.ones(20))),
+    ("lfilter_zi", ops.lfilter_zi),
+    ("lfiltic", lambda b, a: ops.lfiltic(b, a, jnp.ones(2))),
+    ("filtfilt", lambda b, a: ops.filtfilt(b, a, jnp.ones(20))),
+    ("filtfilt gust", lambda b, a: ops.filtfilt(b, a, jnp.ones(20), method="gust")),
+]
+
+
+@pytest.mark.parametrize("f", [f for _, f in A0_ZERO], ids=[n for n, _ in A0_ZERO])
+def test_a0_zero_is_a_value_error(f):
+    b, a = jnp.array([1.0, 2.0]), jnp.array([0.0, 1.0, 2.0])
+    with pytest.raises(ValueError, match=r"`a\[0\]` must be non-zero"):
+        f(b, a)
+    _under_jit(f, (b, a), r"`a\[0\]` must be non-zero")
+
+
+def test_scipy_lfiltic_a0_zero():
+    # scipy's test_lfiltic_bad_coeffs, with retrax's lfiltic
+    with pytest.raises(ValueError):
+        ops.lfiltic([1, 2], [0, 1], [1, 2])
+    with pytest.raises(ValueError):
+        ss.lfiltic([1, 2], [0, 1], [1, 2])
+
+
+@pytest.mark.parametrize("name", ["b", "a"])
+def test_nonfinite_coefficients_are_a_value_error(name):
+    coeffs = {"b": jnp.array([1.0, 0.5]), "a": jnp.array([1.0, -0.5])}
+    coeffs[name] = coeffs[name].at[1].set(jnp.nan)
+    for f in (
+        lambda b, a: ops.lfilter(b, a, jnp.ones(20)),
+        lambda b, a: ops.filtfilt(b, a, jnp.ones(20)),
+    ):
+        with pytest.raises(ValueError, match=f"`{name}` has non-finite"):
+            f(coeffs["b"], coeffs["a"])
+        _under_jit(f, (coeffs["b"], coeffs["a"]), f"`{name}` has non-finite")
+
+
+SOS_FUNCTIONS = [
+    ("sosfilt", lambda sos: ops.sosfilt(sos, jnp.ones(40))),
+    ("sosfiltfilt", lambda sos: ops.sosfiltfilt(sos, jnp.ones(40))),
+    ("freqz_sos", lambda sos: ops.freqz_sos(sos, 8)[1]),
+    ("sosfreqz", lambda sos: ops.sosfreqz(sos, 8)[1]),
+]
+
+
+@pytest.mark.parametrize(
+    "f", [f for _, f in SOS_FUNCTIONS], ids=[n for n, _ in SOS_FUNCTIONS]
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sos_a0_not_one_is_a_value_error(f, dtype):
+    # scipy's test_bad_sos: a0 = sos[:, 3] must be 1
+    sos = SOS4.astype(dtype).copy()
+    sos[0, 3] = 0.0
+    with pytest.raises(ValueError, match="a0"):
+        f(sos)
+    with pytest.raises(ValueError):
+        ss.sosfilt(sos, np.ones(40))
+    _under_jit(f, (jnp.asarray(sos),), "a0")
+    nan = SOS4.astype(dtype).copy()
+    nan[1, 4] = np.nan
+    with pytest.raises(ValueError, match="`sos` has non-finite"):
+        f(nan)
+    _under_jit(f, (jnp.asarray(nan),), "`sos` has non-finite")
+
+
+@pytest.mark.parametrize("length", range(10, 16))
+def test_sosfiltfilt_too_short_quotes_scipys_padlen(length):
+    x = np.ones(length)
+    with pytest.raises(ValueError, match="padlen, which is 15"):
+        ss.sosfiltfilt(SOS4, x)
+    with pytest.raises(ValueError, match="`padlen` = 15 samples"):
+        ops.sosfiltfilt(SOS4, x)
+    with pytest.raises(ValueError, match="`padlen` = 15 samples"):
+        ops.sosfiltfilt(jnp.asarray(SOS4, jnp.float32), jnp.asarray(x, jnp.float32))
+    # traced sections: the default padlen depends on their values
+    _under_jit(ops.sosfiltfilt, (jnp.asarray(SOS4), jnp.asarray(x)), "`padlen`")
+
+
+def test_sosfiltfilt_default_padlen_counts_first_order_sections():
+    odd = ss.butter(3, 0.2, output="sos")  # one first-order section: padlen 12
+    with pytest.raises(ValueError, match="`padlen` = 12 samples"):
+        ops.sosfiltfilt(odd, np.ones(12))
+    x = np.random.default_rng(0).normal(size=13)
+    assert_close(ops.sosfiltfilt(odd, x), ss.sosfiltfilt(odd, x), rtol=1e-10)
+    assert_close(jax.jit(ops.sosfiltfilt)(odd, x), ss.sosfiltfilt(odd, x), rtol=1e-10)
+
+
+def test_sosfiltfilt_too_short_for_any_sections_names_the_bound_under_jit():
+    with pytest.raises(ValueError, match="at least 9; got 9 samples"):
+        jax.jit(ops.sosfiltfilt)(SOS4, jnp.ones(9))
