@@ -2,6 +2,8 @@
 arguments are a `ValueError` at once (run-time errors under `jit`), dtypes JAX
 does not compute in a `TypeError` naming the argument and the dtype."""
 
+import decimal
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -119,3 +121,71 @@ def test_sosfiltfilt_default_padlen_counts_first_order_sections():
 def test_sosfiltfilt_too_short_for_any_sections_names_the_bound_under_jit():
     with pytest.raises(ValueError, match="at least 9; got 9 samples"):
         jax.jit(ops.sosfiltfilt)(SOS4, jnp.ones(9))
+
+
+# ------------------------------------------------------------------ dtypes
+
+
+WIDE = [np.longdouble, np.clongdouble]
+
+
+@pytest.mark.skipif(
+    np.dtype(np.longdouble).itemsize <= 8, reason="long double is float64 here"
+)
+@pytest.mark.parametrize("dtype", WIDE, ids=["float128", "complex256"])
+def test_long_double_is_a_type_error_naming_the_dtype(dtype):
+    name = np.dtype(dtype).name
+    x = np.ones(8, dtype)
+    for f, arg in (
+        (lambda x: ops.lfilter([1.0], [1.0, -0.5], x), "x"),
+        (lambda x: ops.filtfilt([1.0], [1.0, -0.5], x, padlen=2), "x"),
+        (lambda x: ops.sosfilt(SOS4, x), "x"),
+        (lambda b: ops.lfilter(b, [1.0, -0.5], np.ones(8)), "b"),
+        (lambda b: ops.freqz(b), "b"),
+        (lambda sos: ops.sosfilt(sos, np.ones(8)), "sos"),
+    ):
+        value = SOS4.astype(dtype) if arg == "sos" else x
+        with pytest.raises(TypeError, match=f"`{arg}` has dtype {name}"):
+            f(value)
+
+
+def test_object_arrays_are_a_type_error_naming_the_dtype():
+    decimals = np.array([decimal.Decimal(1)] * 4)
+    with pytest.raises(TypeError, match="`x` must be numeric, got dtype object"):
+        ops.lfilter([1.0], [1.0, -0.5], decimals)
+    with pytest.raises(TypeError, match="`a` must be numeric, got dtype object"):
+        ops.lfilter([1.0], decimals, np.ones(4))
+    with pytest.raises(TypeError, match="`b` must be numeric, got dtype object"):
+        ops.freqz([decimal.Decimal(1), decimal.Decimal(2)])
+
+
+def _big_unsigned():
+    return np.array([2**63 + 1, 2**40 + 3, 7], np.uint64)
+
+
+@pytest.mark.parametrize("x64", [True, False])
+def test_uint64_converts_as_scipy_converts(x64):
+    """scipy converts integer input to float; without x64 JAX would first
+    narrow 64-bit integers to 32 bits (2**63 + 1 became 1)."""
+    x = _big_unsigned()
+    ref = ss.lfilter([1.0], [1.0, -0.5], x)
+    with jax.enable_x64(x64):
+        y = ops.lfilter([1.0], [1.0, -0.5], x)
+        assert y.dtype == (np.float64 if x64 else np.float32)
+        assert_close(y, ref, rtol=1e-15 if x64 else 1e-7)
+        # under jit, closed over (a jit argument is converted by JAX itself,
+        # which without x64 narrows it to uint32 before retrax sees it)
+        y = jax.jit(lambda a: ops.lfilter([1.0], a, x))(jnp.array([1.0, -0.5]))
+        assert_close(y, ref, rtol=1e-15 if x64 else 1e-7)
+        y = ops.lfilter([1.0], [1.0], np.array([2**62 + 1], np.int64))
+        assert_close(y, [2.0**62], rtol=1e-15 if x64 else 1e-7)
+
+
+@pytest.mark.float32
+def test_uint64_converts_as_scipy_converts_float32_session():
+    x = _big_unsigned()
+    y = ops.lfilter([1.0], [1.0, -0.5], x)
+    assert y.dtype == np.float32
+    assert_close(y, ss.lfilter([1.0], [1.0, -0.5], x), rtol=1e-7)
+    y = ops.sosfilt(SOS4.astype(np.float32), x)
+    assert_close(y, ss.sosfilt(SOS4, x.astype(np.float64)), rtol=1e-5)

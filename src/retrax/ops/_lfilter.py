@@ -146,7 +146,11 @@ def lfilter(
     `y`, the shape of `x`; or `(y, zf)` when `zi` is given, `zf` the final
     state in `zi`'s layout. Python lists and numbers are weakly typed, so the
     dtype is the promoted dtype of the array arguments (a float32 signal stays
-    float32); integers compute in the default float dtype, as in scipy.
+    float32); integers compute in the default float dtype, as in scipy
+    (NumPy input is converted by NumPy, so 64-bit integers round to the
+    nearest float also without x64). NumPy's long double (`float128`,
+    `complex256`) and object or string arrays are a `TypeError` naming the
+    argument and its dtype: JAX does not compute in them.
     """
     dtype = scipy_dtype(b, a, x, zi)
     b = coefficients("b", b, dtype)

@@ -49,24 +49,83 @@ def scipy_dtype(*args: ArrayLike | list | tuple | None) -> np.dtype:
         kind = _python_kind(arg)
         if kind is bool or kind is int:
             continue  # weak integers never decide a floating dtype
-        kinds.append(kind(0) if kind is not None else jnp.asarray(arg))
+        source = kind(0) if kind is not None else _dtype_source(arg)
+        if isinstance(source, np.dtype) and _unsupported(source) is not None:
+            continue  # `as_array` raises, naming the argument
+        kinds.append(source)
     dtype = result_dtype(*kinds) if kinds else None
     if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):
         dtype = result_dtype(*(kinds or [1.0]), 1.0)
     return np.dtype(dtype)
 
 
+def _host(value) -> np.ndarray | None:
+    """A non-JAX `value` (NumPy, Python numbers, lists) as a NumPy array, or
+    `None` for JAX arrays and lists that NumPy cannot hold (e.g. of tracers)."""
+    if isinstance(value, jax.Array):
+        return None
+    try:
+        return np.asarray(value)
+    except Exception:  # e.g. a list of tracers: JAX converts it
+        return None
+
+
+def _unsupported(dtype: np.dtype) -> str | None:
+    """Why retrax does not compute in `dtype`, or `None` if it does."""
+    if not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
+        return (
+            f"must be numeric, got dtype {dtype}; retrax computes in float32, "
+            "float64, complex64 or complex128"
+        )
+    if dtype.kind in "fc" and dtype.itemsize > (8 if dtype.kind == "f" else 16):
+        return (
+            f"has dtype {dtype} (NumPy's long double), which JAX does not compute "
+            "in; convert it to float64 or complex128"
+        )
+    return None
+
+
+def check_dtype(name: str, dtype: np.dtype) -> None:
+    """A `TypeError` naming `name` and `dtype` unless retrax computes in it.
+
+    JAX has no extended precision (`float128`/`complex256`, NumPy's long
+    double) and no object or string arrays; they would otherwise fail inside
+    JAX with a message that names neither.
+    """
+    why = _unsupported(np.dtype(dtype))
+    if why is not None:
+        raise TypeError(f"`{name}` {why}.")
+
+
+def _dtype_source(value):
+    """What `value` contributes to the result dtype, without converting its data."""
+    host = _host(value)
+    if host is None:
+        return jnp.asarray(value)
+    if _unsupported(host.dtype) is not None:
+        return host.dtype
+    # an empty array of the dtype JAX would compute in: no data converted, and
+    # no warning for 64-bit dtypes without x64
+    return np.empty(0, jax.dtypes.canonicalize_dtype(host.dtype))
+
+
 def as_array(name: str, value: ArrayLike | list | tuple, dtype: np.dtype) -> jax.Array:
-    """`value` as an array of `dtype`; a clear error for non-numeric input."""
-    arr = jnp.asarray(value)
-    if not (
-        jnp.issubdtype(arr.dtype, jnp.number) or jnp.issubdtype(arr.dtype, jnp.bool_)
-    ):
-        raise TypeError(f"`{name}` must be numeric, got dtype {arr.dtype}.")
+    """`value` as an array of `dtype`; a clear error for non-numeric input.
+
+    NumPy and Python input is converted by NumPy, as scipy converts it:
+    JAX without x64 would first narrow 64-bit integers to 32 bits, which
+    wraps large values (`uint64` `2**63 + 1` would become 1) instead of
+    rounding them to the nearest float.
+    """
+    host = _host(value)
+    arr = jnp.asarray(value) if host is None else host
+    check_dtype(name, np.dtype(arr.dtype))
     if jnp.issubdtype(arr.dtype, jnp.complexfloating) and not jnp.issubdtype(
         dtype, jnp.complexfloating
     ):
         raise TypeError(f"`{name}` is complex but the result dtype is {dtype}.")
+    if host is not None:
+        return jnp.asarray(host.astype(dtype))
     return arr.astype(dtype)
 
 
