@@ -62,6 +62,7 @@ def test_nonfinite_coefficients_are_a_value_error(name):
     for f in (
         lambda b, a: ops.lfilter(b, a, jnp.ones(20)),
         lambda b, a: ops.filtfilt(b, a, jnp.ones(20)),
+        lambda b, a: ops.freqz(b, a, 8)[1],
     ):
         with pytest.raises(ValueError, match=f"`{name}` has non-finite"):
             f(coeffs["b"], coeffs["a"])
@@ -121,6 +122,31 @@ def test_sosfiltfilt_default_padlen_counts_first_order_sections():
 def test_sosfiltfilt_too_short_for_any_sections_names_the_bound_under_jit():
     with pytest.raises(ValueError, match="at least 9; got 9 samples"):
         jax.jit(ops.sosfiltfilt)(SOS4, jnp.ones(9))
+
+
+# ------------------------------------------------- worN: scipy's count rule
+
+
+def test_worN_zero_d_integer_array_is_a_count():  # noqa: N802
+    # scipy's test_freqz (worN=np.array(7)) and test_sos_freqz (np.array(8))
+    w, h = ops.freqz([1.0], worN=np.array(7))
+    assert w.shape == h.shape == (7,)
+    assert_close(w, ss.freqz([1.0], worN=np.array(7))[0], rtol=1e-12)
+    w, h = ops.freqz_sos(SOS4, worN=np.array(8))
+    assert w.shape == h.shape == (8,)
+    assert_close(h, ss.freqz_sos(SOS4, worN=np.array(8))[1], rtol=1e-10)
+    assert ops.freqz([1.0], worN=jnp.array(7))[0].shape == (7,)
+    # a float (0-d) is one frequency, as in scipy
+    w, h = ops.freqz([1.0, 0.5], worN=np.array(0.25))
+    w_ref, h_ref = ss.freqz([1.0, 0.5], worN=np.array(0.25))
+    assert_close(w, w_ref, rtol=1e-12)
+    assert_close(h, h_ref, rtol=1e-12)
+    # under jit a concrete count (closed over) works; a traced one cannot fix
+    # the result's shape
+    n = np.array(7)
+    assert jax.jit(lambda b: ops.freqz(b, worN=n)[1])(jnp.ones(2)).shape == (7,)
+    with pytest.raises(TypeError, match="`worN`"):
+        jax.jit(lambda n: ops.freqz([1.0], worN=n))(jnp.array(7))
 
 
 # ------------------------------------------------------------------ dtypes
@@ -189,3 +215,57 @@ def test_uint64_converts_as_scipy_converts_float32_session():
     assert_close(y, ss.lfilter([1.0], [1.0, -0.5], x), rtol=1e-7)
     y = ops.sosfilt(SOS4.astype(np.float32), x)
     assert_close(y, ss.sosfilt(SOS4, x.astype(np.float64)), rtol=1e-5)
+
+
+# -------------------------------------------------------- freqz: fs, float16
+
+
+BAD_FS = [np.inf, -np.inf, np.nan, 0.0, -1.0, -1, jnp.asarray(-1.0), np.float32(0)]
+
+
+@pytest.mark.parametrize("fs", BAD_FS, ids=[repr(v) for v in BAD_FS])
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda fs: ops.freqz([1.0, 0.5], [1.0, -0.3], 8, fs=fs),
+        lambda fs: ops.freqz_sos(SOS4, 8, fs=fs),
+        lambda fs: ops.freqz([1.0, 0.5], worN=[0.1, 0.2], fs=fs),
+    ],
+    ids=["freqz", "freqz_sos", "freqz at frequencies"],
+)
+def test_bad_fs_is_a_value_error(f, fs):
+    with pytest.raises(ValueError, match="`fs` must be a positive, finite number"):
+        f(fs)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_traced_bad_fs_is_a_run_time_error(dtype):
+    def freqz(fs):
+        return ops.freqz(jnp.ones(2, dtype), worN=8, fs=fs)
+
+    def freqz_sos(fs):
+        return ops.freqz_sos(jnp.asarray(SOS4, dtype), worN=[1.0, 2.0], fs=fs)
+
+    for f in (freqz, freqz_sos):
+        for fs in (-1.0, 0.0, jnp.inf, jnp.nan):
+            _under_jit(f, (jnp.asarray(fs, dtype),), "`fs` must be a positive")
+        w, h = jax.jit(f)(jnp.asarray(100.0, dtype))  # a good one still works
+        assert jnp.all(w >= 0) and jnp.all(jnp.isfinite(h))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, jnp.bfloat16])
+def test_float16_freqz_computes_in_float32(dtype):
+    b = np.array([0.25, 0.5, 0.25], dtype)
+    a = np.array([1.0, -0.5], dtype)
+    for f in (ops.freqz, jax.jit(ops.freqz, static_argnums=2)):
+        w, h = f(b, a, 16)
+        assert h.dtype == jnp.complex64 and w.dtype == jnp.float32
+        w_ref, h_ref = ss.freqz(b.astype(np.float32), a.astype(np.float32), 16)
+        assert_close(h, h_ref, rtol=1e-6)
+        assert_close(w, w_ref, rtol=1e-6)
+    if dtype == np.float16:
+        assert ss.freqz(b, a, 16)[1].dtype == np.complex64  # as scipy
+    sos = SOS4.astype(dtype)
+    w, h = ops.freqz_sos(sos, 16)
+    assert h.dtype == jnp.complex64
+    assert_close(h, ss.freqz_sos(sos.astype(np.float32), 16)[1], rtol=1e-5)
