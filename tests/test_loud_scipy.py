@@ -269,3 +269,46 @@ def test_float16_freqz_computes_in_float32(dtype):
     w, h = ops.freqz_sos(sos, 16)
     assert h.dtype == jnp.complex64
     assert_close(h, ss.freqz_sos(sos.astype(np.float32), 16)[1], rtol=1e-5)
+
+
+# ------------------------------------- float16 filters compute in float32
+
+NARROW_FILTERS = [
+    ("lfilter", lambda b, a, sos, x: ops.lfilter(b, a, x), ss.lfilter, "ba"),
+    ("filtfilt", lambda b, a, sos, x: ops.filtfilt(b, a, x), ss.filtfilt, "ba"),
+    ("lfilter_zi", lambda b, a, sos, x: ops.lfilter_zi(b, a), ss.lfilter_zi, "ba0"),
+    ("sosfilt", lambda b, a, sos, x: ops.sosfilt(sos, x), ss.sosfilt, "sos"),
+    (
+        "sosfiltfilt",
+        lambda b, a, sos, x: ops.sosfiltfilt(sos, x),
+        ss.sosfiltfilt,
+        "sos",
+    ),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, jnp.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize(
+    "name, f, ref, args",
+    NARROW_FILTERS,
+    ids=[n for n, *_ in NARROW_FILTERS],
+)
+def test_narrow_floats_filter_to_their_own_precision(name, f, ref, args, dtype):
+    """float16 input is filtered in float32 and rounded once: the error is
+    the output's rounding, not a recursion's accumulated rounding (about 20
+    times more for this filter in float16)."""
+    del name
+    b, a = (c.astype(dtype) for c in ss.butter(2, 0.05))
+    sos = ss.butter(4, 0.05, output="sos").astype(dtype)
+    x = np.random.default_rng(0).normal(size=200).astype(dtype)
+    wide = {
+        "ba": (b.astype(np.float64), a.astype(np.float64), x.astype(np.float64)),
+        "ba0": (b.astype(np.float64), a.astype(np.float64)),
+        "sos": (sos.astype(np.float64), x.astype(np.float64)),
+    }[args]
+    expected = ref(*wide)
+    eps = float(jnp.finfo(dtype).eps)
+    for g in (f, jax.jit(f)):
+        y = g(b, a, sos, x)
+        assert y.dtype == dtype
+        assert_close(np.asarray(y, np.float64), expected, rtol=eps)

@@ -15,6 +15,8 @@ from ._scipy_args import (
     along_axis,
     as_array,
     coefficients,
+    compute_dtype,
+    in_dtype,
     normalise,
     normalise_axis,
     scipy_dtype,
@@ -182,7 +184,8 @@ def filtfilt(
 
     **Returns:**
 
-    `y`, the shape of `x`.
+    `y`, the shape of `x`, in the dtype of [`lfilter`][retrax.ops.lfilter]
+    (float16 and bfloat16 compute in float32).
 
     Raises `ValueError`, as scipy does, if `x` is not longer than `padlen`
     along `axis`, or if `a[0] == 0` or `b` or `a` has a non-finite entry;
@@ -192,9 +195,10 @@ def filtfilt(
     if method not in ("pad", "gust"):
         raise ValueError(f"`method` must be 'pad' or 'gust', got {method!r}.")
     dtype = scipy_dtype(b, a, x)
-    b = coefficients("b", b, dtype)
-    a = coefficients("a", a, dtype)
-    x = as_array("x", x, dtype)
+    work = compute_dtype(dtype)
+    b = coefficients("b", b, work)
+    a = coefficients("a", a, work)
+    x = as_array("x", x, work)
     axis = normalise_axis(axis, x.ndim)
     if method == "gust":
         if irlen is not None and (
@@ -202,7 +206,8 @@ def filtfilt(
         ):
             raise ValueError(f"`irlen` must be a positive integer, got {irlen!r}.")
         b, a = normalise(b, a)
-        return along_axis(lambda s: (_gust(b, a, s, irlen),), x, axis)[0]
+        y = along_axis(lambda s: (_gust(b, a, s, irlen),), x, axis)[0]
+        return in_dtype(dtype, y)
     _check_padtype(padtype)
     edge = _static_edge(padtype, padlen, max(a.shape[0], b.shape[0]))
     _check_length(x.shape[axis], edge)
@@ -215,7 +220,7 @@ def filtfilt(
     def one(signal):
         return (_forward_backward(run, zi, signal, padtype, edge, edge),)
 
-    return along_axis(one, x, axis)[0]
+    return in_dtype(dtype, along_axis(one, x, axis)[0])
 
 
 def _first_order(xp, sos):
@@ -257,7 +262,8 @@ def sosfiltfilt(
 
     **Returns:**
 
-    `y`, the shape of `x`.
+    `y`, the shape of `x`, in the dtype of [`sosfilt`][retrax.ops.sosfilt]
+    (float16 and bfloat16 compute in float32).
 
     Raises `ValueError`, as scipy does, if `x` is not longer than `padlen`
     along `axis`, or if `sos` has a non-finite entry or a row whose `a0` is
@@ -266,8 +272,9 @@ def sosfiltfilt(
     """
     _check_padtype(padtype)
     dtype = scipy_dtype(sos, x)
-    sos = sos_array(sos, dtype)
-    x = as_array("x", x, dtype)
+    work = compute_dtype(dtype)
+    sos = sos_array(sos, work)
+    x = as_array("x", x, work)
     axis = normalise_axis(axis, x.ndim)
     length = x.shape[axis]
     n_sections = sos.shape[0]
@@ -305,4 +312,4 @@ def sosfiltfilt(
     def one(signal):
         return (_forward_backward(run, zi, signal, padtype, total, edge),)
 
-    return along_axis(one, x, axis)[0]
+    return in_dtype(dtype, along_axis(one, x, axis)[0])

@@ -10,7 +10,7 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
-from ._scipy_args import as_array, scipy_dtype
+from ._scipy_args import as_array, compute_dtype, scipy_dtype
 from ._sosfilt import checked_sos, sos_array
 from ._validate import check_finite, value_error_if
 
@@ -70,14 +70,6 @@ def _checked_fs(fs, real) -> Array:
         ~(jnp.isfinite(value) & (value > 0)),
         f"`fs` must be a positive, finite number (a sample rate){shown}.",
     )
-
-
-def _computed_dtype(dtype: np.dtype) -> np.dtype:
-    """`dtype`, or float32 for narrower floats: `cos`, `sin` and complex
-    numbers exist in JAX from 32 bits (scipy's result is complex64 too)."""
-    if jnp.finfo(dtype).bits < 32:
-        return np.dtype(np.float32)
-    return dtype
 
 
 def _poly_at(c: Array, omega: Array) -> Array:
@@ -140,7 +132,7 @@ def freqz(
     finite number raise `ValueError` naming the argument; under `jax.jit`
     (traced values) they are run-time errors.
     """
-    dtype = _computed_dtype(scipy_dtype(b, a))
+    dtype = compute_dtype(scipy_dtype(b, a))
     b = check_finite("b", jnp.atleast_1d(as_array("b", b, dtype)), at_once=True)
     a = check_finite("a", jnp.atleast_1d(as_array("a", a, dtype)), at_once=True)
     real = jnp.finfo(dtype).dtype
@@ -173,7 +165,7 @@ def freqz_sos(
 
     `(w, h)`: the frequencies (in the units of `fs`) and the complex response.
     """
-    sos = checked_sos(sos_array(sos, _computed_dtype(scipy_dtype(sos))))
+    sos = checked_sos(sos_array(sos, compute_dtype(scipy_dtype(sos))))
     real = jnp.finfo(sos.dtype).dtype
     fs = _checked_fs(fs, real)
     omega, w = _frequencies(worN, whole, fs, False, real)

@@ -109,6 +109,21 @@ def _dtype_source(value):
     return np.empty(0, jax.dtypes.canonicalize_dtype(host.dtype))
 
 
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype the ops compute in for results of `dtype`: `dtype` itself, or
+    float32 for narrower floats (float16, bfloat16), whose rounding errors a
+    recursion would accumulate sample after sample (and whose complex type
+    JAX lacks). The results are rounded back to `dtype` (`in_dtype`)."""
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+        return np.dtype(np.float32)
+    return dtype
+
+
+def in_dtype(dtype: np.dtype, out):
+    """The arrays of `out` (a pytree) rounded to `dtype` where they differ."""
+    return jax.tree.map(lambda v: v if v.dtype == dtype else v.astype(dtype), out)
+
+
 def as_array(name: str, value: ArrayLike | list | tuple, dtype: np.dtype) -> jax.Array:
     """`value` as an array of `dtype`; a clear error for non-numeric input.
 
