@@ -236,6 +236,9 @@ BAD_FS = [np.inf, -np.inf, np.nan, 0.0, -1.0, -1, jnp.asarray(-1.0), np.float32(
 def test_bad_fs_is_a_value_error(f, fs):
     with pytest.raises(ValueError, match="`fs` must be a positive, finite number"):
         f(fs)
+    if not isinstance(fs, jax.Array):  # a Python or NumPy number: also under jit
+        with pytest.raises(ValueError, match="`fs` must be a positive, finite"):
+            jax.jit(lambda: f(fs))()
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])

@@ -64,10 +64,12 @@ def _checked_fs(fs, real) -> Array:
     ):
         raise ValueError(f"`fs` must be a single number (a sample rate), got {fs!r}.")
     value = as_array("fs", fs, real)
-    shown = "" if isinstance(value, jax.core.Tracer) else f", got {fs!r}"
+    # a Python or NumPy `fs` is checked by NumPy, so at once also under `jit`
+    xp, checked = (jnp, value) if isinstance(fs, jax.Array) else (np, np.asarray(fs))
+    shown = "" if isinstance(fs, jax.core.Tracer) else f", got {fs!r}"
     return value_error_if(
         value,
-        ~(jnp.isfinite(value) & (value > 0)),
+        ~(xp.isfinite(checked) & (checked > 0)),
         f"`fs` must be a positive, finite number (a sample rate){shown}.",
     )
 
