@@ -175,6 +175,24 @@ def test_long_double_is_a_type_error_naming_the_dtype(dtype):
             f(value)
 
 
+@pytest.mark.skipif(
+    np.dtype(np.longdouble).itemsize <= 8, reason="long double is float64 here"
+)
+def test_long_double_in_retraxs_own_linear_ops():
+    x = np.ones(8, np.longdouble)
+    for f, arg in (
+        (lambda v: ops.fir(jnp.ones(2), v), "x"),
+        (lambda v: ops.fir(v[:2], jnp.ones(8)), "b"),
+        (lambda v: ops.lfilter_tv(jnp.ones(2), v[:1], jnp.ones(8)), "a"),
+        (lambda v: ops.lfilter_tv(jnp.ones(2), jnp.ones(1) * 0.5, v), "x"),
+        (lambda v: ops.fir(jnp.ones(2), jnp.ones(8), zi=v[:1]), "zi"),
+    ):
+        with pytest.raises(TypeError, match=f"`{arg}` has dtype float128"):
+            f(x)
+    with pytest.raises(TypeError, match="`x` must be numeric, got dtype object"):
+        ops.fir(jnp.ones(2), np.array([decimal.Decimal(1)] * 4))
+
+
 def test_object_arrays_are_a_type_error_naming_the_dtype():
     decimals = np.array([decimal.Decimal(1)] * 4)
     with pytest.raises(TypeError, match="`x` must be numeric, got dtype object"):

@@ -14,7 +14,7 @@ import numpy as np
 from jaxtyping import ArrayLike
 
 from .._misc import result_dtype
-from ._validate import check_finite, value_error_if
+from ._validate import check_dtype, check_finite, unsupported_dtype, value_error_if
 
 
 def _python_kind(value) -> type | None:
@@ -50,7 +50,7 @@ def scipy_dtype(*args: ArrayLike | list | tuple | None) -> np.dtype:
         if kind is bool or kind is int:
             continue  # weak integers never decide a floating dtype
         source = kind(0) if kind is not None else _dtype_source(arg)
-        if isinstance(source, np.dtype) and _unsupported(source) is not None:
+        if isinstance(source, np.dtype) and unsupported_dtype(source) is not None:
             continue  # `as_array` raises, naming the argument
         kinds.append(source)
     dtype = result_dtype(*kinds) if kinds else None
@@ -70,39 +70,12 @@ def _host(value) -> np.ndarray | None:
         return None
 
 
-def _unsupported(dtype: np.dtype) -> str | None:
-    """Why retrax does not compute in `dtype`, or `None` if it does."""
-    if not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
-        return (
-            f"must be numeric, got dtype {dtype}; retrax computes in float32, "
-            "float64, complex64 or complex128"
-        )
-    if dtype.kind in "fc" and dtype.itemsize > (8 if dtype.kind == "f" else 16):
-        return (
-            f"has dtype {dtype} (NumPy's long double), which JAX does not compute "
-            "in; convert it to float64 or complex128"
-        )
-    return None
-
-
-def check_dtype(name: str, dtype: np.dtype) -> None:
-    """A `TypeError` naming `name` and `dtype` unless retrax computes in it.
-
-    JAX has no extended precision (`float128`/`complex256`, NumPy's long
-    double) and no object or string arrays; they would otherwise fail inside
-    JAX with a message that names neither.
-    """
-    why = _unsupported(np.dtype(dtype))
-    if why is not None:
-        raise TypeError(f"`{name}` {why}.")
-
-
 def _dtype_source(value):
     """What `value` contributes to the result dtype, without converting its data."""
     host = _host(value)
     if host is None:
         return jnp.asarray(value)
-    if _unsupported(host.dtype) is not None:
+    if unsupported_dtype(host.dtype) is not None:
         return host.dtype
     # an empty array of the dtype JAX would compute in: no data converted, and
     # no warning for 64-bit dtypes without x64
@@ -134,7 +107,7 @@ def as_array(name: str, value: ArrayLike | list | tuple, dtype: np.dtype) -> jax
     """
     host = _host(value)
     arr = jnp.asarray(value) if host is None else host
-    check_dtype(name, np.dtype(arr.dtype))
+    check_dtype(name, arr)
     if jnp.issubdtype(arr.dtype, jnp.complexfloating) and not jnp.issubdtype(
         dtype, jnp.complexfloating
     ):
