@@ -6,6 +6,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 import lineax as lx
+import numpy as np
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._errors import error_if
@@ -14,6 +15,8 @@ from ._scipy_args import (
     along_axis,
     as_array,
     coefficients,
+    compute_dtype,
+    in_dtype,
     normalise,
     normalise_axis,
     scipy_dtype,
@@ -153,7 +156,7 @@ def filtfilt(
     r"""Zero-phase filtering forwards then backwards, as `scipy.signal.filtfilt`.
 
     **Convention: scipy's.** `a` includes `a[0]` (both are normalised by it;
-    `a[0] == 0` is an error, also under `jax.jit`). The effective response is
+    `a[0] == 0` is an error, see below). The effective response is
     $|H|^2$ with no phase shift. It cannot stream (it needs the whole signal).
 
     `method="pad"` (default): the signal is extended by `padlen` samples at
@@ -181,16 +184,21 @@ def filtfilt(
 
     **Returns:**
 
-    `y`, the shape of `x`.
+    `y`, the shape of `x`, in the dtype of [`lfilter`][retrax.ops.lfilter]
+    (float16 and bfloat16 compute in float32).
 
-    Raises `ValueError` if `x` is not longer than `padlen` along `axis`.
+    Raises `ValueError`, as scipy does, if `x` is not longer than `padlen`
+    along `axis`, or if `a[0] == 0` or `b` or `a` has a non-finite entry;
+    under `jax.jit`, the checks on the values of `b` and `a` are run-time
+    errors.
     """
     if method not in ("pad", "gust"):
         raise ValueError(f"`method` must be 'pad' or 'gust', got {method!r}.")
     dtype = scipy_dtype(b, a, x)
-    b = coefficients("b", b, dtype)
-    a = coefficients("a", a, dtype)
-    x = as_array("x", x, dtype)
+    work = compute_dtype(dtype)
+    b = coefficients("b", b, work)
+    a = coefficients("a", a, work)
+    x = as_array("x", x, work)
     axis = normalise_axis(axis, x.ndim)
     if method == "gust":
         if irlen is not None and (
@@ -198,7 +206,8 @@ def filtfilt(
         ):
             raise ValueError(f"`irlen` must be a positive integer, got {irlen!r}.")
         b, a = normalise(b, a)
-        return along_axis(lambda s: (_gust(b, a, s, irlen),), x, axis)[0]
+        y = along_axis(lambda s: (_gust(b, a, s, irlen),), x, axis)[0]
+        return in_dtype(dtype, y)
     _check_padtype(padtype)
     edge = _static_edge(padtype, padlen, max(a.shape[0], b.shape[0]))
     _check_length(x.shape[axis], edge)
@@ -211,7 +220,13 @@ def filtfilt(
     def one(signal):
         return (_forward_backward(run, zi, signal, padtype, edge, edge),)
 
-    return along_axis(one, x, axis)[0]
+    return in_dtype(dtype, along_axis(one, x, axis)[0])
+
+
+def _first_order(xp, sos):
+    """scipy's count of first-order sections for the default `padlen`: the
+    fewer of the zero `b2` and the zero `a2`; `xp` is numpy or jnp."""
+    return xp.minimum(xp.sum(sos[:, 2] == 0), xp.sum(sos[:, 5] == 0))
 
 
 def sosfiltfilt(
@@ -224,7 +239,7 @@ def sosfiltfilt(
     r"""Zero-phase filtering with second-order sections, as `scipy.signal.sosfiltfilt`.
 
     **Convention: scipy's.** The rows are `[b0, b1, b2, a0, a1, a2]` with
-    `a0 == 1` (an error otherwise, also under `jax.jit`). The method of
+    `a0 == 1` (an error otherwise, see below). The method of
     [`filtfilt`][retrax.ops.filtfilt] (`method="pad"`) on the cascade, started
     from [`sosfilt_zi`][retrax.ops.sosfilt_zi] scaled by the edge samples.
 
@@ -235,7 +250,7 @@ def sosfiltfilt(
     extension is built to the largest possible length and the filters are
     held in their steady state over the unused part, which gives scipy's
     result; a signal too short for the default `padlen` then raises at run
-    time.
+    time (at once if it is too short for any values of `sos`).
 
     **Arguments:**
 
@@ -247,12 +262,19 @@ def sosfiltfilt(
 
     **Returns:**
 
-    `y`, the shape of `x`.
+    `y`, the shape of `x`, in the dtype of [`sosfilt`][retrax.ops.sosfilt]
+    (float16 and bfloat16 compute in float32).
+
+    Raises `ValueError`, as scipy does, if `x` is not longer than `padlen`
+    along `axis`, or if `sos` has a non-finite entry or a row whose `a0` is
+    not 1; under `jax.jit`, the checks on the values of `sos` are run-time
+    errors.
     """
     _check_padtype(padtype)
     dtype = scipy_dtype(sos, x)
-    sos = sos_array(sos, dtype)
-    x = as_array("x", x, dtype)
+    work = compute_dtype(dtype)
+    sos = sos_array(sos, work)
+    x = as_array("x", x, work)
     axis = normalise_axis(axis, x.ndim)
     length = x.shape[axis]
     n_sections = sos.shape[0]
@@ -260,11 +282,20 @@ def sosfiltfilt(
     if padtype is None or padlen is not None:
         total = edge = _static_edge(padtype, padlen, 2 * n_sections + 1)
         _check_length(length, edge)
+    elif not isinstance(sos, jax.core.Tracer):
+        # scipy's default, known now: the sections' values are concrete
+        total = edge = 3 * (2 * n_sections + 1 - int(_first_order(np, np.asarray(sos))))
+        _check_length(length, edge)
     else:
         total = 3 * (2 * n_sections + 1)
-        _check_length(length, 3 * (n_sections + 1))
-        dropped = jnp.minimum(jnp.sum(sos[:, 2] == 0), jnp.sum(sos[:, 5] == 0))
-        edge = total - 3 * dropped
+        if length <= 3 * (n_sections + 1):  # too short whatever the values
+            raise ValueError(
+                f"`x` must be longer than the default `padlen` along `axis`, "
+                f"{total} less 3 per first-order section of `sos`, at least "
+                f"{3 * (n_sections + 1)}; got {length} samples. Pass a smaller "
+                "`padlen` (or `padtype=None`)."
+            )
+        edge = total - 3 * _first_order(jnp, sos)
         if length <= total:
             sos = error_if(
                 sos,
@@ -281,4 +312,4 @@ def sosfiltfilt(
     def one(signal):
         return (_forward_backward(run, zi, signal, padtype, total, edge),)
 
-    return along_axis(one, x, axis)[0]
+    return in_dtype(dtype, along_axis(one, x, axis)[0])

@@ -3,8 +3,14 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
-from .._misc import as_inexact, result_dtype
-from ._validate import check_coeff_rank, check_finite, check_signal, check_zi
+from .._misc import result_dtype
+from ._validate import (
+    check_coeff_rank,
+    check_finite,
+    check_signal,
+    check_zi,
+    inexact,
+)
 
 
 def fir_apply(b: Array, x: Array, zi: Array) -> Array:
@@ -61,8 +67,8 @@ def fir(
 
     Non-finite taps raise an error (also under `jax.jit`).
     """
-    b = as_inexact("b", b)
-    x = as_inexact("x", x)
+    b = inexact("b", b)
+    x = inexact("x", x)
     check_signal("x", x)
     check_coeff_rank("b", b, x.shape[0], "taps")
     n_taps = b.shape[-1]

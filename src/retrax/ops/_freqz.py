@@ -4,45 +4,74 @@ import math
 import operator
 from collections.abc import Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
-from ._scipy_args import as_array, scipy_dtype
+from ._scipy_args import as_array, compute_dtype, scipy_dtype
 from ._sosfilt import checked_sos, sos_array
+from ._validate import check_finite, value_error_if
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+# a number of frequencies (an int or a 0-d integer array), or the frequencies
+WorN = int | Shaped[ArrayLike, " freqs"] | Shaped[ArrayLike, ""] | list | tuple | None
 
 
-def _frequencies(worN, whole: bool, fs, include_nyquist: bool, real):
+def _count(worN) -> int | None:
+    """`worN` as a number of frequencies, by scipy's rule (`operator.index` of
+    a 0-d value: `7` and `np.array(7)` are counts, `7.0` and `[7]` are
+    frequencies), or `None` if it gives the frequencies."""
+    if np.ndim(worN) != 0:
+        return None
+    if isinstance(worN, jax.core.Tracer) and jnp.issubdtype(worN.dtype, jnp.integer):
+        raise TypeError(
+            "`worN` as a number of frequencies fixes the shape of the result, so "
+            "it must be a Python int or a concrete array, not a traced one (close "
+            "over it, or mark it static in `jax.jit`)."
+        )
+    try:
+        return operator.index(worN)
+    except TypeError:
+        return None
+
+
+def _frequencies(worN, whole: bool, fs: Array, include_nyquist: bool, real):
     """`(omega, w)`: radians per sample and the frequencies in units of `fs`."""
     if worN is None:
         worN = 512
-    if _is_int(worN):
-        n = operator.index(worN)
+    n = _count(worN)
+    if n is not None:
         if n < 0:
             raise ValueError(f"`worN` must be non-negative, got {n}.")
         last = 2 * math.pi if whole else math.pi
         endpoint = include_nyquist and not whole
         omega = jnp.linspace(0.0, last, n, endpoint=endpoint, dtype=real)
-        return omega, omega * (jnp.asarray(fs, real) / (2 * math.pi))
+        return omega, omega * (fs / (2 * math.pi))
     if isinstance(worN, complex):
         worN = worN.real
     freqs = jnp.atleast_1d(as_array("worN", worN, real))
-    return freqs * (2 * math.pi / jnp.asarray(fs, real)), freqs
+    return freqs * (2 * math.pi / fs), freqs
 
 
-def _check_fs(fs):
+def _checked_fs(fs, real) -> Array:
+    """The sample rate `fs` as a 0-d array of `real`: a `ValueError` unless it
+    is a single positive finite number (a run-time error if it is traced)."""
     if isinstance(fs, bool) or not (
         isinstance(fs, int | float | np.integer | np.floating)
         or (hasattr(fs, "shape") and jnp.shape(fs) == ())
     ):
         raise ValueError(f"`fs` must be a single number (a sample rate), got {fs!r}.")
-    if isinstance(fs, int | float | np.integer | np.floating) and not fs > 0:
-        raise ValueError(f"`fs` must be positive, got {fs!r}.")
+    value = as_array("fs", fs, real)
+    # a Python or NumPy `fs` is checked by NumPy, so at once also under `jit`
+    xp, checked = (jnp, value) if isinstance(fs, jax.Array) else (np, np.asarray(fs))
+    shown = "" if isinstance(fs, jax.core.Tracer) else f", got {fs!r}"
+    return value_error_if(
+        value,
+        ~(xp.isfinite(checked) & (checked > 0)),
+        f"`fs` must be a positive, finite number (a sample rate){shown}.",
+    )
 
 
 def _poly_at(c: Array, omega: Array) -> Array:
@@ -62,7 +91,7 @@ def _poly_at(c: Array, omega: Array) -> Array:
 def freqz(
     b: Shaped[ArrayLike, " taps *b_filters"] | list | tuple,
     a: Shaped[ArrayLike, " order *a_filters"] | list | tuple | float | int = 1,
-    worN: int | Shaped[ArrayLike, " freqs"] | list | tuple | None = 512,
+    worN: WorN = 512,
     whole: bool = False,
     plot: Callable | None = None,
     fs: float | int | Shaped[ArrayLike, ""] = 2 * math.pi,
@@ -84,7 +113,9 @@ def freqz(
     - `a`: the denominator coefficients including `a[0]`, shape `(N+1,)`.
     - `worN`: the number of frequencies (evenly spaced from 0 up to, not
       including, Nyquist, or around the whole circle if `whole`), or an array
-      of frequencies in the units of `fs`. `None` means 512.
+      of frequencies in the units of `fs`. `None` means 512. As in scipy, a
+      0-d integer array (`np.array(7)`) is a number of frequencies; it fixes
+      the result's shape, so it cannot be traced.
     - `whole`: evaluate around the whole unit circle, $[0, 2\pi)$.
     - `plot`: a callable called with `(w, h)`, as in scipy.
     - `fs`: the sample rate the frequencies are expressed in; defaults to
@@ -95,13 +126,19 @@ def freqz(
     **Returns:**
 
     `(w, h)`: the frequencies (in the units of `fs`, real) and the complex
-    response, in the precision of the promoted dtype of `b` and `a`.
+    response, in the precision of the promoted dtype of `b` and `a`; float16
+    and bfloat16 coefficients are computed in float32 (complex64, as scipy
+    returns for float16).
+
+    A non-finite entry of `b` or `a` and an `fs` that is not a positive
+    finite number raise `ValueError` naming the argument; under `jax.jit`
+    (traced values) they are run-time errors.
     """
-    _check_fs(fs)
-    dtype = scipy_dtype(b, a)
-    b = jnp.atleast_1d(as_array("b", b, dtype))
-    a = jnp.atleast_1d(as_array("a", a, dtype))
+    dtype = compute_dtype(scipy_dtype(b, a))
+    b = check_finite("b", jnp.atleast_1d(as_array("b", b, dtype)), at_once=True)
+    a = check_finite("a", jnp.atleast_1d(as_array("a", a, dtype)), at_once=True)
     real = jnp.finfo(dtype).dtype
+    fs = _checked_fs(fs, real)
     omega, w = _frequencies(worN, whole, fs, include_nyquist, real)
     h = _poly_at(b, omega) / _poly_at(a, omega)
     if plot is not None:
@@ -111,25 +148,28 @@ def freqz(
 
 def freqz_sos(
     sos: Shaped[ArrayLike, "sections 6"] | list | tuple,
-    worN: int | Shaped[ArrayLike, " freqs"] | list | tuple | None = 512,
+    worN: WorN = 512,
     whole: bool = False,
     fs: float | int | Shaped[ArrayLike, ""] = 2 * math.pi,
 ) -> tuple[Inexact[Array, " freqs"], Inexact[Array, " freqs"]]:
     r"""Frequency response of second-order sections, as `scipy.signal.freqz_sos`.
 
     **Convention: scipy's.** The rows are `[b0, b1, b2, a0, a1, a2]` with
-    `a0 == 1`, as in [`sosfilt`][retrax.ops.sosfilt] (an error otherwise, also
-    under `jax.jit`); the response is the product of every section's.
-    Arguments as in [`freqz`][retrax.ops.freqz]. `sosfreqz` is the same
-    function under scipy's older name.
+    `a0 == 1`, as in [`sosfilt`][retrax.ops.sosfilt]; the response is the
+    product of every section's. Arguments as in [`freqz`][retrax.ops.freqz].
+    `sosfreqz` is the same function under scipy's older name.
+
+    A row whose `a0` is not 1, a non-finite entry of `sos` and an `fs` that is
+    not a positive finite number raise `ValueError` naming the argument;
+    under `jax.jit` (traced values) they are run-time errors.
 
     **Returns:**
 
     `(w, h)`: the frequencies (in the units of `fs`) and the complex response.
     """
-    _check_fs(fs)
-    sos = checked_sos(sos_array(sos, scipy_dtype(sos)))
+    sos = checked_sos(sos_array(sos, compute_dtype(scipy_dtype(sos))))
     real = jnp.finfo(sos.dtype).dtype
+    fs = _checked_fs(fs, real)
     omega, w = _frequencies(worN, whole, fs, False, real)
     h = None
     for s in range(sos.shape[0]):

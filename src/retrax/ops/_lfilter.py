@@ -15,6 +15,8 @@ from ._scipy_args import (
     along_axis,
     as_array,
     coefficients,
+    compute_dtype,
+    in_dtype,
     normalise,
     normalise_axis,
     scipy_dtype,
@@ -133,7 +135,8 @@ def lfilter(
 
     - `b`: the numerator coefficients, shape `(M+1,)`.
     - `a`: the denominator coefficients including `a[0]`, shape `(N+1,)`.
-      `a[0] == 0` is an error (also under `jax.jit`).
+      `a[0] == 0` is a `ValueError`, as in scipy (under `jax.jit`, a
+      run-time error), as is a non-finite entry of `b` or `a`.
     - `x`: the signal, any number of dimensions.
     - `axis`: the axis of `x` to filter along (default: the last).
     - `zi`: the initial state, scipy's layout: the shape of `x` with
@@ -145,16 +148,24 @@ def lfilter(
     `y`, the shape of `x`; or `(y, zf)` when `zi` is given, `zf` the final
     state in `zi`'s layout. Python lists and numbers are weakly typed, so the
     dtype is the promoted dtype of the array arguments (a float32 signal stays
-    float32); integers compute in the default float dtype, as in scipy.
+    float32); integers compute in the default float dtype, as in scipy
+    (NumPy input is converted by NumPy, so 64-bit integers round to the
+    nearest float also without x64). NumPy's long double (`float128`,
+    `complex256`) and object or string arrays are a `TypeError` naming the
+    argument and its dtype: JAX does not compute in them. float16 and
+    bfloat16 compute in float32, the results rounded to their dtype (a
+    recursion in 16 bits would accumulate its rounding errors; scipy refuses
+    float16-only input).
     """
     dtype = scipy_dtype(b, a, x, zi)
-    b = coefficients("b", b, dtype)
-    a = coefficients("a", a, dtype)
-    x = as_array("x", x, dtype)
+    work = compute_dtype(dtype)
+    b = coefficients("b", b, work)
+    a = coefficients("a", a, work)
+    x = as_array("x", x, work)
     axis = normalise_axis(axis, x.ndim)
     n_state = max(a.shape[0], b.shape[0]) - 1
     if zi is not None:
-        zi = as_array("zi", zi, dtype)
+        zi = as_array("zi", zi, work)
         zi = scipy_zi(zi, x.shape, axis, n_state, "max(len(a), len(b)) - 1")
     b, a = normalise(b, a)
 
@@ -162,9 +173,9 @@ def lfilter(
         return tdf2_apply(b, a, signal, state)
 
     if zi is None:
-        return along_axis(lambda s: run(s)[:1], x, axis)[0]
+        return in_dtype(dtype, along_axis(lambda s: run(s)[:1], x, axis)[0])
     y, zf = along_axis(run, x, axis, zi)
-    return y, zf
+    return in_dtype(dtype, (y, zf))
 
 
 def steady_state(b: Array, a: Array) -> Array:
@@ -186,7 +197,8 @@ def lfilter_zi(
     the first sample to start [`lfilter`][retrax.ops.lfilter] without a
     transient, as [`filtfilt`][retrax.ops.filtfilt] does. Undefined (division
     by zero) for a pole at $z = 1$. Unlike scipy, leading zeros of `a` are not
-    stripped: `a[0] == 0` is an error (also under `jax.jit`).
+    stripped: `a[0] == 0` is a `ValueError` (under `jax.jit`, a run-time
+    error).
 
     **Arguments:**
 
@@ -198,8 +210,9 @@ def lfilter_zi(
     The state, shape `(max(M, N),)`.
     """
     dtype = scipy_dtype(b, a)
-    b, a = normalise(coefficients("b", b, dtype), coefficients("a", a, dtype))
-    return steady_state(b, a)
+    work = compute_dtype(dtype)
+    b, a = normalise(coefficients("b", b, work), coefficients("a", a, work))
+    return in_dtype(dtype, steady_state(b, a))
 
 
 def lfiltic(
@@ -226,19 +239,23 @@ def lfiltic(
     **Returns:**
 
     The state, shape `(max(M, N),)`.
+
+    `a[0] == 0` is a `ValueError`, as in scipy (under `jax.jit`, a run-time
+    error).
     """
     dtype = scipy_dtype(b, a, y, x)
-    b, a = normalise(coefficients("b", b, dtype), coefficients("a", a, dtype))
+    work = compute_dtype(dtype)
+    b, a = normalise(coefficients("b", b, work), coefficients("a", a, work))
     n_state = max(a.shape[0], b.shape[0] - 1)
 
     def fit(name, v):
-        v = jnp.atleast_1d(as_array(name, v, dtype))
+        v = jnp.atleast_1d(as_array(name, v, work))
         if v.ndim != 1:
             raise ValueError(f"`{name}` must be a vector, newest first, got {v.shape}.")
         v = v[:n_state]
-        return jnp.concatenate([v, jnp.zeros(n_state - v.shape[0], dtype)])
+        return jnp.concatenate([v, jnp.zeros(n_state - v.shape[0], work)])
 
     past_y = fit("y", y)
-    past_x = jnp.zeros(n_state, dtype) if x is None else fit("x", x)
+    past_x = jnp.zeros(n_state, work) if x is None else fit("x", x)
     hb, ha = _hankels(b, a, n_state)
-    return hb @ past_x - ha @ past_y
+    return in_dtype(dtype, hb @ past_x - ha @ past_y)

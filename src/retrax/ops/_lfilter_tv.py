@@ -3,10 +3,16 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
-from .._misc import as_inexact, result_dtype
+from .._misc import result_dtype
 from ._fir import fir_apply, fir_state
 from ._lfilter import allpole_apply
-from ._validate import check_coeff_rank, check_finite, check_signal, check_zi
+from ._validate import (
+    check_coeff_rank,
+    check_finite,
+    check_signal,
+    check_zi,
+    inexact,
+)
 
 
 def lfilter_tv(
@@ -58,10 +64,10 @@ def lfilter_tv(
     Non-finite coefficients raise an error (also under `jax.jit`). Unstable
     filters are not an error: the output grows as the recursion defines it.
     """
-    x = as_inexact("x", x)
+    x = inexact("x", x)
     check_signal("x", x)
-    b = as_inexact("b", b)
-    a = as_inexact("a", a)
+    b = inexact("b", b)
+    a = inexact("a", a)
     check_coeff_rank("b", b, x.shape[0], "taps")
     check_coeff_rank("a", a, x.shape[0], "order")
     if b.shape[-1] == 0:
@@ -103,8 +109,8 @@ def lfilter_tv_zi(
 
     The delay line, shape `(max(K, M),)`.
     """
-    b = as_inexact("b", b)
-    a = as_inexact("a", a)
+    b = inexact("b", b)
+    a = inexact("a", a)
     for name, c in (("b", b), ("a", a)):
         if c.ndim != 1:
             raise ValueError(

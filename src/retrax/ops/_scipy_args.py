@@ -13,9 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike
 
-from .._errors import error_if
 from .._misc import result_dtype
-from ._validate import check_finite
+from ._validate import check_dtype, check_finite, unsupported_dtype, value_error_if
 
 
 def _python_kind(value) -> type | None:
@@ -50,24 +49,71 @@ def scipy_dtype(*args: ArrayLike | list | tuple | None) -> np.dtype:
         kind = _python_kind(arg)
         if kind is bool or kind is int:
             continue  # weak integers never decide a floating dtype
-        kinds.append(kind(0) if kind is not None else jnp.asarray(arg))
+        source = kind(0) if kind is not None else _dtype_source(arg)
+        if isinstance(source, np.dtype) and unsupported_dtype(source) is not None:
+            continue  # `as_array` raises, naming the argument
+        kinds.append(source)
     dtype = result_dtype(*kinds) if kinds else None
     if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):
         dtype = result_dtype(*(kinds or [1.0]), 1.0)
     return np.dtype(dtype)
 
 
+def _host(value) -> np.ndarray | None:
+    """A non-JAX `value` (NumPy, Python numbers, lists) as a NumPy array, or
+    `None` for JAX arrays and lists that NumPy cannot hold (e.g. of tracers)."""
+    if isinstance(value, jax.Array):
+        return None
+    try:
+        return np.asarray(value)
+    except Exception:  # e.g. a list of tracers: JAX converts it
+        return None
+
+
+def _dtype_source(value):
+    """What `value` contributes to the result dtype, without converting its data."""
+    host = _host(value)
+    if host is None:
+        return jnp.asarray(value)
+    if unsupported_dtype(host.dtype) is not None:
+        return host.dtype
+    # an empty array of the dtype JAX would compute in: no data converted, and
+    # no warning for 64-bit dtypes without x64
+    return np.empty(0, jax.dtypes.canonicalize_dtype(host.dtype))
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype the ops compute in for results of `dtype`: `dtype` itself, or
+    float32 for narrower floats (float16, bfloat16), whose rounding errors a
+    recursion would accumulate sample after sample (and whose complex type
+    JAX lacks). The results are rounded back to `dtype` (`in_dtype`)."""
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+        return np.dtype(np.float32)
+    return dtype
+
+
+def in_dtype(dtype: np.dtype, out):
+    """The arrays of `out` (a pytree) rounded to `dtype` where they differ."""
+    return jax.tree.map(lambda v: v if v.dtype == dtype else v.astype(dtype), out)
+
+
 def as_array(name: str, value: ArrayLike | list | tuple, dtype: np.dtype) -> jax.Array:
-    """`value` as an array of `dtype`; a clear error for non-numeric input."""
-    arr = jnp.asarray(value)
-    if not (
-        jnp.issubdtype(arr.dtype, jnp.number) or jnp.issubdtype(arr.dtype, jnp.bool_)
-    ):
-        raise TypeError(f"`{name}` must be numeric, got dtype {arr.dtype}.")
+    """`value` as an array of `dtype`; a clear error for non-numeric input.
+
+    NumPy and Python input is converted by NumPy, as scipy converts it:
+    JAX without x64 would first narrow 64-bit integers to 32 bits, which
+    wraps large values (`uint64` `2**63 + 1` would become 1) instead of
+    rounding them to the nearest float.
+    """
+    host = _host(value)
+    arr = jnp.asarray(value) if host is None else host
+    check_dtype(name, arr)
     if jnp.issubdtype(arr.dtype, jnp.complexfloating) and not jnp.issubdtype(
         dtype, jnp.complexfloating
     ):
         raise TypeError(f"`{name}` is complex but the result dtype is {dtype}.")
+    if host is not None:
+        return jnp.asarray(host.astype(dtype))
     return arr.astype(dtype)
 
 
@@ -85,14 +131,15 @@ def coefficients(
 
 
 def normalise(b: jax.Array, a: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """`b / a[0]` and `a[1:] / a[0]`, with a run-time error if `a[0] == 0`.
+    """`b / a[0]` and `a[1:] / a[0]`; `ValueError` if `a[0] == 0` or an entry is
+    not finite (a run-time error under `jit`).
 
     The second result is the denominator without its leading 1, the layout
     of retrax's recurrence core.
     """
-    a = check_finite("a", a)
-    b = check_finite("b", b)
-    a0 = error_if(
+    a = check_finite("a", a, at_once=True)
+    b = check_finite("b", b, at_once=True)
+    a0 = value_error_if(
         a[0],
         a[0] == 0,
         "`a[0]` must be non-zero: `b` and `a` are normalised by it.",

@@ -3,10 +3,17 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
-from .._errors import error_if
 from ._lfilter import steady_state, tdf2_apply
-from ._scipy_args import along_axis, as_array, normalise, normalise_axis, scipy_dtype
-from ._validate import check_finite
+from ._scipy_args import (
+    along_axis,
+    as_array,
+    compute_dtype,
+    in_dtype,
+    normalise,
+    normalise_axis,
+    scipy_dtype,
+)
+from ._validate import check_finite, value_error_if
 
 
 def sos_array(sos: ArrayLike | list | tuple, dtype) -> Array:
@@ -21,9 +28,10 @@ def sos_array(sos: ArrayLike | list | tuple, dtype) -> Array:
 
 
 def checked_sos(sos: Array) -> Array:
-    """`sos` with a run-time error (also under `jit`) unless every `a0` is 1."""
-    sos = check_finite("sos", sos)
-    return error_if(
+    """`sos`, checked: finite, and every `a0` is 1; `ValueError` at once on
+    concrete `sos`, a run-time error under `jit`."""
+    sos = check_finite("sos", sos, at_once=True)
+    return value_error_if(
         sos,
         jnp.any(sos[:, 3] != 1),
         "`sos` rows must have a0 = sos[:, 3] = 1, as scipy.signal requires "
@@ -57,9 +65,10 @@ def sosfilt(
     the sections are applied in order. This is the numerically safe way to run
     high-order IIR filters (e.g. `scipy.signal.butter(..., output="sos")`).
 
-    **Convention: scipy's.** The rows include `a0`, which must be 1 (an error
-    otherwise, also under `jax.jit`); `zi` and `zf` are scipy's layout, each
-    section's transposed-direct-form-II state. Every section runs on retrax's
+    **Convention: scipy's.** The rows include `a0`, which must be 1 (a
+    `ValueError` otherwise, as in scipy; under `jax.jit` a run-time error);
+    `zi` and `zf` are scipy's layout, each section's transposed-direct-form-II
+    state. Every section runs on retrax's
     recurrence core, so gradients run the adjoint filters backwards in time.
 
     **Arguments:**
@@ -76,15 +85,19 @@ def sosfilt(
 
     `y`, the shape of `x`; or `(y, zf)` when `zi` is given, `zf` in `zi`'s
     layout. The dtype is the promoted dtype of the array arguments (Python
-    lists are weakly typed, so a float32 signal stays float32).
+    lists are weakly typed, so a float32 signal stays float32); float16 and
+    bfloat16 compute in float32, the results rounded to their dtype, and
+    dtypes JAX does not compute in are a `TypeError`, as in
+    [`lfilter`][retrax.ops.lfilter].
     """
     dtype = scipy_dtype(sos, x, zi)
-    sos = sos_array(sos, dtype)
-    x = as_array("x", x, dtype)
+    work = compute_dtype(dtype)
+    sos = sos_array(sos, work)
+    x = as_array("x", x, work)
     axis = normalise_axis(axis, x.ndim)
     n_sections = sos.shape[0]
     if zi is not None:
-        zi = as_array("zi", zi, dtype)
+        zi = as_array("zi", zi, work)
         expected = (n_sections,) + x.shape[:axis] + (2,) + x.shape[axis + 1 :]
         if zi.shape != expected:
             raise ValueError(
@@ -93,9 +106,10 @@ def sosfilt(
             )
     sos = checked_sos(sos)
     if zi is None:
-        return along_axis(lambda s: sos_cascade(sos, s, None)[:1], x, axis)[0]
+        y = along_axis(lambda s: sos_cascade(sos, s, None)[:1], x, axis)[0]
+        return in_dtype(dtype, y)
     y, zf = along_axis(lambda s, z: sos_cascade(sos, s, z), x, axis, zi)
-    return y, zf
+    return in_dtype(dtype, (y, zf))
 
 
 def sos_steady_state(sos: Array) -> Array:
@@ -129,4 +143,4 @@ def sosfilt_zi(
     The state, shape `(n_sections, 2)`.
     """
     dtype = scipy_dtype(sos)
-    return sos_steady_state(sos_array(sos, dtype))
+    return in_dtype(dtype, sos_steady_state(sos_array(sos, compute_dtype(dtype))))

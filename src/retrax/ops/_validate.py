@@ -5,10 +5,53 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
-from jaxtyping import ArrayLike
+from jaxtyping import ArrayLike, PyTree
 
 from .._errors import error_if
 from .._misc import as_inexact
+
+
+def unsupported_dtype(dtype: np.dtype) -> str | None:
+    """Why retrax does not compute in `dtype`, or `None` if it does."""
+    if not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
+        return (
+            f"must be numeric, got dtype {dtype}; retrax computes in float32, "
+            "float64, complex64 or complex128"
+        )
+    if dtype.kind in "fc" and dtype.itemsize > (8 if dtype.kind == "f" else 16):
+        return (
+            f"has dtype {dtype} (NumPy's long double), which JAX does not compute "
+            "in; convert it to float64 or complex128"
+        )
+    return None
+
+
+def check_dtype(name: str, value) -> None:
+    """A `TypeError` naming `name` and the dtype of `value` (an array, or what
+    NumPy makes of it) unless retrax computes in it.
+
+    JAX has no extended precision (`float128`/`complex256`, NumPy's long
+    double) and no object or string arrays; they would otherwise fail inside
+    JAX with a message that names neither.
+    """
+    dtype = getattr(value, "dtype", None)
+    if dtype is None and hasattr(value, "__jax_array__"):
+        return  # JAX converts it
+    if dtype is None:
+        try:
+            dtype = np.asarray(value).dtype
+        except Exception:  # e.g. a list of tracers: JAX converts it
+            return
+    why = unsupported_dtype(np.dtype(dtype))
+    if why is not None:
+        raise TypeError(f"`{name}` {why}.")
+
+
+def inexact(name: str, value: ArrayLike) -> Array:
+    """`as_inexact(name, value)` after `check_dtype`: a dtype JAX does not
+    compute in is a `TypeError` naming `name` and the dtype."""
+    check_dtype(name, value)
+    return as_inexact(name, value)
 
 
 def check_signal(name: str, x: Array) -> None:
@@ -20,13 +63,33 @@ def check_signal(name: str, x: Array) -> None:
         )
 
 
-def check_finite(name: str, value: Array) -> Array:
+def value_error_if(x: PyTree, pred: ArrayLike, msg: str) -> PyTree:
+    """`error_if(x, pred, msg)` that raises `ValueError(msg)` at once when
+    `pred` is concrete (not traced), as scipy's functions raise.
+
+    The ops named after scipy.signal check their arguments' values with this:
+    code that catches scipy's `ValueError` keeps working on concrete input,
+    and under `jit`, `vmap` or inside `shard_map` the same check and message
+    hold at run time through `error_if`. Only the returned value carries the
+    run-time check, so always use it.
+    """
+    if isinstance(pred, jax.core.Tracer):
+        return error_if(x, pred, msg)
+    if np.any(np.asarray(pred)):
+        raise ValueError(msg)
+    return x
+
+
+def check_finite(name: str, value: Array, *, at_once: bool = False) -> Array:
     """Raise at run time (also under `jit`) if `value` has a `nan` or `inf`.
 
-    The check is only kept by JAX if the returned array is used. It also
-    holds inside `shard_map` (see `retrax._errors.error_if`).
+    With `at_once`, a concrete `value` raises `ValueError` at once instead
+    (`value_error_if`, for the scipy-named ops). The check is only kept by
+    JAX if the returned array is used. It also holds inside `shard_map` (see
+    `retrax._errors.error_if`).
     """
-    return error_if(
+    check = value_error_if if at_once else error_if
+    return check(
         value,
         ~jnp.all(jnp.isfinite(value)),
         f"`{name}` has non-finite (nan or inf) entries.",
@@ -83,7 +146,7 @@ def check_zi(
     """
     if zi is None:
         return None
-    zi = as_inexact("zi", zi)
+    zi = inexact("zi", zi)
     if zi.shape != shape:
         raise ValueError(
             f"`zi` must be {meaning}, shape {shape}, got shape {zi.shape}."
@@ -178,7 +241,7 @@ def check_rate(name: str, value: float | int) -> float:
 
 def real_array(name: str, value: ArrayLike) -> Array:
     """`value` as a real inexact array, for ops defined on real signals."""
-    value = as_inexact(name, value)
+    value = inexact(name, value)
     if jnp.issubdtype(value.dtype, jnp.complexfloating):
         raise TypeError(f"`{name}` must be real, got {value.dtype}.")
     return value
