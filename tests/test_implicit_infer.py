@@ -214,10 +214,10 @@ def test_ring_leaves_an_exact_unstable_root():
     assert bool(sol.converged) and bool(sol.stable)
     assert abs(abs(float(sol.z[1])) - ring_y(model, 0.6)) < RING_TOL
     assert int(sol.steps) <= 30
-    # Stopped there (no steps allowed): a result code, not an exception.
-    stuck = rd.implicit_infer(model, z0, rho, z_init=saddle, max_steps=0)
-    assert bool(stuck.converged) and not bool(stuck.stable)
-    assert stuck.result == rd.RESULTS.unstable_root
+    # No solve without a step (an unstable root that the solver cannot leave
+    # is reported by a result code: test_pullback_detects_a_singular_jacobian)
+    with pytest.raises(ValueError, match="`max_steps` must be a positive integer"):
+        rd.implicit_infer(model, z0, rho, z_init=saddle, max_steps=0)
 
 
 def test_vmap_over_clamp_patterns():

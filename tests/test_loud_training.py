@@ -216,10 +216,10 @@ def _means(relation):
         (dict(denoising_weight=float("inf")), "`denoising_weight` must be"),
         (dict(denoising_weight=float("nan")), "`denoising_weight` must be"),
         (dict(denoising_weight=-1.0), "`denoising_weight` must be"),
-        (dict(tol=0.0), "`tol` must be a positive finite"),
-        (dict(tol=-1.0), "`tol` must be a positive finite"),
-        (dict(tol=float("nan")), "`tol` must be a positive finite"),
-        (dict(tol=float("inf")), "`tol` must be a positive finite"),
+        (dict(tol=0.0), "`tol` must be a positive, finite"),
+        (dict(tol=-1.0), "`tol` must be a positive, finite"),
+        (dict(tol=float("nan")), "`tol` must be a positive, finite"),
+        (dict(tol=float("inf")), "`tol` must be a positive, finite"),
         (dict(max_steps=0), "`max_steps` must be a positive integer"),
     ],
 )
@@ -244,7 +244,7 @@ def test_fit_through_inference_refuses_bad_settings(getkey, changes, match):
 def test_task_gradient_refuses_bad_tol_under_jit(tol):
     """`task_gradient` is jitted; the tolerance is fixed when it is traced."""
     relation, z0, targets = _inference_problem()
-    with pytest.raises(ValueError, match="`tol` must be a positive finite"):
+    with pytest.raises(ValueError, match="`tol` must be a positive, finite"):
         rd.task_gradient(relation, z0, RHO, targets, _squared_error, tol=tol)
 
 

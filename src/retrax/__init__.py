@@ -15,6 +15,7 @@ from . import (
     ops as ops,
     synth as synth,
 )
+from ._compiled import InvalidArgumentError as InvalidArgumentError
 from ._distributed import (
     batch_mesh as batch_mesh,
     process_share as process_share,

@@ -13,11 +13,14 @@ from jax.errors import JaxRuntimeError
 
 
 class InvalidArgumentError(ValueError, eqx.EquinoxRuntimeError):
-    """A run-time check of an argument failed during an eager call.
+    """A run-time check of an argument failed during an eager call of a
+    function that retrax compiles as a whole (such as
+    [`retrax.ops.allpole`][]).
 
-    A `ValueError`, as the same check raises on concrete input when the
-    function is traced, and an `eqx.EquinoxRuntimeError`, as it raises under
-    `jax.jit`; code that catches either catches it."""
+    Both a `ValueError`, what the check raises on concrete input, and an
+    `eqx.EquinoxRuntimeError`, what it raises under `jax.jit`: code that
+    catches either catches it. The message is the check's, which names the
+    argument."""
 
 
 # How equinox's check reads when the program that failed was compiled by
@@ -112,6 +115,7 @@ def compiled(*, static: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
                 _CALLBACK_LOG.removeFilter(quiet)
 
         call.lower = jitted.lower
+        call._cache_size = jitted._cache_size
         return call
 
     return decorate
