@@ -4,6 +4,7 @@ argument; where the check sits comes after it."""
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from retrax import diffusion as rd
@@ -58,3 +59,20 @@ def test_inside_a_users_own_filter_jit_the_check_still_raises():
     run(jnp.array([0.6, 0.5]))
     text = _raised(lambda: run(jnp.array([jnp.nan, 0.5])))
     assert "`z0` must be finite" in text
+
+
+def test_a_concrete_check_raises_at_once_as_a_value_error():
+    # Decided without compiling anything: both a ValueError (what Python and
+    # scipy raise for a bad value) and an EquinoxRuntimeError (what the same
+    # check raises at run time under jit).
+    with pytest.raises(ValueError, match="^`x` must be non-negative.$") as info:
+        error_if(-jnp.ones(3), jnp.array(True), "`x` must be non-negative.")
+    assert isinstance(info.value, eqx.EquinoxRuntimeError)
+    x = jnp.ones(3)
+    assert error_if(x, jnp.array(False), "unused") is x
+    assert error_if(x, np.False_, "unused") is x
+    # traced, it is a run-time check
+    checked = eqx.filter_jit(lambda x: error_if(x, jnp.any(x < 0), "`x` must be >= 0."))
+    assert jnp.array_equal(checked(x), x)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="`x` must be >= 0."):
+        jax.block_until_ready(checked(-x))

@@ -15,12 +15,12 @@ from . import (
     ops as ops,
     synth as synth,
 )
-from ._compiled import InvalidArgumentError as InvalidArgumentError
 from ._distributed import (
     batch_mesh as batch_mesh,
     process_share as process_share,
     shard_batch as shard_batch,
 )
+from ._errors import InvalidArgumentError as InvalidArgumentError
 from ._native import KernelStatus as KernelStatus, kernels as kernels
 
 

@@ -6,21 +6,11 @@ import inspect
 import logging
 from collections.abc import Callable
 
-import equinox as eqx
 import jax
 import numpy as np
 from jax.errors import JaxRuntimeError
 
-
-class InvalidArgumentError(ValueError, eqx.EquinoxRuntimeError):
-    """A run-time check of an argument failed during an eager call of a
-    function that retrax compiles as a whole (such as
-    [`retrax.ops.allpole`][]).
-
-    Both a `ValueError`, what the check raises on concrete input, and an
-    `eqx.EquinoxRuntimeError`, what it raises under `jax.jit`: code that
-    catches either catches it. The message is the check's, which names the
-    argument."""
+from ._errors import InvalidArgumentError
 
 
 # How equinox's check reads when the program that failed was compiled by

@@ -1,6 +1,7 @@
 """Run-time checks that also hold inside `shard_map`."""
 
 import functools
+import os
 from collections.abc import Callable
 
 import equinox as eqx
@@ -21,10 +22,26 @@ def varying_axes(x) -> frozenset:
     return frozenset(getattr(aval, "vma", ()))
 
 
+class InvalidArgumentError(ValueError, eqx.EquinoxRuntimeError):
+    """A check of an argument's values failed outside a compiled program: on
+    concrete input, or during an eager call of a function that retrax
+    compiles as a whole (such as [`retrax.ops.allpole`][]).
+
+    Both a `ValueError`, as scipy and Python raise for a bad value, and an
+    `eqx.EquinoxRuntimeError`, what the same check raises at run time under
+    `jax.jit`: code that catches either catches it. The message is the
+    check's, which names the argument."""
+
+
 def _nan_like(x: jax.Array) -> jax.Array:
     if jnp.issubdtype(x.dtype, jnp.inexact):
         return jnp.full_like(x, jnp.nan)
     return jnp.full_like(x, np.iinfo(x.dtype).max)
+
+
+def _raising() -> bool:
+    # equinox's own switch for failed checks (read by equinox at import)
+    return os.environ.get("EQX_ON_ERROR", "raise") == "raise"
 
 
 def error_if(x: PyTree, pred: Bool[ArrayLike, "..."], msg: str) -> PyTree:
@@ -49,10 +66,18 @@ def error_if(x: PyTree, pred: Bool[ArrayLike, "..."], msg: str) -> PyTree:
     in the program's next collective. The flag is invariant, so the check's
     `lax.cond` types the same whether or not `x` varies over the devices.
 
+    A `pred` that is not traced is decided at once: `InvalidArgumentError`
+    (a `ValueError`) with `msg` if it holds, as Python and scipy raise for a
+    bad value, unless `EQX_ON_ERROR` asks for something other than raising.
+
     As with `eqx.error_if`, only the returned value carries the check.
     """
     if not any(eqx.is_array(v) for v in jax.tree.leaves(x)):
         raise ValueError("error_if: `x` has no arrays to carry the check.")
+    if not isinstance(pred, jax.core.Tracer) and _raising():
+        if np.any(np.asarray(pred)):
+            raise InvalidArgumentError(msg)
+        return x
     axes = tuple(sorted(varying_axes(pred)))
     if axes:
         pred = lax.pmax(jnp.any(pred).astype(jnp.int32), axes) > 0

@@ -10,9 +10,10 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
+from .._errors import error_if
 from ._scipy_args import as_array, compute_dtype, scipy_dtype
 from ._sosfilt import checked_sos, sos_array
-from ._validate import check_finite, value_error_if
+from ._validate import check_finite
 
 
 # a number of frequencies (an int or a 0-d integer array), or the frequencies
@@ -67,7 +68,7 @@ def _checked_fs(fs, real) -> Array:
     # a Python or NumPy `fs` is checked by NumPy, so at once also under `jit`
     xp, checked = (jnp, value) if isinstance(fs, jax.Array) else (np, np.asarray(fs))
     shown = "" if isinstance(fs, jax.core.Tracer) else f", got {fs!r}"
-    return value_error_if(
+    return error_if(
         value,
         ~(xp.isfinite(checked) & (checked > 0)),
         f"`fs` must be a positive, finite number (a sample rate){shown}.",
@@ -135,8 +136,8 @@ def freqz(
     (traced values) they are run-time errors.
     """
     dtype = compute_dtype(scipy_dtype(b, a))
-    b = check_finite("b", jnp.atleast_1d(as_array("b", b, dtype)), at_once=True)
-    a = check_finite("a", jnp.atleast_1d(as_array("a", a, dtype)), at_once=True)
+    b = check_finite("b", jnp.atleast_1d(as_array("b", b, dtype)))
+    a = check_finite("a", jnp.atleast_1d(as_array("a", a, dtype)))
     real = jnp.finfo(dtype).dtype
     fs = _checked_fs(fs, real)
     omega, w = _frequencies(worN, whole, fs, include_nyquist, real)

@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike
 
+from .._errors import error_if
 from .._misc import result_dtype
-from ._validate import check_dtype, check_finite, unsupported_dtype, value_error_if
+from ._validate import check_dtype, check_finite, unsupported_dtype
 
 
 def _python_kind(value) -> type | None:
@@ -137,9 +138,9 @@ def normalise(b: jax.Array, a: jax.Array) -> tuple[jax.Array, jax.Array]:
     The second result is the denominator without its leading 1, the layout
     of retrax's recurrence core.
     """
-    a = check_finite("a", a, at_once=True)
-    b = check_finite("b", b, at_once=True)
-    a0 = value_error_if(
+    a = check_finite("a", a)
+    b = check_finite("b", b)
+    a0 = error_if(
         a[0],
         a[0] == 0,
         "`a[0]` must be non-zero: `b` and `a` are normalised by it.",

@@ -3,6 +3,7 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
+from .._errors import error_if
 from ._lfilter import steady_state, tdf2_apply
 from ._scipy_args import (
     along_axis,
@@ -13,7 +14,7 @@ from ._scipy_args import (
     normalise_axis,
     scipy_dtype,
 )
-from ._validate import check_finite, value_error_if
+from ._validate import check_finite
 
 
 def sos_array(sos: ArrayLike | list | tuple, dtype) -> Array:
@@ -30,8 +31,8 @@ def sos_array(sos: ArrayLike | list | tuple, dtype) -> Array:
 def checked_sos(sos: Array) -> Array:
     """`sos`, checked: finite, and every `a0` is 1; `ValueError` at once on
     concrete `sos`, a run-time error under `jit`."""
-    sos = check_finite("sos", sos, at_once=True)
-    return value_error_if(
+    sos = check_finite("sos", sos)
+    return error_if(
         sos,
         jnp.any(sos[:, 3] != 1),
         "`sos` rows must have a0 = sos[:, 3] = 1, as scipy.signal requires "

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
-from jaxtyping import ArrayLike, PyTree
+from jaxtyping import ArrayLike
 
 from .._errors import error_if
 from .._misc import as_inexact
@@ -63,33 +63,14 @@ def check_signal(name: str, x: Array) -> None:
         )
 
 
-def value_error_if(x: PyTree, pred: ArrayLike, msg: str) -> PyTree:
-    """`error_if(x, pred, msg)` that raises `ValueError(msg)` at once when
-    `pred` is concrete (not traced), as scipy's functions raise.
-
-    The ops named after scipy.signal check their arguments' values with this:
-    code that catches scipy's `ValueError` keeps working on concrete input,
-    and under `jit`, `vmap` or inside `shard_map` the same check and message
-    hold at run time through `error_if`. Only the returned value carries the
-    run-time check, so always use it.
-    """
-    if isinstance(pred, jax.core.Tracer):
-        return error_if(x, pred, msg)
-    if np.any(np.asarray(pred)):
-        raise ValueError(msg)
-    return x
-
-
-def check_finite(name: str, value: Array, *, at_once: bool = False) -> Array:
+def check_finite(name: str, value: Array) -> Array:
     """Raise at run time (also under `jit`) if `value` has a `nan` or `inf`.
 
-    With `at_once`, a concrete `value` raises `ValueError` at once instead
-    (`value_error_if`, for the scipy-named ops). The check is only kept by
+    A concrete `value` raises `ValueError` at once. The check is only kept by
     JAX if the returned array is used. It also holds inside `shard_map` (see
     `retrax._errors.error_if`).
     """
-    check = value_error_if if at_once else error_if
-    return check(
+    return error_if(
         value,
         ~jnp.all(jnp.isfinite(value)),
         f"`{name}` has non-finite (nan or inf) entries.",
