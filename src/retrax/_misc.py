@@ -80,6 +80,18 @@ def static_float(name: str, value: Any) -> float:
     return float(value)
 
 
+def all_finite(tree: Any) -> jax.Array:
+    """Whether every floating-point array of `tree` is finite, as a traced
+    boolean (other leaves, integers and PRNG keys among them, are skipped)."""
+    flags = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree.leaves(tree)
+        if isinstance(x, jax.Array | np.ndarray)
+        and jnp.issubdtype(x.dtype, jnp.inexact)
+    ]
+    return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
+
+
 def check_positive_int(name: str, value: Any) -> None:
     """`value` must be a positive Python `int` (a size or a count of steps)."""
     if isinstance(value, bool) or not (

@@ -16,7 +16,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree, Shaped
 from tqdm.auto import tqdm
 
 from .._distributed import _replicate, _same_arguments, _same_on_every_process
-from .._misc import check_positive_int, static_float
+from .._misc import all_finite, check_positive_int, static_float
 from ._checkpoint import (
     _newest_intact,
     _restore,
@@ -110,15 +110,6 @@ def _param_dtype(params) -> jnp.dtype | None:
     return None
 
 
-def _all_finite(tree) -> jax.Array:
-    flags = [
-        jnp.all(jnp.isfinite(x))
-        for x in jax.tree.leaves(tree)
-        if eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.inexact)
-    ]
-    return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
-
-
 _WHY = {
     1: "the minibatch loss is not finite",
     2: "its update made the parameters non-finite",
@@ -171,9 +162,9 @@ def _train_chunk(
             ~jnp.isfinite(loss),
             1,
             jnp.where(
-                ~_all_finite(new_params),
+                ~all_finite(new_params),
                 2,
-                jnp.where(~_all_finite(new_opt_state), 3, 0),
+                jnp.where(~all_finite(new_opt_state), 3, 0),
             ),
         ).astype(jnp.int32)
         # steps past the end of the run (the tail of the last chunk) are no-ops

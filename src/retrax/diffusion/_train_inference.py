@@ -22,7 +22,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree, 
 from tqdm.auto import tqdm
 
 from .._errors import filter_jit
-from .._misc import check_positive_int, check_tol, static_float
+from .._misc import all_finite, check_positive_int, check_tol, static_float
 from ._infer import implicit_infer, implicit_pullback
 from ._predictor import AbstractPredictor
 from ._relation import AbstractImplicitRelation, clamp_mask
@@ -188,11 +188,6 @@ def _task(relation, spec, z0, rho, targets, loss, z_init, gradient, tol, max_ste
     )
 
 
-def _all_finite(tree) -> jax.Array:
-    flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
-    return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
-
-
 def _check_gradient(gradient):
     if gradient not in ("implicit", "jacobian_free"):
         raise ValueError(
@@ -308,7 +303,7 @@ def _epoch(params, opt_state, static, spec, queries, key, config):
         for x in jax.tree.leaves(new_opt_state)
         if eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.inexact)
     ]
-    finite = _all_finite(new_params) & _all_finite(inexact)
+    finite = all_finite(new_params) & all_finite(inexact)
     finite = finite & jnp.isfinite(denoising)
     keep = lambda new, old: jnp.where(finite, new, old)
     params = jax.tree.map(keep, new_params, params)

@@ -1,6 +1,5 @@
 """Energy decay curves (Schroeder integration), decay times, and a loss on them."""
 
-import math
 from typing import Literal
 
 import equinox as eqx
@@ -10,7 +9,8 @@ from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._errors import error_if
 from .._misc import as_inexact, check_positive_int, static_float
-from ._octave import check_sample_rate, octave_band_sos, octave_band_split
+from ..ops._validate import check_rate
+from ._octave import octave_band_sos, octave_band_split
 from ._stft_loss import check_choice, check_signals
 
 
@@ -120,13 +120,9 @@ def t60_from_edc(
     `sample_rate` that is not a finite number > 0 raises `ValueError`.
     """
     edc = _real_signals("edc", edc)
-    fs = static_float("sample_rate", sample_rate)
+    fs = check_rate("sample_rate", static_float("sample_rate", sample_rate))
     start_db = static_float("start_db", start_db)
     stop_db = static_float("stop_db", stop_db)
-    if not (math.isfinite(fs) and fs > 0):
-        raise ValueError(
-            f"`sample_rate` must be a finite number > 0, got {sample_rate!r}."
-        )
     if not 0 >= start_db > stop_db:
         raise ValueError(
             "`start_db` and `stop_db` must satisfy 0 >= start_db > stop_db, got "
@@ -236,7 +232,7 @@ class EnergyDecayLoss(eqx.Module):
                 "a curve reaches zero energy), got 0."
             )
         if sample_rate is not None:
-            sample_rate = check_sample_rate(sample_rate)
+            sample_rate = check_rate("sample_rate", sample_rate)
         if fraction is not None:
             if sample_rate is None:
                 raise ValueError("`sample_rate` is needed for bands (`fraction`).")

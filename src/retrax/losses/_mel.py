@@ -3,6 +3,7 @@
 import numpy as np
 
 from .._misc import check_positive_int
+from ..ops._validate import check_rate
 
 
 _F_SP = 200.0 / 3  # Hz per mel below 1 kHz
@@ -49,14 +50,7 @@ def mel_filterbank(
 
     The filters as a NumPy array (a constant of any traced program).
     """
-    if isinstance(sample_rate, bool) or not (
-        isinstance(sample_rate, (int, float))
-        and np.isfinite(sample_rate)
-        and sample_rate > 0
-    ):
-        raise ValueError(
-            f"`sample_rate` must be a finite number > 0, got {sample_rate!r}."
-        )
+    sample_rate = check_rate("sample_rate", sample_rate)
     check_positive_int("fft_size", fft_size)
     check_positive_int("n_mels", n_mels)
     f_max = sample_rate / 2 if f_max is None else f_max

@@ -9,23 +9,11 @@ from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._misc import as_inexact, check_positive_int
 from ..ops import sosfilt
+from ..ops._validate import check_rate
 
 
 _G = 10.0 ** (3.0 / 10.0)  # IEC 61260-1's octave frequency ratio (base 10)
 _F_REF = 1000.0
-
-
-def check_sample_rate(sample_rate) -> float:
-    """A sample rate: a finite Python number > 0 (`ValueError` otherwise)."""
-    if isinstance(sample_rate, bool) or not (
-        isinstance(sample_rate, (int, float))
-        and np.isfinite(sample_rate)
-        and sample_rate > 0
-    ):
-        raise ValueError(
-            f"`sample_rate` must be a finite number > 0, got {sample_rate!r}."
-        )
-    return float(sample_rate)
 
 
 def _band_containing(fraction: int, f: float | int) -> int:
@@ -81,7 +69,7 @@ def octave_bands(
 
 
 def _bands_below_nyquist(sample_rate, fraction, f_min, f_max):
-    sample_rate = check_sample_rate(sample_rate)
+    sample_rate = check_rate("sample_rate", sample_rate)
     nyquist = sample_rate / 2
     if f_max is None:
         lower, centre, upper = octave_bands(fraction, f_min, nyquist)

@@ -209,6 +209,8 @@ def check_rate(name: str, value: float | int) -> float:
     It fixes the frequency scale of a filter (and is a static field of the
     modules), so it is checked at once with `ValueError`, never traced.
     """
+    if isinstance(value, bool):
+        raise TypeError(f"`{name}` must be a Python number, got {value!r}.")
     try:
         rate = float(value)
     except (TypeError, jax.errors.ConcretizationTypeError):
