@@ -154,3 +154,17 @@ def test_bench_scipy_smoke(tmp_path):
     for row in rows:
         eager, jit, scipy = (float(c) for c in row.split("|")[2:5])
         assert eager > 0 and jit > 0 and scipy > 0
+
+
+def test_bench_eager_smoke():
+    out = _run(
+        "bench_eager.py", "--lengths", "32", "--repeats", "1", "--budget", "0.001"
+    )
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ")][1:]
+    assert [row.split("|")[1].strip() for row in rows] == [
+        "allpole T=32",
+        "grad T=32",
+        "JAX's grad floor T=32",
+    ]
+    for row in rows:
+        assert all(float(c) > 0 for c in row.split("|")[2:4])
