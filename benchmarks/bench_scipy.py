@@ -213,13 +213,13 @@ def main(argv=None):
     slower = [r["case"] for r in rows if r["retrax jit"] > 1.1 * r["scipy"]]
     lines.append("")
     lines.append(
-        "jitted rows more than 10% slower than scipy: "
+        f"jitted rows more than 10% slower than scipy ({len(slower)} of {len(rows)}): "
         + (", ".join(slower) if slower else "none")
     )
     eager_far = [r["case"] for r in rows if r["retrax eager"] > 1.5 * r["retrax jit"]]
     lines.append(
-        "eager rows more than 1.5x their jitted time: "
-        + (", ".join(eager_far) if eager_far else "none")
+        f"eager rows more than 1.5x their jitted time ({len(eager_far)} of "
+        f"{len(rows)}): " + (", ".join(eager_far) if eager_far else "none")
     )
     lines.extend(notes)
     text = "\n".join(lines)
