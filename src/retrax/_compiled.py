@@ -38,11 +38,19 @@ def _check_message(error: Exception) -> str | None:
     return rest.partition(_ADVICE)[0].strip()
 
 
+_HOST = bool | int | float | complex | np.ndarray | np.generic
+
+
 def _as_argument(value):
-    """`value` as `jax.jit` should take it: lists and tuples of numbers as
-    one array (one traced argument, not one per number)."""
+    """`value` as `jax.jit` should take it: a list or tuple of host numbers
+    as one array (one traced argument, not one per number). Anything else,
+    traced values among them, is passed as it is."""
     if isinstance(value, list | tuple):
-        return np.asarray(value)
+        if all(isinstance(leaf, _HOST) for leaf in jax.tree.leaves(value)):
+            try:
+                return np.asarray(value)
+            except ValueError:  # ragged: the function reports it
+                return value
     return value
 
 
