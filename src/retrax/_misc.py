@@ -51,9 +51,11 @@ def check_value(value: Any, bad: Callable[[ModuleType, Any], Any], msg: str) -> 
     `bad` computes the failing entries with the array namespace `xp` it is
     given (`numpy` or `jax.numpy`). Python and NumPy values are checked at once
     with NumPy and raise a `ValueError`, so that a Python-float hyperparameter
-    stays a Python float. JAX arrays, concrete or traced (`jit`, `vmap`,
-    `grad`), are checked by `eqx.error_if` with the same message; that check is
-    only kept if the returned value is used, so always store the result.
+    stays a Python float. JAX arrays go through `retrax._errors.error_if` with
+    the same message: a concrete one raises `InvalidArgumentError` (a
+    `ValueError`) at once, a traced one (`jit`, `vmap`, `grad`) at run time;
+    that check is only kept if the returned value is used, so always store the
+    result.
     """
     if isinstance(value, jax.Array):
         return error_if(value, jnp.any(bad(jnp, value)), msg)
