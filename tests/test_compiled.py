@@ -93,3 +93,72 @@ def test_transformations_through_the_compiled_call():
     eps = 1e-6
     fd = (allpole(x, a + eps) - allpole(x, a - eps)) / (2 * eps)
     np.testing.assert_allclose(tangent, fd, rtol=1e-5, atol=1e-6)
+
+
+def _scipy_calls(x):
+    """Each scipy name and its compiled core, called as a scipy user would,
+    with the coefficients `c` (a Butterworth-like low-pass scaled by `c`)."""
+    from retrax.ops import _filtfilt, _freqz, _lfilter, _sosfilt
+
+    ops = retrax.ops
+
+    def ba(c):
+        return [0.2 * c, 0.4 * c, 0.2 * c], [1.0, -0.5 * c, 0.2]
+
+    def sos(c):
+        return np.array([[0.2 * c, 0.4 * c, 0.2 * c, 1.0, -0.5 * c, 0.2]] * 2)
+
+    return {
+        "lfilter": (_lfilter._lfilter, lambda c: ops.lfilter(*ba(c), x)),
+        "lfilter zi": (
+            _lfilter._lfilter,
+            lambda c: ops.lfilter(*ba(c), x, zi=[c, 0.0])[1],
+        ),
+        "lfilter_zi": (_lfilter._lfilter_zi, lambda c: ops.lfilter_zi(*ba(c))),
+        "lfiltic": (_lfilter._lfiltic, lambda c: ops.lfiltic(*ba(c), [c, 1.0])),
+        "filtfilt": (_filtfilt._filtfilt, lambda c: ops.filtfilt(*ba(c), x)),
+        "filtfilt gust": (
+            _filtfilt._filtfilt,
+            lambda c: ops.filtfilt(*ba(c), x, method="gust"),
+        ),
+        "sosfilt": (_sosfilt._sosfilt, lambda c: ops.sosfilt(sos(c), x)),
+        "sosfilt_zi": (_sosfilt._sosfilt_zi, lambda c: ops.sosfilt_zi(sos(c))),
+        "sosfiltfilt": (_filtfilt._sosfiltfilt, lambda c: ops.sosfiltfilt(sos(c), x)),
+        "freqz": (_freqz._freqz, lambda c: ops.freqz(*ba(c), worN=16)[1]),
+        "freqz at frequencies": (
+            _freqz._freqz,
+            lambda c: ops.freqz(*ba(c), worN=[0.1, 0.2 * c], fs=48000.0)[1],
+        ),
+        "freqz_sos": (_freqz._freqz_sos, lambda c: ops.freqz_sos(sos(c), 16)[1]),
+    }
+
+
+@pytest.mark.parametrize("name", list(_scipy_calls(None)))
+def test_scipy_names_compile_once_for_new_values(name):
+    # Python lists and NumPy arrays of new values reuse the program the first
+    # call compiled, and give what the same call under `jax.jit` gives.
+    x = np.random.default_rng(0).standard_normal(64).astype(np.float32)
+    core, call = _scipy_calls(x)[name]
+    first = call(1.0)
+    before = core._cache_size()
+    outs = [call(c) for c in (0.5, 0.75, 1.25)]
+    assert core._cache_size() == before
+    assert all(out.dtype == first.dtype for out in outs)
+    assert not np.allclose(outs[0], outs[2])
+    tol = 1e-12 if first.real.dtype == np.float64 else 2e-5
+    np.testing.assert_allclose(
+        outs[0], jax.jit(lambda: call(0.5))(), rtol=tol, atol=tol
+    )
+
+
+def test_lists_of_python_integers_keep_the_signal_dtype_and_compile():
+    from retrax.ops._lfilter import _lfilter
+
+    x = np.ones(32, np.float32)
+    retrax.ops.lfilter([1], [1, 0], x)
+    before = _lfilter._cache_size()
+    for b in ([1], [2], [3]):
+        y = retrax.ops.lfilter(b, [1, 0], x)
+        assert y.dtype == np.float32
+        np.testing.assert_array_equal(y, b[0] * x)
+    assert _lfilter._cache_size() == before

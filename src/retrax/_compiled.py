@@ -54,6 +54,13 @@ def _as_argument(value):
     return value
 
 
+# NumPy dtypes `jax.jit` takes as the functions do (float64 narrows to float32
+# without x64 in both): checked first, as they are what users pass
+_INEXACT = frozenset(
+    np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128)
+)
+
+
 def _jax_type(leaf) -> bool:
     """Whether `jax.jit` takes `leaf` as the function itself would: not an
     object or extended-precision array, nor an integer array that JAX's
@@ -61,6 +68,8 @@ def _jax_type(leaf) -> bool:
     converts or refuses itself. Floating arrays narrow (float64 to float32
     without x64) in `jax.jit` as in `jnp.asarray`."""
     if isinstance(leaf, jax.Array | bool | int | float | complex):
+        return True
+    if isinstance(leaf, np.ndarray) and leaf.dtype in _INEXACT:
         return True
     if isinstance(leaf, np.ndarray | np.generic):
         try:
@@ -85,23 +94,31 @@ def compiled(*, static: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
     as any other."""
 
     def decorate(fn: Callable) -> Callable:
-        signature = inspect.signature(fn)
+        names = list(inspect.signature(fn).parameters)
+        # the positions of the static arguments, when they are passed by position
+        static_at = frozenset(i for i, name in enumerate(names) if name in static)
         jitted = jax.jit(fn, static_argnames=static)
 
         @functools.wraps(fn)
         def call(*args, **kwargs):
             __tracebackhide__ = True
-            bound = signature.bind(*args, **kwargs)
-            for name, value in bound.arguments.items():
-                if name not in static:
-                    bound.arguments[name] = _as_argument(value)
-            dynamic = [v for k, v in bound.arguments.items() if k not in static]
+            args = tuple(
+                v if i in static_at else _as_argument(v) for i, v in enumerate(args)
+            )
+            kwargs = {
+                k: v if k in static else _as_argument(v) for k, v in kwargs.items()
+            }
+            dynamic = [v for i, v in enumerate(args) if i not in static_at]
+            dynamic += [v for k, v in kwargs.items() if k not in static]
             if not all(_jax_type(leaf) for leaf in jax.tree.leaves(dynamic)):
                 return fn(*args, **kwargs)
             quiet = _QuietCallbackLog()
             _CALLBACK_LOG.addFilter(quiet)
             try:
-                return jitted(*bound.args, **bound.kwargs)
+                # As `eqx.filter_jit` does: wait for the program, so that a
+                # failed check raises here, not later (or never) from an
+                # array dispatched asynchronously.
+                return jax.block_until_ready(jitted(*args, **kwargs))
             # JAX raises a failed callback as `JaxRuntimeError` or, in some
             # releases, `ValueError` (equinox's `filter_jit` catches both)
             except (JaxRuntimeError, ValueError) as error:

@@ -9,6 +9,7 @@ import lineax as lx
 import numpy as np
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
+from .._compiled import compiled
 from .._errors import error_if
 from ._lfilter import steady_state, tdf2_apply
 from ._scipy_args import (
@@ -16,6 +17,7 @@ from ._scipy_args import (
     as_array,
     coefficients,
     compute_dtype,
+    host_arrays,
     in_dtype,
     normalise,
     normalise_axis,
@@ -194,21 +196,44 @@ def filtfilt(
     """
     if method not in ("pad", "gust"):
         raise ValueError(f"`method` must be 'pad' or 'gust', got {method!r}.")
+    if method == "gust":
+        if irlen is not None and (
+            isinstance(irlen, bool) or not isinstance(irlen, int) or irlen < 1
+        ):
+            raise ValueError(f"`irlen` must be a positive integer, got {irlen!r}.")
+        padtype = padlen = None  # ignored, as in scipy
+    else:
+        _check_padtype(padtype)
+        _static_edge(padtype, padlen, 0)  # a bad `padlen` raises here
+        irlen = None
     dtype = scipy_dtype(b, a, x)
+    b, a, x = host_arrays(compute_dtype(dtype), b=b, a=a, x=x)
+    return _filtfilt(
+        b,
+        a,
+        x,
+        axis=axis,
+        padtype=padtype,
+        padlen=padlen,
+        method=method,
+        irlen=irlen,
+        dtype=dtype,
+    )
+
+
+@compiled(static=("axis", "padtype", "padlen", "method", "irlen", "dtype"))
+def _filtfilt(b, a, x, *, axis, padtype, padlen, method, irlen, dtype):
+    """`filtfilt` after its arguments' checks and `host_arrays`, compiled as a
+    whole."""
     work = compute_dtype(dtype)
     b = coefficients("b", b, work)
     a = coefficients("a", a, work)
     x = as_array("x", x, work)
     axis = normalise_axis(axis, x.ndim)
     if method == "gust":
-        if irlen is not None and (
-            isinstance(irlen, bool) or not isinstance(irlen, int) or irlen < 1
-        ):
-            raise ValueError(f"`irlen` must be a positive integer, got {irlen!r}.")
         b, a = normalise(b, a)
         y = along_axis(lambda s: (_gust(b, a, s, irlen),), x, axis)[0]
         return in_dtype(dtype, y)
-    _check_padtype(padtype)
     edge = _static_edge(padtype, padlen, max(a.shape[0], b.shape[0]))
     _check_length(x.shape[axis], edge)
     b, a = normalise(b, a)
@@ -271,7 +296,21 @@ def sosfiltfilt(
     errors.
     """
     _check_padtype(padtype)
+    _static_edge(padtype, padlen, 0)  # a bad `padlen` raises here
     dtype = scipy_dtype(sos, x)
+    sos, x = host_arrays(compute_dtype(dtype), sos=sos, x=x)
+    if padtype is not None and padlen is None and not isinstance(sos, jax.core.Tracer):
+        # scipy's default, known now: the sections' values are concrete
+        rows = np.atleast_2d(np.asarray(sos))
+        if rows.ndim == 2 and rows.shape[1] == 6:
+            padlen = 3 * (2 * rows.shape[0] + 1 - int(_first_order(np, rows)))
+    return _sosfiltfilt(sos, x, axis=axis, padtype=padtype, padlen=padlen, dtype=dtype)
+
+
+@compiled(static=("axis", "padtype", "padlen", "dtype"))
+def _sosfiltfilt(sos, x, *, axis, padtype, padlen, dtype):
+    """`sosfiltfilt` after its arguments' checks and `host_arrays`, compiled as
+    a whole."""
     work = compute_dtype(dtype)
     sos = sos_array(sos, work)
     x = as_array("x", x, work)

@@ -10,8 +10,9 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
+from .._compiled import compiled
 from .._errors import error_if
-from ._scipy_args import as_array, compute_dtype, scipy_dtype
+from ._scipy_args import as_array, compute_dtype, host_arrays, scipy_dtype
 from ._sosfilt import checked_sos, sos_array
 from ._validate import check_finite
 
@@ -38,21 +39,17 @@ def _count(worN) -> int | None:
         return None
 
 
-def _frequencies(worN, whole: bool, fs: Array, include_nyquist: bool, real):
-    """`(omega, w)`: radians per sample and the frequencies in units of `fs`."""
-    if worN is None:
-        worN = 512
-    n = _count(worN)
+def _frequencies(
+    n: int | None, freqs, whole: bool, fs: Array, include_nyquist: bool, real
+):
+    """`(omega, w)`: radians per sample and the frequencies in units of `fs`,
+    for `n` evenly spaced frequencies or the frequencies `freqs` (`_worN`)."""
     if n is not None:
-        if n < 0:
-            raise ValueError(f"`worN` must be non-negative, got {n}.")
         last = 2 * math.pi if whole else math.pi
         endpoint = include_nyquist and not whole
         omega = jnp.linspace(0.0, last, n, endpoint=endpoint, dtype=real)
         return omega, omega * (fs / (2 * math.pi))
-    if isinstance(worN, complex):
-        worN = worN.real
-    freqs = jnp.atleast_1d(as_array("worN", worN, real))
+    freqs = jnp.atleast_1d(as_array("worN", freqs, real))
     return freqs * (2 * math.pi / fs), freqs
 
 
@@ -136,15 +133,51 @@ def freqz(
     (traced values) they are run-time errors.
     """
     dtype = compute_dtype(scipy_dtype(b, a))
+    real = np.dtype(jnp.finfo(dtype).dtype)
+    n, freqs = _worN(worN)
+    fs = _host_fs(fs, real)
+    b, a = host_arrays(dtype, b=b, a=a)
+    (freqs,) = host_arrays(real, worN=freqs)
+    w, h = _freqz(
+        b, a, freqs, fs, n=n, whole=whole, include_nyquist=include_nyquist, dtype=dtype
+    )
+    if plot is not None:
+        plot(w, h)
+    return w, h
+
+
+def _worN(worN: WorN) -> tuple[int | None, WorN]:
+    """`worN` as `(count, None)` or `(None, frequencies)`, checked."""
+    if worN is None:
+        worN = 512
+    n = _count(worN)
+    if n is not None:
+        if n < 0:
+            raise ValueError(f"`worN` must be non-negative, got {n}.")
+        return n, None
+    if isinstance(worN, complex):
+        worN = worN.real
+    return None, worN
+
+
+def _host_fs(fs, real: np.dtype):
+    """`fs` checked at once unless it is a JAX array (`_checked_fs` checks that
+    one when it runs), as a NumPy number of `real`."""
+    if isinstance(fs, jax.Array):
+        return fs
+    _checked_fs(fs, real)
+    return np.asarray(fs).astype(real)
+
+
+@compiled(static=("n", "whole", "include_nyquist", "dtype"))
+def _freqz(b, a, freqs, fs, *, n, whole, include_nyquist, dtype):
+    """`freqz` after its arguments' checks and `host_arrays`, compiled as a whole."""
     b = check_finite("b", jnp.atleast_1d(as_array("b", b, dtype)))
     a = check_finite("a", jnp.atleast_1d(as_array("a", a, dtype)))
     real = jnp.finfo(dtype).dtype
     fs = _checked_fs(fs, real)
-    omega, w = _frequencies(worN, whole, fs, include_nyquist, real)
-    h = _poly_at(b, omega) / _poly_at(a, omega)
-    if plot is not None:
-        plot(w, h)
-    return w, h
+    omega, w = _frequencies(n, freqs, whole, fs, include_nyquist, real)
+    return w, _poly_at(b, omega) / _poly_at(a, omega)
 
 
 def freqz_sos(
@@ -168,10 +201,23 @@ def freqz_sos(
 
     `(w, h)`: the frequencies (in the units of `fs`) and the complex response.
     """
-    sos = checked_sos(sos_array(sos, compute_dtype(scipy_dtype(sos))))
+    dtype = compute_dtype(scipy_dtype(sos))
+    real = np.dtype(jnp.finfo(dtype).dtype)
+    n, freqs = _worN(worN)
+    fs = _host_fs(fs, real)
+    (sos,) = host_arrays(dtype, sos=sos)
+    (freqs,) = host_arrays(real, worN=freqs)
+    return _freqz_sos(sos, freqs, fs, n=n, whole=whole, dtype=dtype)
+
+
+@compiled(static=("n", "whole", "dtype"))
+def _freqz_sos(sos, freqs, fs, *, n, whole, dtype):
+    """`freqz_sos` after its arguments' checks and `host_arrays`, compiled as a
+    whole."""
+    sos = checked_sos(sos_array(sos, dtype))
     real = jnp.finfo(sos.dtype).dtype
     fs = _checked_fs(fs, real)
-    omega, w = _frequencies(worN, whole, fs, False, real)
+    omega, w = _frequencies(n, freqs, whole, fs, False, real)
     h = None
     for s in range(sos.shape[0]):
         section = _poly_at(sos[s, :3], omega) / _poly_at(sos[s, 3:], omega)

@@ -7,8 +7,10 @@ recurrence core and its derivatives are the adjoint filter's.
 """
 
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
+from .._compiled import compiled
 from ._fir import fir_apply
 from ._recurrence import DEFAULT_UNROLL, recurrence
 from ._scipy_args import (
@@ -16,6 +18,7 @@ from ._scipy_args import (
     as_array,
     coefficients,
     compute_dtype,
+    host_arrays,
     in_dtype,
     normalise,
     normalise_axis,
@@ -158,6 +161,13 @@ def lfilter(
     float16-only input).
     """
     dtype = scipy_dtype(b, a, x, zi)
+    b, a, x, zi = host_arrays(compute_dtype(dtype), b=b, a=a, x=x, zi=zi)
+    return _lfilter(b, a, x, zi, axis=axis, dtype=dtype)
+
+
+@compiled(static=("axis", "dtype"))
+def _lfilter(b, a, x, zi, *, axis: int, dtype: np.dtype):
+    """`lfilter` after `host_arrays`, compiled as a whole."""
     work = compute_dtype(dtype)
     b = coefficients("b", b, work)
     a = coefficients("a", a, work)
@@ -210,6 +220,13 @@ def lfilter_zi(
     The state, shape `(max(M, N),)`.
     """
     dtype = scipy_dtype(b, a)
+    b, a = host_arrays(compute_dtype(dtype), b=b, a=a)
+    return _lfilter_zi(b, a, dtype=dtype)
+
+
+@compiled(static=("dtype",))
+def _lfilter_zi(b, a, *, dtype: np.dtype):
+    """`lfilter_zi` after `host_arrays`, compiled as a whole."""
     work = compute_dtype(dtype)
     b, a = normalise(coefficients("b", b, work), coefficients("a", a, work))
     return in_dtype(dtype, steady_state(b, a))
@@ -244,6 +261,13 @@ def lfiltic(
     error).
     """
     dtype = scipy_dtype(b, a, y, x)
+    b, a, y, x = host_arrays(compute_dtype(dtype), b=b, a=a, y=y, x=x)
+    return _lfiltic(b, a, y, x, dtype=dtype)
+
+
+@compiled(static=("dtype",))
+def _lfiltic(b, a, y, x, *, dtype: np.dtype):
+    """`lfiltic` after `host_arrays`, compiled as a whole."""
     work = compute_dtype(dtype)
     b, a = normalise(coefficients("b", b, work), coefficients("a", a, work))
     n_state = max(a.shape[0], b.shape[0] - 1)

@@ -43,6 +43,9 @@ def scipy_dtype(*args: ArrayLike | list | tuple | None) -> np.dtype:
     (`jnp.result_type` rules), and an integer or boolean result becomes the
     default float, as scipy computes integer input in floating point.
     """
+    fast = _inexact_arrays_dtype(args)
+    if fast is not None:
+        return fast
     kinds = []
     for arg in args:
         if arg is None:
@@ -58,6 +61,31 @@ def scipy_dtype(*args: ArrayLike | list | tuple | None) -> np.dtype:
     if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):
         dtype = result_dtype(*(kinds or [1.0]), 1.0)
     return np.dtype(dtype)
+
+
+_INEXACT = frozenset(
+    np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128)
+)
+
+
+def _inexact_arrays_dtype(args) -> np.dtype | None:
+    """`scipy_dtype(*args)` when every argument is `None` or a NumPy or JAX
+    array (not weakly typed) of float32, float64, complex64 or complex128, the
+    usual call, on which NumPy's promotion and JAX's agree; `None` otherwise."""
+    dtypes = []
+    for arg in args:
+        if arg is None:
+            continue
+        if type(arg) is not np.ndarray and not (
+            isinstance(arg, jax.Array) and not arg.weak_type
+        ):
+            return None
+        if arg.dtype not in _INEXACT:
+            return None
+        dtypes.append(arg.dtype)
+    if not dtypes:
+        return None
+    return np.dtype(jax.dtypes.canonicalize_dtype(np.result_type(*dtypes)))
 
 
 def _host(value) -> np.ndarray | None:
@@ -108,14 +136,35 @@ def as_array(name: str, value: ArrayLike | list | tuple, dtype: np.dtype) -> jax
     """
     host = _host(value)
     arr = jnp.asarray(value) if host is None else host
+    _check_kind(name, arr, dtype)
+    if host is not None:
+        return jnp.asarray(host.astype(dtype))
+    return arr.astype(dtype)
+
+
+def _check_kind(name: str, arr, dtype: np.dtype) -> None:
     check_dtype(name, arr)
     if jnp.issubdtype(arr.dtype, jnp.complexfloating) and not jnp.issubdtype(
         dtype, jnp.complexfloating
     ):
         raise TypeError(f"`{name}` is complex but the result dtype is {dtype}.")
-    if host is not None:
-        return jnp.asarray(host.astype(dtype))
-    return arr.astype(dtype)
+
+
+def host_arrays(dtype: np.dtype, **values):
+    """The arguments `values` (by name) ready for a compiled op that computes
+    in `dtype`: host values (NumPy arrays, Python numbers and lists) become
+    NumPy arrays of `dtype`, checked and converted as `as_array` does it, so
+    that the op receives one array of the dtype it computes in (a list of
+    Python integers would otherwise reach `jax.jit` as `int64`); JAX arrays,
+    tracers and `None` pass unchanged. Returns them in order."""
+    out = []
+    for name, value in values.items():
+        host = None if value is None else _host(value)
+        if host is not None:
+            _check_kind(name, host, dtype)
+            value = host.astype(dtype, copy=False)
+        out.append(value)
+    return tuple(out)
 
 
 def coefficients(

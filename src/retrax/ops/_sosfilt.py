@@ -1,14 +1,17 @@
 """Cascaded second-order sections, as `scipy.signal.sosfilt` and `sosfilt_zi`."""
 
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
+from .._compiled import compiled
 from .._errors import error_if
 from ._lfilter import steady_state, tdf2_apply
 from ._scipy_args import (
     along_axis,
     as_array,
     compute_dtype,
+    host_arrays,
     in_dtype,
     normalise,
     normalise_axis,
@@ -92,6 +95,13 @@ def sosfilt(
     [`lfilter`][retrax.ops.lfilter].
     """
     dtype = scipy_dtype(sos, x, zi)
+    sos, x, zi = host_arrays(compute_dtype(dtype), sos=sos, x=x, zi=zi)
+    return _sosfilt(sos, x, zi, axis=axis, dtype=dtype)
+
+
+@compiled(static=("axis", "dtype"))
+def _sosfilt(sos, x, zi, *, axis: int, dtype: np.dtype):
+    """`sosfilt` after `host_arrays`, compiled as a whole."""
     work = compute_dtype(dtype)
     sos = sos_array(sos, work)
     x = as_array("x", x, work)
@@ -144,4 +154,11 @@ def sosfilt_zi(
     The state, shape `(n_sections, 2)`.
     """
     dtype = scipy_dtype(sos)
+    (sos,) = host_arrays(compute_dtype(dtype), sos=sos)
+    return _sosfilt_zi(sos, dtype=dtype)
+
+
+@compiled(static=("dtype",))
+def _sosfilt_zi(sos, *, dtype: np.dtype):
+    """`sosfilt_zi` after `host_arrays`, compiled as a whole."""
     return in_dtype(dtype, sos_steady_state(sos_array(sos, compute_dtype(dtype))))
