@@ -214,6 +214,9 @@ def test_ring_leaves_an_exact_unstable_root():
     assert bool(sol.converged) and bool(sol.stable)
     assert abs(abs(float(sol.z[1])) - ring_y(model, 0.6)) < RING_TOL
     assert int(sol.steps) <= 30
+    assert isinstance(sol, rd.AbstractSolution)
+    assert list(sol.stats) == ["num_steps"]
+    assert int(sol.stats["num_steps"]) == int(sol.steps)
     # No solve without a step (an unstable root that the solver cannot leave
     # is reported by a result code: test_pullback_detects_a_singular_jacobian)
     with pytest.raises(ValueError, match="`max_steps` must be a positive integer"):
@@ -645,6 +648,8 @@ def test_implicit_roots_failed_and_duplicate_slots():
     # a duplicate's equals that of the valid slot it duplicates.
     roots = rd.implicit_roots(model, z0, rho, key, n_starts=4)
     assert bool(jnp.all(roots.result == rd.RESULTS.successful))
+    assert isinstance(roots, rd.AbstractSolution)
+    assert bool(jnp.all(roots.stats["num_steps"] == roots.steps))
     jac = jax.jacfwd(lambda a: rd.implicit_roots(model, a, rho, key, n_starts=4).z)(z0)
     sols = {float(jnp.sign(roots.z[i, 1])): i for i in range(4) if roots.valid[i]}
     for i in range(4):

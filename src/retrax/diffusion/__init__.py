@@ -12,6 +12,7 @@
   and `log_likelihood`.
 """
 
+from .._solution import AbstractSolution as AbstractSolution
 from ._belief import (
     LaplaceBelief as LaplaceBelief,
     MixtureBelief as MixtureBelief,

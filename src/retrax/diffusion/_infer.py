@@ -10,6 +10,7 @@ from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from .._errors import error_if, filter_jit
 from .._misc import check_positive_int, check_tol
+from .._solution import throw_if_failed
 from ._never_silent import nan_unless, never_silent
 from ._relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
 from ._solution import RESULTS, ImplicitSolution
@@ -240,20 +241,20 @@ def _infer(
     unit = model.field_unit(dtype)
     load = jnp.where(clamped & (unit != 0), load / jnp.where(unit != 0, unit, 1), 0)
     clamp_load = jnp.max(load)
+    steps = jnp.asarray(sol.stats["num_steps"])
     out = ImplicitSolution(
         z=z,
         residual=residual,
-        steps=jnp.asarray(sol.stats["num_steps"]),
+        steps=steps,
         converged=converged,
         stable=stable,
         result=result,
         clamp_load=clamp_load,
         off_data=clamp_load > off_data_tol,
+        stats={"num_steps": steps},
     )
-    if throw:
-        failed = (result != RESULTS.successful) & (result != RESULTS.unstable_root)
-        out = result.error_if(out, failed)
-    return out
+    failed = (result != RESULTS.successful) & (result != RESULTS.unstable_root)
+    return throw_if_failed(out, throw, failed)
 
 
 @filter_jit
