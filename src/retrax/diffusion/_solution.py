@@ -23,6 +23,12 @@ class RESULTS(optx.RESULTS):  # pyright: ignore
         "objective, usually an input too large for the dtype). The result is not "
         "a proximal point; its derivatives are NaN."
     )
+    nonfinite_iterate = (
+        "An iterate of the run became non-finite (NaN or inf): the gradient it "
+        "followed was not finite there (a data term, e.g. RED-Diff's "
+        "`data_grad`, undefined or overflowing at that point), or its step size "
+        "(`lr`) is too large for the problem. The answer is NaN."
+    )
 
 
 class ImplicitSolution(AbstractSolution):
