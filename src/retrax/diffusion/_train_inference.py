@@ -156,10 +156,8 @@ def _task(relation, spec, z0, rho, targets, loss, z_init, gradient, tol, max_ste
     if gradient == "implicit":
 
         def per_query(sol, z0, rho, zbar):
-            bar, _, _, result = implicit_pullback(
-                relation, sol, z0, rho, zbar, throw=False, return_result=True
-            )
-            return bar, result == RESULTS.successful
+            pullback = implicit_pullback(relation, sol, z0, rho, zbar, throw=False)
+            return pullback.model_bar, pullback.result == RESULTS.successful
 
         bars, solved = jax.vmap(per_query)(sols, z0, rho, zbar)
         ok = ok & solved
