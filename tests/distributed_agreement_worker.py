@@ -76,7 +76,8 @@ def main(coordinator, count, rank, out):
             lambda kw=kw: rd.fit(kw.pop("pred"), kw.pop("data"), kw.pop("key"), **kw)
         )
     # after all that, a run on which both agree trains
-    _, losses, state = rd.fit(pred, data, key, **base, return_state=True)
+    run = rd.fit_solution(pred, data, key, **base)
+    losses, state = run.losses, run.state
     result["losses"] = np.asarray(losses).tolist()
     # a continued run compares its (replicated, global) `opt_state` too
     _, more = rd.fit(pred, data, key, **base, opt_state=state)

@@ -166,15 +166,24 @@ def steps_in(directory):
     return sorted(int(p.stem.split("-")[1]) for p in directory.glob("checkpoint-*"))
 
 
+def fit_run(*args, **kwargs):
+    """`fit_solution`'s predictor, losses and state, each run's whole answer."""
+    run = rd.fit_solution(*args, **kwargs)
+    assert isinstance(run, rd.AbstractSolution)
+    assert run.result == rd.RESULTS.successful
+    assert int(run.stats["num_steps"]) == run.losses.shape[0]
+    return run.pred, run.losses, run.state
+
+
 @pytest.mark.parametrize("ema", [None, 0.9])
 def test_two_calls_end_where_one_call_ends(getkey, ema):
     pred, data, key = small_problem(getkey)
-    kw = dict(KW, ema=ema, return_state=True)
-    one, losses, state = rd.fit(pred, data, key, steps=9, **kw)
+    kw = dict(KW, ema=ema)
+    one, losses, state = fit_run(pred, data, key, steps=9, **kw)
     # the first call ends inside its second chunk
-    first, l1, s1 = rd.fit(pred, data, key, steps=5, **kw)
+    first, l1, s1 = fit_run(pred, data, key, steps=5, **kw)
     assert s1.step == 5 and state.step == 9
-    two, l2, s2 = rd.fit(first, data, key, steps=4, opt_state=s1, **kw)
+    two, l2, s2 = fit_run(first, data, key, steps=4, opt_state=s1, **kw)
     assert_identical(params(two), params(one))
     assert_identical(jnp.concatenate([l1, l2]), losses)
     assert_identical(s2, state)
@@ -186,10 +195,18 @@ def test_two_calls_end_where_one_call_ends(getkey, ema):
         for a, b in zip(jax.tree.leaves(state.params), params(one), strict=True)
     ]
     assert all(last_is_returned) if ema is None else not any(last_is_returned)
-    # without return_state the two-value form is unchanged
-    again = rd.fit(pred, data, key, steps=9, **dict(KW, ema=ema))
+    # `fit` returns the solution's first two fields
+    again = rd.fit(pred, data, key, steps=9, **kw)
     assert len(again) == 2
     assert_identical(params(again[0]), params(one))
+    assert_identical(again[1], losses)
+    # the deprecated `return_state=True` still gives the three, and says what
+    # replaces it
+    with pytest.warns(DeprecationWarning, match="`fit_solution`"):
+        old = rd.fit(pred, data, key, steps=9, return_state=True, **kw)
+    assert len(old) == 3
+    assert_identical(params(old[0]), params(one))
+    assert_identical(old[1:], (losses, state))
 
 
 class Interrupt(Exception):
@@ -296,7 +313,7 @@ def test_continue_a_run_with_checkpoints(getkey, tmp_path):
     # second call continue the first's step count
     pred, data, key = small_problem(getkey)
     reference, _ = rd.fit(pred, data, key, steps=12, **KW)
-    first, _, state = rd.fit(pred, data, key, steps=4, return_state=True, **KW)
+    first, _, state = fit_run(pred, data, key, steps=4, **KW)
     kw = dict(KW, steps=8, opt_state=state, checkpoint_dir=tmp_path)
     second, losses = rd.fit(first, data, key, **kw)
     assert steps_in(tmp_path) == [8, 12]
@@ -438,7 +455,7 @@ def test_fit_checkpoint_bad_input(getkey, tmp_path):
 def test_continue_bad_input(getkey):
     pred, data, key = small_problem(getkey)
     kw = dict(KW, steps=4)
-    _, _, state = rd.fit(pred, data, key, return_state=True, **kw)
+    _, _, state = fit_run(pred, data, key, **kw)
     with pytest.raises(TypeError, match="opt_state"):
         rd.fit(pred, data, key, opt_state=state.opt_state, **kw)
     with pytest.raises(ValueError, match="different optimiser"):
@@ -453,7 +470,7 @@ def test_continue_bad_input(getkey):
     # another random stream on purpose
     other = getkey()
     moved = eqx.tree_at(lambda s: s.key, state, other)
-    _, _, after = rd.fit(pred, data, other, opt_state=moved, return_state=True, **kw)
+    _, _, after = fit_run(pred, data, other, opt_state=moved, **kw)
     assert after.step == 8
 
 
@@ -483,11 +500,11 @@ def test_resume_in_default_precision(getkey, tmp_path):
     data = jax.random.normal(getkey(), (64, 2))
     model = rd.TimeMLP(2, hidden=8, depth=1, key=getkey())
     pred, key = rd.NoisePredictor(model, rd.VPSDE()), getkey()
-    kw = dict(KW, steps=6, ema=0.9, return_state=True)
-    reference, ref_losses, ref_state = rd.fit(pred, data, key, **kw)
+    kw = dict(KW, steps=6, ema=0.9)
+    reference, ref_losses, ref_state = fit_run(pred, data, key, **kw)
     rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
     (tmp_path / "checkpoint-000000006.ckpt").unlink()
-    resumed, losses, state = rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
+    resumed, losses, state = fit_run(pred, data, key, checkpoint_dir=tmp_path, **kw)
     assert losses.dtype == jnp.float32
     assert_identical(params(resumed), params(reference))
     assert_identical(losses, ref_losses)

@@ -211,6 +211,9 @@ def test_task_gradient_equals_grad_through_implicit_infer():
     relation, z0, targets = parabola_problem()
     exact = rd.task_gradient(relation, z0, RHO, targets, squared_error, where=means)
     assert int(exact.failed) == 0
+    assert isinstance(exact, rd.AbstractSolution)
+    assert exact.stats["num_steps"].shape == (z0.shape[0],)
+    assert bool(jnp.all(exact.stats["num_steps"] >= 1))
 
     def mean_loss(mu):
         r = eqx.tree_at(lambda r: r.pred.means, relation, mu)

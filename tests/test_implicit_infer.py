@@ -214,6 +214,9 @@ def test_ring_leaves_an_exact_unstable_root():
     assert bool(sol.converged) and bool(sol.stable)
     assert abs(abs(float(sol.z[1])) - ring_y(model, 0.6)) < RING_TOL
     assert int(sol.steps) <= 30
+    assert isinstance(sol, rd.AbstractSolution)
+    assert list(sol.stats) == ["num_steps"]
+    assert int(sol.stats["num_steps"]) == int(sol.steps)
     # No solve without a step (an unstable root that the solver cannot leave
     # is reported by a result code: test_pullback_detects_a_singular_jacobian)
     with pytest.raises(ValueError, match="`max_steps` must be a positive integer"):
@@ -600,27 +603,47 @@ def test_pullback_detects_a_singular_jacobian():
     assert bool(jnp.all(jnp.isnan(p_z0))) and bool(jnp.all(jnp.isnan(p_rho)))
     # The result code says why the cotangents are NaN, under jit too.
     pullback = jax.jit(
-        lambda s: rd.implicit_pullback(
-            flat, s, z0, rho, zbar, throw=False, return_result=True
-        )
+        lambda s: rd.implicit_pullback(flat, s, z0, rho, zbar, throw=False)
     )
-    *_, result = pullback(sol)
-    assert result == rd.RESULTS.promote(lx.RESULTS.singular), result
+    out = pullback(sol)
+    assert isinstance(out, rd.ImplicitPullback)
+    assert isinstance(out, rd.AbstractSolution) and out.stats == {}
+    assert out.result == rd.RESULTS.promote(lx.RESULTS.singular), out.result
     # A query that did not converge passes its own failure on...
     short = rd.implicit_infer(model, z0, rho, max_steps=1, throw=False)
     assert not bool(short.converged)
-    *cotangents, result = rd.implicit_pullback(
-        model, short, z0, rho, zbar, throw=False, return_result=True
-    )
-    assert result == short.result and result != rd.RESULTS.successful
-    assert bool(jnp.all(jnp.isnan(cotangents[1])))
+    out = rd.implicit_pullback(model, short, z0, rho, zbar, throw=False)
+    assert out.result == short.result and out.result != rd.RESULTS.successful
+    assert bool(jnp.all(jnp.isnan(out.z0_bar)))
     # ...and a good one reports success with numbers.
     good = rd.implicit_infer(model, z0, rho)
-    *cotangents, result = rd.implicit_pullback(
-        model, good, z0, rho, zbar, return_result=True
-    )
+    out = rd.implicit_pullback(model, good, z0, rho, zbar)
+    assert out.result == rd.RESULTS.successful
+    assert bool(jnp.all(jnp.isfinite(out.z0_bar)))
+    # the fields are the tuple it unpacks as
+    model_bar, z0_bar, rho_bar = out
+    assert z0_bar is out.z0_bar and rho_bar is out.rho_bar
+    assert model_bar is out.model_bar
+
+
+def test_pullback_return_result_is_deprecated():
+    # `return_result=` still returns the old four-tuple for one release, and
+    # says what replaces it.
+    model = ring_model()
+    z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
+    zbar = jnp.array([0.0, 1.0])
+    good = rd.implicit_infer(model, z0, rho)
+    new = rd.implicit_pullback(model, good, z0, rho, zbar)
+    with pytest.warns(DeprecationWarning, match=r"return_result.*`\.result`"):
+        *cotangents, result = rd.implicit_pullback(
+            model, good, z0, rho, zbar, return_result=True
+        )
     assert result == rd.RESULTS.successful
-    assert bool(jnp.all(jnp.isfinite(cotangents[1])))
+    for got, want in zip(cotangents, new, strict=True):
+        assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), got, want))
+    with pytest.warns(DeprecationWarning, match="return_result"):
+        old = rd.implicit_pullback(model, good, z0, rho, zbar, return_result=False)
+    assert isinstance(old, rd.ImplicitPullback)
 
 
 @pytest.mark.slow
@@ -645,6 +668,8 @@ def test_implicit_roots_failed_and_duplicate_slots():
     # a duplicate's equals that of the valid slot it duplicates.
     roots = rd.implicit_roots(model, z0, rho, key, n_starts=4)
     assert bool(jnp.all(roots.result == rd.RESULTS.successful))
+    assert isinstance(roots, rd.AbstractSolution)
+    assert bool(jnp.all(roots.stats["num_steps"] == roots.steps))
     jac = jax.jacfwd(lambda a: rd.implicit_roots(model, a, rho, key, n_starts=4).z)(z0)
     sols = {float(jnp.sign(roots.z[i, 1])): i for i in range(4) if roots.valid[i]}
     for i in range(4):

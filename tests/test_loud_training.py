@@ -79,14 +79,20 @@ def test_fit_diverging_schedule_keeps_the_finite_checkpoints(getkey, tmp_path):
 def test_fit_nonfinite_skip_keeps_the_last_finite_state(getkey):
     pred, data = _problem(getkey)
     key = getkey()
-    with pytest.warns(RuntimeWarning, match=r"skipped \d+ of 20 steps"):
-        trained, losses, state = rd.fit(
+    with pytest.warns(RuntimeWarning, match=r"skipped \d+ of 20 steps") as record:
+        run = rd.fit_solution(
             pred,
             data,
             key,
             **_kw(optimizer=DIVERGING, steps=20, nonfinite="skip"),
-            return_state=True,
         )
+    trained, losses, state = run.pred, run.losses, run.state
+    # the skipped steps are counted in the run's statistics too, as the
+    # warning counts them
+    skipped = int(run.stats["num_skipped"])
+    assert skipped >= int(jnp.sum(~jnp.isfinite(losses))) > 0
+    assert any(f"skipped {skipped} of 20" in str(w.message) for w in record)
+    assert int(run.stats["num_steps"]) == 20
     assert losses.shape == (20,)
     assert not bool(jnp.all(jnp.isfinite(losses)))
     assert _finite(trained) and _finite(state.opt_state)

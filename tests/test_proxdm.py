@@ -206,7 +206,11 @@ def test_proxdm_sample_pda_step_limit(getkey):
     prox = rd.MixtureProx(rd.GaussianMixtureEps(SCHED, MU1[None], S1))
     with pytest.raises(eqx.EquinoxRuntimeError, match="gamma_k < 2"):
         rd.proxdm_sample(prox, getkey(), 2, steps=2)
-    assert rd.proxdm_sample(prox, getkey(), 2, steps=2, hybrid=True).x.shape == (2,)
+    sample = rd.proxdm_sample(prox, getkey(), 2, steps=2, hybrid=True)
+    assert sample.x.shape == (2,)
+    assert isinstance(sample, rd.AbstractSolution)
+    assert sample.result == rd.RESULTS.successful
+    assert int(sample.stats["num_steps"]) == 2
 
 
 def hqs_conditions(mix, sol, z0, rho, t, lam):
@@ -228,6 +232,8 @@ def test_prox_infer_converges(getkey):
     t, lam = 0.01, 0.01
     sol = rd.prox_infer(rd.MixtureProx(mix), Z0, RHO, t, lam)
     assert bool(sol.converged) and int(sol.steps) > 1
+    assert isinstance(sol, rd.AbstractSolution)
+    assert int(sol.stats["num_steps"]) == int(sol.steps)
     assert sol.z[0] == Z0[0]  # hard clamp exactly
     assert sol.residual[0] == 0
     for cond in hqs_conditions(mix, sol, Z0, RHO, t, lam):

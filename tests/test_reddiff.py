@@ -263,3 +263,73 @@ def test_reddiff_solve_derivatives_are_never_silent(getkey):
         return jnp.sum(rd.reddiff_solve(p, cfg, x0, data_grad, key=key).x)
 
     assert bool(jnp.all(jnp.isnan(jax.grad(through_means)(prior.means))))
+
+
+class UndefinedBelow(eqx.Module):
+    """The linear-Gaussian gradient, NaN wherever `x[0] < -10` (a data term
+    undefined there, such as a log-likelihood of a positive quantity)."""
+
+    a: jax.Array
+    y: jax.Array
+
+    def __call__(self, x):
+        return LinearGaussianGrad(self.a, self.y)(x) + 0 * jnp.sqrt(x[0] + 10)
+
+
+def test_reddiff_nonfinite_run_has_a_result(getkey):
+    prior, key = gaussian_prior(), getkey()
+    grad = UndefinedBelow(A, Y)
+    cfg = rd.REDDiff(steps=20, average=0.5)
+    mask, values = jnp.array([False, True, False]), jnp.array([0.0, 0.25, 0.0])
+
+    @jax.jit
+    def solve(x0):
+        return rd.reddiff_solve(
+            prior, cfg, x0, grad, (mask, values), key=key, throw=False
+        )
+
+    good = solve(jnp.zeros(3))
+    assert isinstance(good, rd.AbstractSolution)
+    assert good.result == rd.RESULTS.successful
+    assert int(good.stats["num_steps"]) == 20
+    assert int(good.stats["nonfinite_step"]) == -1
+    assert bool(jnp.all(jnp.isfinite(good.x)))
+    bad = solve(jnp.array([-20.0, 0.0, 0.0]))
+    assert bad.result == rd.RESULTS.nonfinite_iterate
+    assert int(bad.stats["nonfinite_step"]) == 0
+    # NaN answers, the clamped entry included: never a silent number
+    assert bool(jnp.all(jnp.isnan(bad.x))) and bool(jnp.all(jnp.isnan(bad.last)))
+
+    def raising(x0):
+        return rd.reddiff_solve(prior, cfg, x0, grad, (mask, values), key=key).x
+
+    raises_eagerly_and_under_jit(
+        raising, jnp.array([-20.0, 0.0, 0.0]), match="An iterate of the run became"
+    )
+    assert_close(raising(jnp.zeros(3)), solve(jnp.zeros(3)).x, rtol=0)
+    # the result code passes the eager throw=False path too
+    eager = rd.reddiff_solve(
+        prior, cfg, jnp.array([-20.0, 0.0, 0.0]), grad, key=key, throw=False
+    )
+    assert eager.result == rd.RESULTS.nonfinite_iterate
+
+
+def test_reddiff_nonfinite_example_in_a_batch_is_its_own(getkey):
+    prior, key = gaussian_prior(), getkey()
+    grad, cfg = UndefinedBelow(A, Y), rd.REDDiff(steps=20)
+    x0 = jnp.array([[0.0, 0.0, 0.0], [-20.0, 0.0, 0.0], [1.0, -1.0, 0.5]])
+
+    def solve(x0):
+        return rd.reddiff_solve(prior, cfg, x0, grad, key=key, throw=False)
+
+    sols = jax.jit(jax.vmap(solve))(x0)
+    failed = np.asarray(sols.result == rd.RESULTS.nonfinite_iterate)
+    assert failed.tolist() == [False, True, False]
+    assert bool(jnp.all(jnp.isnan(sols.x[1])))
+    for i in (0, 2):
+        assert_close(sols.x[i], solve(x0[i]).x, rtol=1e-12)
+    # under a plain `jax.jit` equinox's error reaches the caller as a JAX error
+    with pytest.raises(Exception, match="An iterate of the run became"):
+        jax.jit(jax.vmap(lambda x: rd.reddiff_solve(prior, cfg, x, grad, key=key).x))(
+            x0
+        )

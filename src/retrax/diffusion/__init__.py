@@ -6,12 +6,14 @@
   `EnergyNetwork` (a conservative field), `OnlineKDE` (a streaming mixture);
   their derivatives `epsilon_jacobian` and `epsilon_vjp_params`.
 - Networks: `TimeEmbedding`, `TimeMLP`, `FiLMResidualMLP`, `ChannelTransformer`.
-- Training: `fit`, `TrainState`, and checkpoints (`save_checkpoint`,
+- Training: `fit` (and `fit_solution`, the whole run as a `TrainSolution`),
+  `TrainState`, and checkpoints (`save_checkpoint`,
   `load_checkpoint`, `Checkpoint`). Sampling: `sample_ancestral`,
   `sample_euler_maruyama`, `sample_ddim`, `sample_ode`, `sample_conditional`,
   and `log_likelihood`.
 """
 
+from .._solution import AbstractSolution as AbstractSolution
 from ._belief import (
     LaplaceBelief as LaplaceBelief,
     MixtureBelief as MixtureBelief,
@@ -48,6 +50,7 @@ from ._gaussian import (
     divide as divide,
 )
 from ._infer import (
+    ImplicitPullback as ImplicitPullback,
     implicit_infer as implicit_infer,
     implicit_pullback as implicit_pullback,
 )
@@ -128,7 +131,12 @@ from ._sample import (
 from ._schedule import VPSDE as VPSDE, AbstractNoiseSchedule as AbstractNoiseSchedule
 from ._solution import RESULTS as RESULTS, ImplicitSolution as ImplicitSolution
 from ._solver import GuardedNewton as GuardedNewton
-from ._train import TrainState as TrainState, fit as fit
+from ._train import (
+    TrainSolution as TrainSolution,
+    TrainState as TrainState,
+    fit as fit,
+    fit_solution as fit_solution,
+)
 from ._train_inference import (
     InferenceHistory as InferenceHistory,
     TaskGradient as TaskGradient,

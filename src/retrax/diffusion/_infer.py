@@ -1,6 +1,8 @@
 """Implicit inference: answer a query as a stable root of the field, and
 differentiate the answer by the implicit function theorem."""
 
+import warnings
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,7 @@ from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from .._errors import error_if, filter_jit
 from .._misc import check_positive_int, check_tol
+from .._solution import AbstractSolution, throw_if_failed
 from ._never_silent import nan_unless, never_silent
 from ._relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
 from ._solution import RESULTS, ImplicitSolution
@@ -240,23 +243,52 @@ def _infer(
     unit = model.field_unit(dtype)
     load = jnp.where(clamped & (unit != 0), load / jnp.where(unit != 0, unit, 1), 0)
     clamp_load = jnp.max(load)
+    steps = jnp.asarray(sol.stats["num_steps"])
     out = ImplicitSolution(
         z=z,
         residual=residual,
-        steps=jnp.asarray(sol.stats["num_steps"]),
+        steps=steps,
         converged=converged,
         stable=stable,
         result=result,
         clamp_load=clamp_load,
         off_data=clamp_load > off_data_tol,
+        stats={"num_steps": steps},
     )
-    if throw:
-        failed = (result != RESULTS.successful) & (result != RESULTS.unstable_root)
-        out = result.error_if(out, failed)
-    return out
+    failed = (result != RESULTS.successful) & (result != RESULTS.unstable_root)
+    return throw_if_failed(out, throw, failed)
 
 
-@filter_jit
+class ImplicitPullback(AbstractSolution):
+    """The cotangents of a query's inputs, from
+    [`retrax.diffusion.implicit_pullback`][].
+
+    Unpacks as the tuple `(model_bar, z0_bar, rho_bar)`, the form
+    `implicit_pullback` returned before it returned this object.
+
+    **Attributes:**
+
+    - `model_bar`: a pytree shaped like the model with the cotangent at every
+      floating-point leaf (`None` elsewhere).
+    - `z0_bar`, `rho_bar`: the cotangents of `z0` and `rho`, shape `(n,)`.
+    - `result`: a [`retrax.diffusion.RESULTS`][] code: `successful` when the
+      cotangents are numbers; the query's own `sol.result` when it did not
+      converge; lineax's failure (`singular`) when the adjoint solve failed.
+      The cotangents are NaN whenever it is not `successful`.
+    - `stats`: empty: one LU solve, no iterations (see
+      [`retrax.diffusion.AbstractSolution`][]).
+    """
+
+    model_bar: PyTree
+    z0_bar: Float[Array, " n"]
+    rho_bar: Float[Array, " n"]
+    result: RESULTS
+    stats: dict[str, Array]
+
+    def __iter__(self):
+        return iter((self.model_bar, self.z0_bar, self.rho_bar))
+
+
 def implicit_pullback(
     model: AbstractImplicitRelation,
     sol: ImplicitSolution,
@@ -265,11 +297,8 @@ def implicit_pullback(
     zbar: Float[ArrayLike, " n"],
     *,
     throw: bool = True,
-    return_result: bool = False,
-) -> (
-    tuple[PyTree, Float[Array, " n"], Float[Array, " n"]]
-    | tuple[PyTree, Float[Array, " n"], Float[Array, " n"], RESULTS]
-):
+    return_result: bool | None = None,
+) -> ImplicitPullback | tuple[PyTree, Float[Array, " n"], Float[Array, " n"], RESULTS]:
     r"""The cotangents of a query's inputs, by the adjoint formulas.
 
     With $J_{FF} = \partial g/\partial z_{FF} + \mathrm{diag}(\rho_F^2)$ at the
@@ -288,8 +317,8 @@ def implicit_pullback(
     converge. The adjoint solve is a lineax LU solve whose result is
     checked: a singular $J_{FF}$ (no unique adjoint, e.g. a flat field with
     free coordinates) raises with lineax's message when `throw=True`, and
-    gives NaN cotangents when `throw=False`; `return_result=True` says which
-    of the two made them NaN.
+    gives NaN cotangents when `throw=False`; the returned `result` says
+    which of the two made them NaN.
 
     **Arguments:**
 
@@ -298,16 +327,34 @@ def implicit_pullback(
     - `z0`, `rho`: the query.
     - `zbar`: the cotangent of the answer `sol.z`, shape `(n,)`.
     - `throw`: whether a singular Jacobian raises (otherwise NaN).
-    - `return_result`: also return a [`retrax.diffusion.RESULTS`][] code.
+    - `return_result`: deprecated: read the result code from the returned
+      object's `result` instead. `return_result=True` returns the tuple
+      `(model_bar, z0_bar, rho_bar, result)` it returned before, with a
+      `DeprecationWarning`; the argument goes in the next release.
 
     **Returns:**
 
-    A tuple `(model_bar, z0_bar, rho_bar)`: a pytree shaped like `model` with
-    the cotangent at every floating-point leaf (`None` elsewhere), and two
-    `(n,)` vectors. With `return_result=True`, a fourth entry: `successful`
-    when the cotangents are numbers; `sol.result` when the query did not
-    converge; lineax's failure (`singular`) when the adjoint solve failed.
+    A [`retrax.diffusion.ImplicitPullback`][]: `model_bar` (a pytree shaped
+    like `model` with the cotangent at every floating-point leaf, `None`
+    elsewhere), `z0_bar` and `rho_bar` (two `(n,)` vectors), `result` and
+    `stats`. It unpacks as `model_bar, z0_bar, rho_bar = ...`.
     """
+    if return_result is not None:
+        warnings.warn(
+            "`implicit_pullback(..., return_result=...)` is deprecated: it returns "
+            "an `ImplicitPullback` whose `.result` holds the code (and which "
+            "unpacks as `model_bar, z0_bar, rho_bar`); drop `return_result`.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    out = _pullback(model, sol, z0, rho, zbar, throw)
+    if return_result:
+        return out.model_bar, out.z0_bar, out.rho_bar, out.result
+    return out
+
+
+@filter_jit
+def _pullback(model, sol, z0, rho, zbar, throw):
     z0, rho, _ = _check_query(model, z0, rho, None)
     dtype = z0.dtype
     z = jax.lax.stop_gradient(sol.z).astype(dtype)
@@ -333,11 +380,9 @@ def implicit_pullback(
     rho_bar = jnp.where(clamped, jnp.zeros((), dtype), 2 * safe_rho * (z - z0) * mu)
     good = sol.converged & solved
     model_bar, z0_bar, rho_bar = nan_unless(good, (model_bar, z0_bar, rho_bar))
-    if not return_result:
-        return model_bar, z0_bar, rho_bar
     result = RESULTS.where(
         sol.converged,
         RESULTS.where(solved, RESULTS.successful, RESULTS.promote(adjoint.result)),
         sol.result,
     )
-    return model_bar, z0_bar, rho_bar, result
+    return ImplicitPullback(model_bar, z0_bar, rho_bar, result, {})

@@ -1,6 +1,5 @@
 """Clamped inference with a proximal prior, by half-quadratic splitting."""
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optimistix as optx
@@ -8,6 +7,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from .._errors import error_if, filter_jit
 from .._misc import check_positive_int, check_value
+from .._solution import AbstractSolution, throw_if_failed
 from ._never_silent import never_silent
 from ._prox import AbstractProximalPredictor, _as_lam
 from ._solution import RESULTS
@@ -20,7 +20,7 @@ def _max_norm(x) -> Array:
     return optx.max_norm(x).astype(jnp.result_type(float))
 
 
-class ProxSolution(eqx.Module):
+class ProxSolution(AbstractSolution):
     """The result of [`retrax.diffusion.prox_infer`][].
 
     **Arguments:**
@@ -35,6 +35,8 @@ class ProxSolution(eqx.Module):
     - `result`: a [`retrax.diffusion.RESULTS`][] code: optimistix's result of
       the iteration, or the prox's own failure at the answer (see
       [`retrax.diffusion.AbstractProximalPredictor.prox_result`][]).
+    - `stats`: `{"num_steps": steps}` (see
+      [`retrax.diffusion.AbstractSolution`][]).
     """
 
     z: Float[Array, " n"]
@@ -43,6 +45,7 @@ class ProxSolution(eqx.Module):
     steps: Int[Array, ""]
     converged: Bool[Array, ""]
     result: RESULTS
+    stats: dict[str, Array]
 
 
 def _hqs_step(w, args):
@@ -167,14 +170,14 @@ def prox_infer(
     z = never_silent(sol.value, (prox, z0, rho_soft, t, lam), converged)
     u, _ = prox.prox_result(z, t, lam)
     residual = _hqs_step(z, args) - z
+    steps = jnp.asarray(sol.stats["num_steps"])
     out = ProxSolution(
         z=z,
         u=u,
         residual=residual,
-        steps=jnp.asarray(sol.stats["num_steps"]),
+        steps=steps,
         converged=converged,
         result=result,
+        stats={"num_steps": steps},
     )
-    if throw:
-        out = result.error_if(out, ~converged)
-    return out
+    return throw_if_failed(out, throw, ~converged)

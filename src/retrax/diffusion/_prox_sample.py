@@ -1,6 +1,5 @@
 """ProxDM's sampler: backward (proximal) steps of the reverse SDE."""
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
@@ -8,6 +7,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._errors import error_if, filter_jit
 from .._misc import check_positive_int, check_value
+from .._solution import AbstractSolution, throw_if_failed
 from ._never_silent import never_silent
 from ._prox import AbstractProximalPredictor
 from ._sample import _dtype
@@ -125,13 +125,13 @@ def proxdm_sample(
     init = (x, RESULTS.successful)
     (x, result), _ = jax.lax.scan(body, init, (ts[:-1], gammas, keys), reverse=True)
     x = never_silent(x, (prox, x_init), result == RESULTS.successful)
-    out = ProxSample(x=x, result=result)
-    if throw:
-        out = result.error_if(out, result != RESULTS.successful)
-    return out
+    out = ProxSample(
+        x=x, result=result, stats={"num_steps": jnp.asarray(steps, jnp.int32)}
+    )
+    return throw_if_failed(out, throw)
 
 
-class ProxSample(eqx.Module):
+class ProxSample(AbstractSolution):
     """The result of [`retrax.diffusion.proxdm_sample`][].
 
     **Attributes:**
@@ -140,7 +140,10 @@ class ProxSample(eqx.Module):
     - `result`: a [`retrax.diffusion.RESULTS`][] code: `successful`, or the
       first failure of a prox along the chain (then the derivatives of `x`
       are NaN).
+    - `stats`: `{"num_steps": steps}`, the number of proximal steps taken
+      (see [`retrax.diffusion.AbstractSolution`][]).
     """
 
     x: Float[Array, " n"]
     result: RESULTS
+    stats: dict[str, Array]

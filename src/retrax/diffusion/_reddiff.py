@@ -10,10 +10,12 @@ import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from .._errors import error_if, filter_jit
-from .._misc import check_positive_int, check_value, static_float
+from .._misc import all_finite, check_positive_int, check_value, static_float
+from .._solution import AbstractSolution, throw_if_failed
 from ._never_silent import never_silent
 from ._predictor import AbstractPredictor
 from ._schedule import AbstractNoiseSchedule, as_time
+from ._solution import RESULTS
 from ._state import as_state, is_key
 
 
@@ -217,21 +219,32 @@ def _regulariser_gradient(pred, cfg, x, key):
     return jnp.mean(jax.vmap(one)(ts, eps), axis=0)
 
 
-class REDDiffSolution(eqx.Module):
+class REDDiffSolution(AbstractSolution):
     """The result of [`retrax.diffusion.reddiff_solve`][].
 
     **Arguments:**
 
     - `x`: the answer: the average of the last `cfg.window` iterates
-      (the last iterate when `cfg.average == 0`).
-    - `last`: the last iterate.
+      (the last iterate when `cfg.average == 0`); NaN when the run failed.
+    - `last`: the last iterate; NaN when the run failed.
     - `path`: every iterate, shape `(steps, n)`, when requested with
-      `save_path=True`; otherwise `None`.
+      `save_path=True` (as computed: a failed run's path shows where it left
+      the finite numbers); otherwise `None`.
+    - `result`: a [`retrax.diffusion.RESULTS`][] code: `successful` when
+      every iterate was finite, `nonfinite_iterate` otherwise. The run has
+      no convergence test (a fixed number of steps), so `successful` does
+      not say that the answer is a minimum.
+    - `stats`: `{"num_steps": ..., "nonfinite_step": ...}`: the number of
+      optimiser steps taken (`cfg.steps`), and the first step (counted from
+      0) whose iterate was not finite, -1 when none was (see
+      [`retrax.diffusion.AbstractSolution`][]).
     """
 
     x: Float[Array, " n"]
     last: Float[Array, " n"]
     path: Float[Array, "steps n"] | None
+    result: RESULTS
+    stats: dict[str, Array]
 
 
 def _check_hard(hard, x):
@@ -269,6 +282,7 @@ def reddiff_solve(
     *,
     key: PRNGKeyArray,
     save_path: bool = False,
+    throw: bool = True,
 ) -> REDDiffSolution:
     r"""Solve an inverse problem by RED-Diff (Mardani et al. 2023, Algorithm 1).
 
@@ -284,11 +298,20 @@ def reddiff_solve(
     estimate; Adam's constant step leaves a jitter of about `cfg.lr` that
     iterate averaging (`cfg.average`) removes.
 
-    Not differentiable: the run has no convergence test (so no result code
-    and nothing to raise on) and its regulariser is under `stop_gradient`,
-    so a derivative through the unrolled steps would be a silent, wrong
-    number. Every derivative of the solution is NaN instead; for an answer
-    with derivatives use [`retrax.diffusion.implicit_infer`][] or
+    A run whose iterate leaves the finite numbers (a `data_grad` that is NaN
+    or inf somewhere on the path, or an `lr` that overflows) fails: its
+    result is `RESULTS.nonfinite_iterate`, and `x` and `last` are NaN. With
+    `throw=True` (the default) it raises that message instead, eagerly and
+    under `jax.jit` (an `eqx.EquinoxRuntimeError`); under `jax.vmap` with
+    `throw=False` each example gets its own result, and the others are
+    untouched. The run has no convergence test: `successful` says that every
+    iterate was finite, not that the answer is a minimum.
+
+    Not differentiable: the run has a fixed number of steps and its
+    regulariser is under `stop_gradient`, so a derivative through the
+    unrolled steps would be a silent, wrong number. Every derivative of the
+    solution is NaN instead; for an answer with derivatives use
+    [`retrax.diffusion.implicit_infer`][] or
     [`retrax.diffusion.prox_infer`][].
 
     **Arguments:**
@@ -303,6 +326,8 @@ def reddiff_solve(
       are clamped to `values` (entries elsewhere are ignored); or `None`.
     - `key`: a PRNG key for the Monte Carlo draws.
     - `save_path`: also return every iterate.
+    - `throw`: whether a run whose iterate became non-finite raises; with
+      `throw=False` it returns NaN answers and its result code.
 
     **Returns:**
 
@@ -337,7 +362,7 @@ def reddiff_solve(
     first_avg = cfg.steps - window
 
     def step(carry, inp):
-        x, opt_state, mean = carry
+        x, opt_state, mean, bad = carry
         k, i = inp
         g = data_grad(x).astype(dtype) + _regulariser_gradient(pred, cfg, x, k)
         # optax's Adam mixes Python floats with its int32 step count, which a
@@ -348,19 +373,31 @@ def reddiff_solve(
         # running mean of the iterates i >= first_avg; exact on clamped entries
         count = jnp.maximum(i - first_avg + 1, 1).astype(dtype)
         mean = jnp.where(i >= first_avg, mean + (x - mean) / count, mean)
-        return (x, opt_state, mean), (x if save_path else None)
+        # the first step whose iterate is not finite (the clamped entries are
+        # finite by construction, so this is the free ones)
+        bad = jnp.where((bad < 0) & ~all_finite(x), i, bad)
+        return (x, opt_state, mean, bad), (x if save_path else None)
 
     keys = jax.random.split(key, cfg.steps)
     idx = jnp.arange(cfg.steps)
     inputs = (pred, cfg, x, data_grad, clamp)
-    (x, _, mean), path = jax.lax.scan(step, (x, opt_state, x), (keys, idx))
+    none = jnp.asarray(-1, idx.dtype)
+    (x, _, mean, bad), path = jax.lax.scan(step, (x, opt_state, x, none), (keys, idx))
+    failed = bad >= 0
+    result = RESULTS.where(failed, RESULTS.nonfinite_iterate, RESULTS.successful)
+    # a failed run's answer is NaN everywhere, clamped entries included
+    nan = jnp.full_like(x, jnp.nan)
+    mean = jnp.where(failed, nan, project(mean))
+    x = jnp.where(failed, nan, x)
     # Not differentiable: a fixed number of steps with no convergence test, and
     # the regulariser under stop_gradient. NaN derivatives, never a silent number.
     no = jnp.zeros((), bool)
-    mean, x = never_silent(project(mean), inputs, no), never_silent(x, inputs, no)
+    mean, x = never_silent(mean, inputs, no), never_silent(x, inputs, no)
     if path is not None:
         path = never_silent(path, inputs, no)
-    return REDDiffSolution(mean, x, path)
+    stats = {"num_steps": jnp.asarray(cfg.steps, idx.dtype), "nonfinite_step": bad}
+    out = REDDiffSolution(mean, x, path, result, stats)
+    return throw_if_failed(out, throw)
 
 
 def calibrate_lambda(

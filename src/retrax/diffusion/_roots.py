@@ -8,6 +8,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .._errors import error_if, filter_jit
 from .._misc import check_positive_int
+from .._solution import AbstractSolution, throw_if_failed
 from ._infer import _check_query, _infer
 from ._potential import implicit_energy
 from ._relation import AbstractImplicitRelation, clamp_mask
@@ -15,7 +16,7 @@ from ._solution import RESULTS
 from ._state import as_state
 
 
-class ImplicitRoots(eqx.Module):
+class ImplicitRoots(AbstractSolution):
     """The distinct stable answers of a query, from several starts.
 
     Fixed size (one slot per start), so it is produced under `jit`: the
@@ -29,6 +30,8 @@ class ImplicitRoots(eqx.Module):
     - `count`: the number of valid slots.
     - `converged`, `stable`, `steps`, `result`, `clamp_load`, `off_data`: per
       slot, as in [`retrax.diffusion.ImplicitSolution`][].
+    - `stats`: `{"num_steps": steps}`, the solver steps of every slot (see
+      [`retrax.diffusion.AbstractSolution`][]).
     """
 
     z: Float[Array, "starts n"]
@@ -40,6 +43,7 @@ class ImplicitRoots(eqx.Module):
     result: RESULTS
     clamp_load: Float[Array, " starts"]
     off_data: Bool[Array, " starts"]
+    stats: dict[str, Array]
 
 
 @filter_jit
@@ -174,23 +178,22 @@ def implicit_roots(
 
     keep = jax.lax.fori_loop(0, slots, body, jnp.zeros((slots,), bool))
     order = jnp.argsort(~keep, stable=True)
+    steps = sols.steps[order]
     out = ImplicitRoots(
         z=z[order],
         valid=keep[order],
         count=jnp.sum(keep),
         converged=sols.converged[order],
         stable=sols.stable[order],
-        steps=sols.steps[order],
+        steps=steps,
         result=jax.tree.map(lambda x: x[order], sols.result),
         clamp_load=sols.clamp_load[order],
         off_data=sols.off_data[order],
+        stats={"num_steps": steps},
     )
-    if throw:
-        result = sols.result
-        failed = (result != RESULTS.successful) & (result != RESULTS.unstable_root)
-        first = jax.tree.map(lambda x: x[jnp.argmax(failed)], result)
-        out = first.error_if(out, jnp.any(failed))
-    return out
+    result = out.result
+    failed = (result != RESULTS.successful) & (result != RESULTS.unstable_root)
+    return throw_if_failed(out, throw, failed)
 
 
 def roots_by_energy(

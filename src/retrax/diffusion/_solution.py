@@ -4,6 +4,8 @@ import equinox as eqx
 import optimistix as optx
 from jaxtyping import Array, Bool, Float, Int
 
+from .._solution import AbstractSolution
+
 
 # Extends `optx.RESULTS` (itself extending `lx.RESULTS`), so the messages of the
 # nonlinear and linear solvers pass through unchanged.
@@ -21,9 +23,15 @@ class RESULTS(optx.RESULTS):  # pyright: ignore
         "objective, usually an input too large for the dtype). The result is not "
         "a proximal point; its derivatives are NaN."
     )
+    nonfinite_iterate = (
+        "An iterate of the run became non-finite (NaN or inf): the gradient it "
+        "followed was not finite there (a data term, e.g. RED-Diff's "
+        "`data_grad`, undefined or overflowing at that point), or its step size "
+        "(`lr`) is too large for the problem. The answer is NaN."
+    )
 
 
-class ImplicitSolution(eqx.Module):
+class ImplicitSolution(AbstractSolution):
     """The answer to one implicit-inference query.
 
     **Attributes:**
@@ -52,6 +60,8 @@ class ImplicitSolution(eqx.Module):
       (3 by default): the clamps hold the answer where the model has seen
       no data, so the answer, though a converged and stable root, is an
       extrapolation. Not an error and not in `result`.
+    - `stats`: `{"num_steps": steps}`, the solver's statistics (as in
+      [`retrax.diffusion.AbstractSolution`][]); empty for a solution built by hand.
     """
 
     z: Float[Array, " n"]
@@ -62,3 +72,4 @@ class ImplicitSolution(eqx.Module):
     result: RESULTS
     clamp_load: Float[Array, ""]
     off_data: Bool[Array, ""]
+    stats: dict[str, Array] = eqx.field(default_factory=dict)

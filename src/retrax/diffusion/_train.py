@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from .._distributed import _replicate, _same_arguments, _same_on_every_process
 from .._misc import all_finite, check_positive_int, static_float
+from .._solution import AbstractSolution
 from ._checkpoint import (
     _newest_intact,
     _restore,
@@ -26,6 +27,7 @@ from ._checkpoint import (
     _writable_directory,
 )
 from ._predictor import AbstractPredictor
+from ._solution import RESULTS
 
 
 # one module-level default, so that repeated `fit` calls reuse the compiled chunk
@@ -35,8 +37,8 @@ _ADAM = optax.adam(1e-3)
 class TrainState(eqx.Module):
     r"""Where a [`retrax.diffusion.fit`][] run stands: everything needed to continue it.
 
-    Returned by `fit(..., return_state=True)` and taken back by
-    `fit(..., opt_state=state)`; two calls, the second continuing from the
+    The `state` of [`retrax.diffusion.fit_solution`][]'s answer, taken back
+    by `fit(..., opt_state=state)`; two calls, the second continuing from the
     first, end bit-for-bit where one call with the summed steps ends. It is
     also what `fit`'s checkpoints hold.
 
@@ -214,7 +216,7 @@ def fit(
     chunk_size: int = 1000,
     ema: float | None = None,
     opt_state: TrainState | None = None,
-    return_state: bool = False,
+    return_state: bool | None = None,
     checkpoint_dir: str | os.PathLike | None = None,
     checkpoint_every: int | None = None,
     mesh: Mesh | None = None,
@@ -252,17 +254,17 @@ def fit(
     the run, averages out the jitter without reaching back to a poorly trained
     network. The optimiser itself, and the loss history, are unchanged.
 
-    **Continuing a run.** `return_state=True` also returns a
-    [`retrax.diffusion.TrainState`][]; passing it back as `opt_state` takes
+    **Continuing a run.** [`retrax.diffusion.fit_solution`][] trains as
+    `fit` does and returns the whole run, a
+    [`retrax.diffusion.TrainSolution`][], whose `state` (a
+    [`retrax.diffusion.TrainState`][]) passed back as `opt_state` takes
     `steps` more steps from where the run stopped (the parameters, the
     optimiser's moments and step count, the moving average and the position
     in the random stream), with the same `key`:
 
     ```python
-    pred, losses, state = rd.fit(pred, data, key, steps=1000, return_state=True)
-    pred, more, state = rd.fit(
-        pred, data, key, steps=500, opt_state=state, return_state=True
-    )
+    run = rd.fit_solution(pred, data, key, steps=1000)
+    more = rd.fit_solution(run.pred, data, key, steps=500, opt_state=run.state)
     ```
 
     ends bit-for-bit where `fit(pred, data, key, steps=1500)` ends.
@@ -313,8 +315,9 @@ def fit(
     and `opt_state`; one that differs raises a `ValueError` on every process
     naming it and what each process holds, so that no process waits forever
     for a peer. Only `progress` and `return_state` may differ. `checkpoint_dir` is
-    refused with a mesh that spans several processes; `return_state` and
-    `opt_state` continue such a run.
+    refused with a mesh that spans several processes;
+    [`retrax.diffusion.fit_solution`][]'s `state` and `opt_state` continue
+    such a run.
 
     **Arguments:**
 
@@ -331,11 +334,13 @@ def fit(
     - `ema`: the decay $d \in [0, 1)$ of an exponential moving average of the
       parameters, returned in place of the last iterate (e.g. `0.995`); `None`
       (the default) returns the last iterate.
-    - `opt_state`: a [`retrax.diffusion.TrainState`][] returned by an earlier
-      call (with `return_state=True`) to continue from; `None` starts afresh
+    - `opt_state`: a [`retrax.diffusion.TrainState`][] of an earlier call
+      (`fit_solution(...).state`) to continue from; `None` starts afresh
       with `optimizer.init`.
-    - `return_state`: also return the [`retrax.diffusion.TrainState`][] at the
-      end.
+    - `return_state`: deprecated: use [`retrax.diffusion.fit_solution`][],
+      whose `state` field holds it. `return_state=True` still returns
+      `(trained_pred, losses, state)`, with a `DeprecationWarning`; the
+      argument goes in the next release.
     - `checkpoint_dir`: a directory to checkpoint into and resume from;
       `None` (the default) writes nothing. It is created if missing and
       proved writable (a probe file is written and removed) before the
@@ -353,8 +358,8 @@ def fit(
 
     **Returns:**
 
-    `(trained_pred, losses)`, or `(trained_pred, losses, state)` with
-    `return_state=True`. `losses` holds the minibatch loss of every step of
+    `(trained_pred, losses)` (or, deprecated, `(trained_pred, losses, state)`
+    with `return_state=True`). `losses` holds the minibatch loss of every step of
     this call, shape `(steps,)` (after a resume from a checkpoint, the whole
     run's). `trained_pred` holds the last iterate, or the moving average with
     `ema`.
@@ -366,6 +371,139 @@ def fit(
     first step); `FloatingPointError` naming the step when a step's loss or
     update is not finite (with `nonfinite="raise"`).
     """
+    if return_state is not None:
+        warnings.warn(
+            "`fit(..., return_state=...)` is deprecated: call `fit_solution` with "
+            "the same arguments (without `return_state`); its `.pred`, `.losses` "
+            "and `.state` are what `fit` returned.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    run = _fit(
+        pred,
+        data,
+        key,
+        optimizer,
+        steps,
+        batch_size,
+        t_range,
+        progress,
+        chunk_size,
+        ema,
+        opt_state,
+        checkpoint_dir,
+        checkpoint_every,
+        mesh,
+        nonfinite,
+    )
+    if return_state:
+        return run.pred, run.losses, run.state
+    return run.pred, run.losses
+
+
+class TrainSolution(AbstractSolution):
+    """A whole [`retrax.diffusion.fit`][] run, from
+    [`retrax.diffusion.fit_solution`][].
+
+    **Attributes:**
+
+    - `pred`: the trained predictor (the last iterate, or the moving average
+      with `ema`), what `fit` returns first.
+    - `losses`: the minibatch loss of every step, shape `(steps,)`, what
+      `fit` returns second.
+    - `state`: the [`retrax.diffusion.TrainState`][] at the end, to continue
+      the run with `opt_state=state`.
+    - `result`: `RESULTS.successful`: a run that meets a non-finite step
+      raises a `FloatingPointError` (`nonfinite="raise"`) or skips the step
+      (`nonfinite="skip"`, counted in `stats`), so a run that returns has
+      finite parameters.
+    - `stats`: `{"num_steps": ..., "num_skipped": ...}`: the optimiser steps
+      of this call, and how many of them were skipped as non-finite (see
+      [`retrax.diffusion.AbstractSolution`][]).
+    """
+
+    pred: AbstractPredictor
+    losses: Float[Array, " steps"]
+    state: TrainState
+    result: RESULTS
+    stats: dict[str, Array]
+
+
+def fit_solution(
+    pred: AbstractPredictor,
+    data: Shaped[ArrayLike, "..."],
+    key: PRNGKeyArray,
+    *,
+    optimizer: optax.GradientTransformation = _ADAM,
+    steps: int,
+    batch_size: int = 256,
+    t_range: tuple[float, float] = (1e-3, 0.2),
+    progress: bool = True,
+    chunk_size: int = 1000,
+    ema: float | None = None,
+    opt_state: TrainState | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    mesh: Mesh | None = None,
+    nonfinite: str = "raise",
+) -> "TrainSolution":
+    """Train a noise predictor as [`retrax.diffusion.fit`][] does, and return
+    the whole run.
+
+    The same run, the same arguments (all but `fit`'s deprecated
+    `return_state`), the same checks, checkpoints and errors; the answer is
+    one [`retrax.diffusion.TrainSolution`][] instead of a tuple:
+
+    ```python
+    run = rd.fit_solution(pred, data, key, steps=1000)
+    run.pred, run.losses  # what `fit` returns
+    more = rd.fit_solution(run.pred, data, key, steps=500, opt_state=run.state)
+    ```
+
+    **Arguments:**
+
+    As in [`retrax.diffusion.fit`][].
+
+    **Returns:**
+
+    A [`retrax.diffusion.TrainSolution`][].
+    """
+    return _fit(
+        pred,
+        data,
+        key,
+        optimizer,
+        steps,
+        batch_size,
+        t_range,
+        progress,
+        chunk_size,
+        ema,
+        opt_state,
+        checkpoint_dir,
+        checkpoint_every,
+        mesh,
+        nonfinite,
+    )
+
+
+def _fit(
+    pred,
+    data,
+    key,
+    optimizer,
+    steps,
+    batch_size,
+    t_range,
+    progress,
+    chunk_size,
+    ema,
+    opt_state,
+    checkpoint_dir,
+    checkpoint_every,
+    mesh,
+    nonfinite,
+):
     if isinstance(mesh, Mesh) and _spans_processes(mesh):
         # first, before any check that could raise on some processes only
         # and leave the others waiting in a collective
@@ -439,14 +577,14 @@ def fit(
         ):
             raise ValueError(
                 "`checkpoint_dir` is not supported with a `mesh` that spans "
-                "several processes: continue such a run with `return_state=True` "
-                "and `opt_state=`, saving the state with `save_checkpoint` on one "
-                "process."
+                "several processes: continue such a run with `opt_state=` and the "
+                "`state` of `fit_solution`, saving the state with `save_checkpoint` "
+                "on one process."
             )
     if opt_state is not None and not isinstance(opt_state, TrainState):
         raise TypeError(
-            "`opt_state` must be the `TrainState` returned by `fit(..., "
-            f"return_state=True)`, got {type(opt_state).__name__}."
+            "`opt_state` must be the `TrainState` of an earlier run "
+            f"(`fit_solution(...).state`), got {type(opt_state).__name__}."
         )
     t0, t1 = (static_float("t_range", v) for v in t_range)
     if not 0.0 <= t0 < t1 <= 1.0:
@@ -640,7 +778,8 @@ def fit(
             "finite (`nonfinite='skip'`): their updates were not applied, and the "
             "parameters are those of the last finite step.",
             RuntimeWarning,
-            stacklevel=2,
+            # the user's call of `fit` or `fit_solution`
+            stacklevel=3,
         )
     losses = jnp.concatenate(history)
     state = TrainState(params, opt, average, end, key, ema)
@@ -648,6 +787,8 @@ def fit(
         correction = 1.0 / (1.0 - ema**end)
         params = jax.tree.map(lambda a: (a * correction).astype(a.dtype), average)
     trained = eqx.combine(params, static)
-    if return_state:
-        return trained, losses, state
-    return trained, losses
+    stats = {
+        "num_steps": jnp.asarray(steps),
+        "num_skipped": jnp.asarray(skipped),
+    }
+    return TrainSolution(trained, losses, state, RESULTS.successful, stats)

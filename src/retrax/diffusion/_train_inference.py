@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from .._errors import filter_jit
 from .._misc import all_finite, check_positive_int, check_tol, static_float
+from .._solution import AbstractSolution
 from ._infer import implicit_infer, implicit_pullback
 from ._predictor import AbstractPredictor
 from ._relation import AbstractImplicitRelation, clamp_mask
@@ -37,7 +38,7 @@ def _predictor_of(relation):
     return relation.pred
 
 
-class TaskGradient(eqx.Module):
+class TaskGradient(AbstractSolution):
     """The task loss of a set of queries and its gradient.
 
     Returned by [`retrax.diffusion.task_gradient`][].
@@ -52,7 +53,10 @@ class TaskGradient(eqx.Module):
       adjoint system (for `gradient="implicit"`) and a finite loss.
     - `failed`: the number of queries masked out.
     - `result`: each query's [`retrax.diffusion.RESULTS`][] code from
-      [`retrax.diffusion.implicit_infer`][].
+      [`retrax.diffusion.implicit_infer`][] (a failed query is masked out of
+      the loss, never raised: see `failed`).
+    - `stats`: `{"num_steps": ...}`, each query's solver steps, shape
+      `(queries,)` (see [`retrax.diffusion.AbstractSolution`][]).
     """
 
     loss: Float[Array, ""]
@@ -61,6 +65,7 @@ class TaskGradient(eqx.Module):
     valid: Bool[Array, " queries"]
     failed: Int[Array, ""]
     result: RESULTS
+    stats: dict[str, Array]
 
 
 class InferenceHistory(eqx.Module):
@@ -151,10 +156,8 @@ def _task(relation, spec, z0, rho, targets, loss, z_init, gradient, tol, max_ste
     if gradient == "implicit":
 
         def per_query(sol, z0, rho, zbar):
-            bar, _, _, result = implicit_pullback(
-                relation, sol, z0, rho, zbar, throw=False, return_result=True
-            )
-            return bar, result == RESULTS.successful
+            pullback = implicit_pullback(relation, sol, z0, rho, zbar, throw=False)
+            return pullback.model_bar, pullback.result == RESULTS.successful
 
         bars, solved = jax.vmap(per_query)(sols, z0, rho, zbar)
         ok = ok & solved
@@ -185,6 +188,7 @@ def _task(relation, spec, z0, rho, targets, loss, z_init, gradient, tol, max_ste
         valid=ok,
         failed=ok.shape[0] - count,
         result=sols.result,
+        stats={"num_steps": sols.steps},
     )
 
 
