@@ -13,6 +13,7 @@ from . import (
     filters as filters,
     losses as losses,
     ops as ops,
+    relations as relations,
     synth as synth,
 )
 from ._distributed import (

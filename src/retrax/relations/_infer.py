@@ -10,9 +10,9 @@ from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from .._errors import error_if, filter_jit
 from .._misc import check_positive_int, check_tol
-from ._never_silent import nan_unless, never_silent
+from ..diffusion._never_silent import nan_unless, never_silent
+from ..diffusion._solution import RESULTS, ImplicitSolution
 from ._relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
-from ._solution import RESULTS, ImplicitSolution
 from ._solver import GuardedNewton
 
 

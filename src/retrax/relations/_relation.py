@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from ._state import as_state
+from ..diffusion._state import as_state
 
 
 def clamp_mask(rho: Float[Array, " n"]) -> Bool[Array, " n"]:

@@ -3,10 +3,10 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
+from ..diffusion._solution import ImplicitSolution
 from ._belief import implicit_laplace
 from ._potential import implicit_energy
 from ._relation import AbstractImplicitRelation, clamp_mask
-from ._solution import ImplicitSolution
 
 
 def local_free_energy(

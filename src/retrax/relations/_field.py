@@ -6,8 +6,8 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._misc import check_value
+from ..diffusion._predictor import AbstractPredictor
 from ._nodes import FieldNodes, density_lambda
-from ._predictor import AbstractPredictor
 from ._relation import AbstractImplicitRelation
 
 

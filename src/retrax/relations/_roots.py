@@ -8,11 +8,11 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .._errors import error_if, filter_jit
 from .._misc import check_positive_int
+from ..diffusion._solution import RESULTS
+from ..diffusion._state import as_state
 from ._infer import _check_query, _infer
 from ._potential import implicit_energy
 from ._relation import AbstractImplicitRelation, clamp_mask
-from ._solution import RESULTS
-from ._state import as_state
 
 
 class ImplicitRoots(eqx.Module):

@@ -23,10 +23,10 @@ from tqdm.auto import tqdm
 
 from .._errors import filter_jit
 from .._misc import all_finite, check_positive_int, check_tol, static_float
+from ..diffusion._predictor import AbstractPredictor
+from ..diffusion._solution import RESULTS
 from ._infer import implicit_infer, implicit_pullback
-from ._predictor import AbstractPredictor
 from ._relation import AbstractImplicitRelation, clamp_mask
-from ._solution import RESULTS
 
 
 # one module-level default, so that repeated calls reuse the compiled epoch

@@ -11,10 +11,10 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from .._misc import check_positive_int, check_tol
+from ..diffusion._solution import ImplicitSolution
 from ._channel import AbstractChannel, Latent
 from ._infer import implicit_infer, implicit_pullback
 from ._relation import AbstractImplicitRelation
-from ._solution import ImplicitSolution
 
 
 def blockranges(blocks: Mapping[str, int]) -> dict[str, range]:
