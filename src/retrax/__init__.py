@@ -16,6 +16,11 @@ from . import (
     relations as relations,
     synth as synth,
 )
+from ._checkpoint import (
+    Checkpoint as Checkpoint,
+    load_checkpoint as load_checkpoint,
+    save_checkpoint as save_checkpoint,
+)
 from ._distributed import (
     batch_mesh as batch_mesh,
     process_share as process_share,

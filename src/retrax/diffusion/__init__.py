@@ -6,8 +6,10 @@
   `EnergyNetwork` (a conservative field), `OnlineKDE` (a streaming mixture);
   their derivatives `epsilon_jacobian` and `epsilon_vjp_params`.
 - Networks: `TimeEmbedding`, `TimeMLP`, `FiLMResidualMLP`, `ChannelTransformer`.
-- Training: `fit`, `TrainState`, and checkpoints (`save_checkpoint`,
-  `load_checkpoint`, `Checkpoint`). Sampling: `sample_ancestral`,
+- Training: `fit` and `TrainState`. The checkpoints `fit` writes
+  (`save_checkpoint`, `load_checkpoint`, `Checkpoint`) are generic and live at
+  the top level, as `retrax.save_checkpoint` and so on; the names here are
+  deprecated aliases of them, kept for one release. Sampling: `sample_ancestral`,
   `sample_euler_maruyama`, `sample_ddim`, `sample_ode`, `sample_conditional`,
   and `log_likelihood`.
 - Inverse problems: RED-Diff (`REDDiff`, `reddiff_solve`, `REDDiffSolution`,
@@ -35,7 +37,7 @@ from here as `retrax.diffusion.X`, the same object as `retrax.relations.X`:
 aliases will be removed.
 """
 
-from ._checkpoint import (
+from .._checkpoint import (
     Checkpoint as Checkpoint,
     load_checkpoint as load_checkpoint,
     save_checkpoint as save_checkpoint,

@@ -15,9 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree, Shaped
 from tqdm.auto import tqdm
 
-from .._distributed import _replicate, _same_arguments, _same_on_every_process
-from .._misc import all_finite, check_positive_int, static_float
-from ._checkpoint import (
+from .._checkpoint import (
     _newest_intact,
     _restore,
     _save,
@@ -25,6 +23,8 @@ from ._checkpoint import (
     _signature_mismatch,
     _writable_directory,
 )
+from .._distributed import _replicate, _same_arguments, _same_on_every_process
+from .._misc import all_finite, check_positive_int, static_float
 from ._predictor import AbstractPredictor
 
 
