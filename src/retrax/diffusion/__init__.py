@@ -42,7 +42,7 @@ from .._checkpoint import (
     load_checkpoint as load_checkpoint,
     save_checkpoint as save_checkpoint,
 )
-from ._energy import EnergyNetwork as EnergyNetwork
+from ._energy_network import EnergyNetwork as EnergyNetwork
 from ._kde import (
     OnlineKDE as OnlineKDE,
     kde_bandwidth as kde_bandwidth,

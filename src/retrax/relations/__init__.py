@@ -28,12 +28,14 @@ through inference. The diffusion models a relation is learned from
 `RESULTS` and `ImplicitSolution` are defined with the other result codes in
 `retrax.diffusion` (the proximal samplers share the codes) and re-exported here.
 
-Module map (what each private module holds; all moved from
-`retrax.diffusion`):
+Module map (what each private module holds; all moved from `retrax.diffusion`,
+where `_abstract_relation` was `_relation`, `_composed` was `_relations`,
+`_implicit_energy` was `_potential` and `_local_free_energy` was
+`_free_energy`):
 
-- `_relation`: `AbstractImplicitRelation`, a field over a joint space and
+- `_abstract_relation`: `AbstractImplicitRelation`, a field over a joint space and
   a query's clamped residual.
-- `_relations`: `IndexedRelation`, `named_relation`, `ProductRelation`,
+- `_composed`: `IndexedRelation`, `named_relation`, `ProductRelation`,
   relations composed of others.
 - `_field`: `ImplicitDiffusion`, the implicit field of a noise predictor.
 - `_nodes`: `FieldNodes` and the noise levels a field averages.
@@ -42,9 +44,9 @@ Module map (what each private module holds; all moved from
   implicit gradient.
 - `_roots`: `implicit_roots`, `ImplicitRoots`, `roots_by_energy`: the
   answers several starts reach.
-- `_potential`: `implicit_energy`, the potential of a conservative
+- `_implicit_energy`: `implicit_energy`, the potential of a conservative
   relation's query.
-- `_free_energy`: `local_free_energy`, energy plus the entropy term.
+- `_local_free_energy`: `local_free_energy`, energy plus the entropy term.
 - `_belief`: Laplace and mixture beliefs about an answer.
 - `_gaussian`: moment and canonical Gaussians, products and quotients.
 - `_channel`: `Observed`, `Unobserved`, `Latent`, how a query marks a channel.
@@ -65,6 +67,7 @@ from ..diffusion._solution import (
     RESULTS as RESULTS,
     ImplicitSolution as ImplicitSolution,
 )
+from ._abstract_relation import AbstractImplicitRelation as AbstractImplicitRelation
 from ._belief import (
     LaplaceBelief as LaplaceBelief,
     MixtureBelief as MixtureBelief,
@@ -78,6 +81,11 @@ from ._channel import (
     Observed as Observed,
     Unobserved as Unobserved,
 )
+from ._composed import (
+    IndexedRelation as IndexedRelation,
+    ProductRelation as ProductRelation,
+    named_relation as named_relation,
+)
 from ._factor import (
     Factor as Factor,
     assemble_state as assemble_state,
@@ -86,7 +94,6 @@ from ._factor import (
     factor_pullback as factor_pullback,
 )
 from ._field import ImplicitDiffusion as ImplicitDiffusion
-from ._free_energy import local_free_energy as local_free_energy
 from ._gaussian import (
     AbstractGaussian as AbstractGaussian,
     CanonicalGaussian as CanonicalGaussian,
@@ -94,10 +101,12 @@ from ._gaussian import (
     combine as combine,
     divide as divide,
 )
+from ._implicit_energy import implicit_energy as implicit_energy
 from ._infer import (
     implicit_infer as implicit_infer,
     implicit_pullback as implicit_pullback,
 )
+from ._local_free_energy import local_free_energy as local_free_energy
 from ._message import (
     channel_anchor as channel_anchor,
     factor_messages as factor_messages,
@@ -108,13 +117,6 @@ from ._nodes import (
     density_lambda as density_lambda,
     field_nodes as field_nodes,
     noisefree_nodes as noisefree_nodes,
-)
-from ._potential import implicit_energy as implicit_energy
-from ._relation import AbstractImplicitRelation as AbstractImplicitRelation
-from ._relations import (
-    IndexedRelation as IndexedRelation,
-    ProductRelation as ProductRelation,
-    named_relation as named_relation,
 )
 from ._roots import (
     ImplicitRoots as ImplicitRoots,

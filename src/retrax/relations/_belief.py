@@ -12,9 +12,9 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from ..diffusion._never_silent import nan_unless
 from ..diffusion._solution import RESULTS, ImplicitSolution
+from ._abstract_relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
 from ._gaussian import AbstractGaussian, CanonicalGaussian, MomentGaussian, as_coords
-from ._potential import has_energy, implicit_energy
-from ._relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
+from ._implicit_energy import has_energy, implicit_energy
 from ._roots import ImplicitRoots, implicit_roots
 
 

@@ -12,9 +12,9 @@ from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from .._misc import check_positive_int, check_tol
 from ..diffusion._solution import ImplicitSolution
+from ._abstract_relation import AbstractImplicitRelation
 from ._channel import AbstractChannel, Latent
 from ._infer import implicit_infer, implicit_pullback
-from ._relation import AbstractImplicitRelation
 
 
 def blockranges(blocks: Mapping[str, int]) -> dict[str, range]:

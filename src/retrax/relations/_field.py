@@ -7,8 +7,8 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._misc import check_value
 from ..diffusion._predictor import AbstractPredictor
+from ._abstract_relation import AbstractImplicitRelation
 from ._nodes import FieldNodes, density_lambda
-from ._relation import AbstractImplicitRelation
 
 
 class ImplicitDiffusion(AbstractImplicitRelation):

@@ -12,7 +12,7 @@ from .._errors import error_if, filter_jit
 from .._misc import check_positive_int, check_tol
 from ..diffusion._never_silent import nan_unless, never_silent
 from ..diffusion._solution import RESULTS, ImplicitSolution
-from ._relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
+from ._abstract_relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
 from ._solver import GuardedNewton
 
 

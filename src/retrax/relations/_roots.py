@@ -10,9 +10,9 @@ from .._errors import error_if, filter_jit
 from .._misc import check_positive_int
 from ..diffusion._solution import RESULTS
 from ..diffusion._state import as_state
+from ._abstract_relation import AbstractImplicitRelation, clamp_mask
+from ._implicit_energy import implicit_energy
 from ._infer import _check_query, _infer
-from ._potential import implicit_energy
-from ._relation import AbstractImplicitRelation, clamp_mask
 
 
 class ImplicitRoots(eqx.Module):

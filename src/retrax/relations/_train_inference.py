@@ -25,8 +25,8 @@ from .._errors import filter_jit
 from .._misc import all_finite, check_positive_int, check_tol, static_float
 from ..diffusion._predictor import AbstractPredictor
 from ..diffusion._solution import RESULTS
+from ._abstract_relation import AbstractImplicitRelation, clamp_mask
 from ._infer import implicit_infer, implicit_pullback
-from ._relation import AbstractImplicitRelation, clamp_mask
 
 
 # one module-level default, so that repeated calls reuse the compiled epoch

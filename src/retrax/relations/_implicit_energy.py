@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from ._relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
+from ._abstract_relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
 
 
 def has_energy(model: AbstractImplicitRelation) -> bool:

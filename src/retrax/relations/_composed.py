@@ -10,8 +10,8 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._errors import error_if
 from .._misc import check_value
+from ._abstract_relation import AbstractImplicitRelation
 from ._factor import blockranges
-from ._relation import AbstractImplicitRelation
 
 
 class IndexedRelation(AbstractImplicitRelation):

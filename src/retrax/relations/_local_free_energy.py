@@ -4,9 +4,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from ..diffusion._solution import ImplicitSolution
+from ._abstract_relation import AbstractImplicitRelation, clamp_mask
 from ._belief import implicit_laplace
-from ._potential import implicit_energy
-from ._relation import AbstractImplicitRelation, clamp_mask
+from ._implicit_energy import implicit_energy
 
 
 def local_free_energy(
