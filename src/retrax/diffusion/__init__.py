@@ -17,11 +17,11 @@
   diffusion models (`AbstractProximalPredictor`, `ProxNetwork`, `MixtureProx`,
   `proximal_matching_loss`, `proxdm_sample`, `prox_infer`) and
   measurement-conditioned sampling (`sample_dps`, `sample_tweedie_projection`).
-- Result codes: `RESULTS` (shared with [`retrax.relations`][]).
+- Result codes: `RESULTS` (shared with `retrax.relations`).
 
 **Deprecated aliases.** Relations, implicit inference, beliefs, Gaussians,
 factors, messages, free energies and training through inference now live in
-[`retrax.relations`][]. For one release, each of their names is still importable
+`retrax.relations`. For one release, each of their names is still importable
 from here as `retrax.diffusion.X`, the same object as `retrax.relations.X`:
 `AbstractChannel`, `AbstractGaussian`, `AbstractImplicitRelation`,
 `CanonicalGaussian`, `Factor`, `FieldNodes`, `GuardedNewton`,

@@ -6,7 +6,7 @@ relations, their queries and what is built on the answers: beliefs,
 Gaussians, factors with named channels, messages, free energies and training
 through inference. The diffusion models a relation is learned from
 (schedules, predictors, networks, `fit`, samplers) live in
-[`retrax.diffusion`][], which this package imports; never the other way round.
+`retrax.diffusion`, which this package imports; never the other way round.
 
 - Relations: `AbstractImplicitRelation`, `ImplicitDiffusion` (the implicit
   field of a noise predictor), `FieldNodes` and its constructors

@@ -7,7 +7,7 @@ from ._abstract_relation import AbstractImplicitRelation, clamp_mask, soft_stiff
 
 
 def has_energy(model: AbstractImplicitRelation) -> bool:
-    """Whether [`retrax.diffusion.implicit_energy`][] is defined for `model`."""
+    """Whether [`retrax.relations.implicit_energy`][] is defined for `model`."""
     return model.conservative
 
 

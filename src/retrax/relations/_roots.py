@@ -65,7 +65,7 @@ def implicit_roots(
     r"""All the stable answers of a query that several starts reach.
 
     The first start is always the query's own: `z_init`, or `z0` (the start
-    [`retrax.diffusion.implicit_infer`][] would use), so the answer
+    [`retrax.relations.implicit_infer`][] would use), so the answer
     `implicit_infer` gives is among the roots. The others are the rows of
     `starts` when given, and otherwise `n_starts - 1` random starts
     `z0 + spread * N(0, I)` drawn with `key`. Clamped coordinates of every
@@ -105,7 +105,7 @@ def implicit_roots(
 
     **Returns:**
 
-    An [`retrax.diffusion.ImplicitRoots`][].
+    An [`retrax.relations.ImplicitRoots`][].
     """
     z0, rho, own = _check_query(model, z0, rho, z_init)
     dtype = z0.dtype
@@ -202,8 +202,8 @@ def roots_by_energy(
     r"""Order the answers of a query by energy, the most probable first.
 
     For a conservative relation (see
-    [`retrax.diffusion.implicit_energy`][]) the valid answers of
-    [`retrax.diffusion.implicit_roots`][] are sorted by the query's potential
+    [`retrax.relations.implicit_energy`][]) the valid answers of
+    [`retrax.relations.implicit_roots`][] are sorted by the query's potential
     $U(z) + \tfrac12\sum_F\rho_i^2(z_i - z_{0,i})^2$, lowest first (the
     deepest mode of the learned density given the query); invalid slots
     follow. Jittable; derivatives pass through the reordered answers.
@@ -217,7 +217,7 @@ def roots_by_energy(
     **Returns:**
 
     A tuple `(roots, energy)`: the reordered
-    [`retrax.diffusion.ImplicitRoots`][] and each slot's energy
+    [`retrax.relations.ImplicitRoots`][] and each slot's energy
     (`inf` for invalid slots).
     """
     dtype = roots.z.dtype
