@@ -54,6 +54,7 @@ def main():
     jax.config.update("jax_enable_x64", True)
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
     import retrax.diffusion as rd
+    import retrax.relations as rr
 
     sched = rd.VPSDE()
     key = jax.random.key(0)
@@ -65,11 +66,11 @@ def main():
     ring = rd.GaussianMixtureEps(
         sched, jnp.asarray(np.stack([np.cos(ang), np.sin(ang)], 1)), 0.05
     )
-    nodes64 = rd.field_nodes(jax.random.fold_in(key, 1), 2, samples=8)
-    ring_model = rd.ImplicitDiffusion(ring, nodes64)
+    nodes64 = rr.field_nodes(jax.random.fold_in(key, 1), 2, samples=8)
+    ring_model = rr.ImplicitDiffusion(ring, nodes64)
     rho64 = jnp.array([inf, 0.0])
     q64 = jnp.array([0.6, 0.5])
-    fn = prepared(lambda m, q: rd.implicit_infer(m, q, rho64).z, ring_model, q64)
+    fn = prepared(lambda m, q: rr.implicit_infer(m, q, rho64).z, ring_model, q64)
     rows.append(
         ("ring mixture (m=48), one query, float64", median_ms(fn, args.repeats))
     )
@@ -83,14 +84,14 @@ def main():
     data = data.astype(jnp.float32)
     pred = rd.NoisePredictor(rd.TimeMLP(2, key=k_model, dtype=jnp.float32), sched)
     pred, _ = rd.fit(pred, data, k_fit, steps=steps, progress=False)
-    nodes32 = rd.field_nodes(
+    nodes32 = rr.field_nodes(
         jax.random.fold_in(key, 3), 2, samples=8, dtype=jnp.float32
     )
-    mlp = rd.ImplicitDiffusion(pred, nodes32)
+    mlp = rr.ImplicitDiffusion(pred, nodes32)
     rho = jnp.array([inf, 0.0], jnp.float32)
 
     def one(m, q):
-        return rd.implicit_infer(m, q, rho).z
+        return rr.implicit_infer(m, q, rho).z
 
     q = jnp.array([0.6, 0.5], jnp.float32)
     t_one = median_ms(prepared(one, mlp, q), args.repeats)
@@ -112,7 +113,7 @@ def main():
     queries = jnp.stack([xs, ys], 1)
 
     def batch(m, qs):
-        return jax.vmap(lambda a: rd.implicit_infer(m, a, rho, throw=False).z)(qs)
+        return jax.vmap(lambda a: rr.implicit_infer(m, a, rho, throw=False).z)(qs)
 
     t_batch = median_ms(prepared(batch, mlp, queries), max(3, args.repeats // 4))
     rows.append((f"circle MLP, {n_batch} vmapped queries, float32", t_batch))
@@ -127,7 +128,7 @@ def main():
     t_grad_batch = median_ms(grad_batch, max(3, args.repeats // 4))
     rows.append((f"circle MLP, grad (weights) through {n_batch} queries", t_grad_batch))
     sols = eqx.filter_jit(
-        lambda m, qs: jax.vmap(lambda a: rd.implicit_infer(m, a, rho, throw=False))(qs)
+        lambda m, qs: jax.vmap(lambda a: rr.implicit_infer(m, a, rho, throw=False))(qs)
     )(mlp, queries)
     ok = int(jnp.sum(sols.converged & sols.stable))
 

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import retrax.diffusion as rd
+import retrax.relations as rr
 
 
 QUERIES = [
@@ -49,7 +50,7 @@ def to_float64(tree):
 def answer_loss(relation, x, z0y):
     """`(y - 0.7)^2 / 2` of the answer to "x clamped, y from `z0y`"."""
     z0 = jnp.stack([x, z0y])
-    sol = rd.implicit_infer(relation, z0, jnp.array([jnp.inf, 0.0]), tol=1e-13)
+    sol = rr.implicit_infer(relation, z0, jnp.array([jnp.inf, 0.0]), tol=1e-13)
     return 0.5 * (sol.z[1] - 0.7) ** 2
 
 
@@ -110,8 +111,8 @@ def main(smoke: bool = False, plot_path: str | None = None, seed: int = 0) -> di
     # --8<-- [start:relation]
     # Query in float64, with K = 8 levels x 8 draws x 2 (antithetic) = 128 nodes.
     start = time.perf_counter()
-    nodes = rd.field_nodes(k_nodes, 2, samples=8, dtype=jnp.float64)
-    relation = rd.ImplicitDiffusion(to_float64(pred), nodes)
+    nodes = rr.field_nodes(k_nodes, 2, samples=8, dtype=jnp.float64)
+    relation = rr.ImplicitDiffusion(to_float64(pred), nodes)
     rho = jnp.array([jnp.inf, 0.0])  # clamp x (infinitely stiff), y free
     # --8<-- [end:relation]
     h = 1e-5
@@ -144,7 +145,7 @@ def main(smoke: bool = False, plot_path: str | None = None, seed: int = 0) -> di
     )
     z0 = jnp.array([q for _, q in cases])
     sols = eqx.filter_jit(
-        eqx.filter_vmap(lambda r, q: rd.implicit_infer(r, q, rho, tol=1e-13))
+        eqx.filter_vmap(lambda r, q: rr.implicit_infer(r, q, rho, tol=1e-13))
     )(relations, z0)
     losses_fd = 0.5 * (sols.z[3:, 1] - 0.7) ** 2
     fd_x = (losses_fd[0] - losses_fd[1]) / (2 * h)

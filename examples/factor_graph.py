@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import retrax.diffusion as rd
+import retrax.relations as rr
 
 
 SCHED = rd.VPSDE()
@@ -47,21 +48,21 @@ class Quadratic(eqx.Module):
 
 def relation(precision, mean):
     """A two-channel Gaussian relation N(mean, precision^-1) in data units."""
-    nodes = rd.noisefree_nodes(2, 0.01)
+    nodes = rr.noisefree_nodes(2, 0.01)
     alpha = SCHED.alpha(jnp.asarray(0.01))
     # The field of E(alpha z) at one noise-free node is the data-unit score
     # of N(mean, precision^-1) with `lam = density_lambda`.
     net = Quadratic(jnp.asarray(precision) / alpha**2, alpha * jnp.asarray(mean))
     pred = rd.EnergyNetwork(net, SCHED)
-    return rd.ImplicitDiffusion(pred, nodes, lam=rd.density_lambda(SCHED, nodes))
+    return rr.ImplicitDiffusion(pred, nodes, lam=rr.density_lambda(SCHED, nodes))
 
 
 # --8<-- [start:factors]
 def graph():
     """The two factors and the measurement's message to c."""
-    r1 = rd.Factor(relation([[2.0, 1.2], [1.2, 1.5]], [0.5, -0.3]), {"a": 1, "b": 1})
-    r2 = rd.Factor(relation([[1.0, -0.7], [-0.7, 2.5]], [0.2, 0.8]), {"b": 1, "c": 1})
-    measurement = rd.CanonicalGaussian(
+    r1 = rr.Factor(relation([[2.0, 1.2], [1.2, 1.5]], [0.5, -0.3]), {"a": 1, "b": 1})
+    r2 = rr.Factor(relation([[1.0, -0.7], [-0.7, 2.5]], [0.2, 0.8]), {"b": 1, "c": 1})
+    measurement = rr.CanonicalGaussian(
         jnp.array([H * Y / NOISE**2]), jnp.array([[H**2 / NOISE**2]])
     )
     return r1, r2, measurement
@@ -71,17 +72,17 @@ def graph():
 
 
 # --8<-- [start:messages]
-def mark(message: rd.CanonicalGaussian) -> rd.AbstractChannel:
+def mark(message: rr.CanonicalGaussian) -> rr.AbstractChannel:
     """The query's evidence on a channel from its incoming message."""
     p = message.precision[0, 0]
     if float(p) == 0.0:
-        return rd.Latent()
-    return rd.Unobserved(message.info[0] / p, p)
+        return rr.Latent()
+    return rr.Unobserved(message.info[0] / p, p)
 
 
 def pass_messages(r1, r2, measurement, sweeps=10, tol=1e-13):
     """Flooding: every factor answers its incoming messages, until nothing moves."""
-    flat = rd.CanonicalGaussian(jnp.zeros(1), jnp.zeros((1, 1)))
+    flat = rr.CanonicalGaussian(jnp.zeros(1), jnp.zeros((1, 1)))
     to_factor = {("R1", "b"): flat, ("R2", "b"): flat, ("R2", "c"): measurement}
     out = {}
     history = []
@@ -89,8 +90,8 @@ def pass_messages(r1, r2, measurement, sweeps=10, tol=1e-13):
         new = {}
         for name, factor in (("R1", r1), ("R2", r2)):
             marks = {ch: mark(msg) for (f, ch), msg in to_factor.items() if f == name}
-            sol = rd.factor_infer(factor, marks)
-            for ch, msg in rd.factor_messages(factor, sol, marks).items():
+            sol = rr.factor_infer(factor, marks)
+            for ch, msg in rr.factor_messages(factor, sol, marks).items():
                 new[(name, ch)] = msg
         change = (
             max(
@@ -113,8 +114,8 @@ def pass_messages(r1, r2, measurement, sweeps=10, tol=1e-13):
             break
     beliefs = {
         "a": out[("R1", "a")].moment(),
-        "b": rd.combine(out[("R1", "b")], out[("R2", "b")]).moment(),
-        "c": rd.combine(out[("R2", "c")], measurement).moment(),
+        "b": rr.combine(out[("R1", "b")], out[("R2", "b")]).moment(),
+        "c": rr.combine(out[("R2", "c")], measurement).moment(),
     }
     return beliefs, history
 
@@ -125,16 +126,16 @@ def pass_messages(r1, r2, measurement, sweeps=10, tol=1e-13):
 # --8<-- [start:joint]
 def joint_solve(r1, r2):
     """The product of the relations with the measurement as a soft input on c."""
-    joint = rd.ProductRelation(
+    joint = rr.ProductRelation(
         [
-            rd.named_relation(r1, ["a", "b"], BLOCKS),
-            rd.named_relation(r2, ["b", "c"], BLOCKS),
+            rr.named_relation(r1, ["a", "b"], BLOCKS),
+            rr.named_relation(r2, ["b", "c"], BLOCKS),
         ]
     )
-    z0 = rd.assemble_state(BLOCKS, {"c": Y / H})
-    rho = rd.assemble_state(BLOCKS, {"c": H / NOISE})
-    sol = rd.implicit_infer(joint, z0, rho)
-    return rd.laplace_belief(joint, sol, rho)
+    z0 = rr.assemble_state(BLOCKS, {"c": Y / H})
+    rho = rr.assemble_state(BLOCKS, {"c": H / NOISE})
+    sol = rr.implicit_infer(joint, z0, rho)
+    return rr.laplace_belief(joint, sol, rho)
 
 
 # --8<-- [end:joint]

@@ -154,7 +154,7 @@ def run(args) -> dict | None:
     from jax.experimental import multihost_utils
 
     import retrax
-    from retrax import diffusion as rd
+    from retrax import diffusion as rd, relations as rr
     from retrax.filters import Compressor, ParametricEQ
     from retrax.ops import allpole, sosfilt
 
@@ -289,13 +289,13 @@ def run(args) -> dict | None:
     angles = jnp.linspace(0, 2 * jnp.pi, 48, endpoint=False)
     ring = jnp.stack([jnp.cos(angles), jnp.sin(angles)], -1)
     mixture = rd.GaussianMixtureEps(rd.VPSDE(), ring, jnp.full(48, 0.05))
-    nodes = rd.field_nodes(jax.random.key(0), 2, samples=8)
-    relation = rd.ImplicitDiffusion(mixture, nodes)
+    nodes = rr.field_nodes(jax.random.key(0), 2, samples=8)
+    relation = rr.ImplicitDiffusion(mixture, nodes)
     rho = jnp.array([jnp.inf, 0.0])  # x clamped, y free
 
     def answers(inputs):
         relation, z0 = inputs
-        solve = lambda q: rd.implicit_infer(relation, q, rho, tol=1e-12).z
+        solve = lambda q: rr.implicit_infer(relation, q, rho, tol=1e-12).z
         z = jax.vmap(solve)(z0)
         return jnp.sum(z[:, 1] ** 2), z
 

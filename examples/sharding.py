@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from retrax import diffusion as rd  # noqa: E402
+from retrax import diffusion as rd, relations as rr  # noqa: E402
 from retrax.filters import rc2lpc  # noqa: E402
 from retrax.ops import allpole  # noqa: E402
 
@@ -144,13 +144,13 @@ def ring_relation():
     angles = jnp.linspace(0, 2 * jnp.pi, 48, endpoint=False)
     ring = jnp.stack([jnp.cos(angles), jnp.sin(angles)], -1)
     pred = rd.GaussianMixtureEps(rd.VPSDE(), ring, jnp.full(48, 0.05))
-    return rd.ImplicitDiffusion(pred, rd.field_nodes(jax.random.key(0), 2, samples=8))
+    return rr.ImplicitDiffusion(pred, rr.field_nodes(jax.random.key(0), 2, samples=8))
 
 
 def answer_queries(relation, z0):
     """Clamp x, solve for y, for every query (row of `z0`) at once."""
     rho = jnp.array([jnp.inf, 0.0])
-    solve = jax.vmap(lambda q: rd.implicit_infer(relation, q, rho, tol=1e-12).z)
+    solve = jax.vmap(lambda q: rr.implicit_infer(relation, q, rho, tol=1e-12).z)
     return eqx.filter_jit(solve)(z0)
 
 

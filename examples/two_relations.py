@@ -28,6 +28,7 @@ import numpy as np
 import optax
 
 import retrax.diffusion as rd
+import retrax.relations as rr
 
 
 BLOCKS = {"x": 1, "y": 1, "z": 1}
@@ -60,22 +61,22 @@ def to_float64(tree):
 
 def joint(circle, line):
     """The product relation over (x, y, z)."""
-    return rd.ProductRelation(
+    return rr.ProductRelation(
         [
-            rd.named_relation(circle, ["x", "y"], BLOCKS),
-            rd.named_relation(line, ["y", "z"], BLOCKS),
+            rr.named_relation(circle, ["x", "y"], BLOCKS),
+            rr.named_relation(line, ["y", "z"], BLOCKS),
         ]
     )
 
 
-RHO = rd.assemble_state(BLOCKS, {"y": 0.0, "z": 0.0}, fill=jnp.inf)
+RHO = rr.assemble_state(BLOCKS, {"y": 0.0, "z": 0.0}, fill=jnp.inf)
 
 
 def answers(circle, line):
     """Clamp x, infer (y, z): one vmapped solve over the queries."""
     z0 = jnp.array([[x, y, 0.0] for x, y, _ in QUERIES])
     model = joint(circle, line)
-    return jax.vmap(lambda q: rd.implicit_infer(model, q, RHO, tol=1e-10))(z0)
+    return jax.vmap(lambda q: rr.implicit_infer(model, q, RHO, tol=1e-10))(z0)
 
 
 def plot(data_c, data_l, before, after, path):
@@ -134,9 +135,9 @@ def main(
     print(f"fitted the circle and the line ({fit_steps} steps each) in {fit_s:.1f} s")
 
     # Relations in float64, K = 8 levels x 4 draws x 2 (antithetic) = 64 nodes.
-    nodes = rd.field_nodes(kn, 2, dtype=jnp.float64)
-    circle = rd.ImplicitDiffusion(to_float64(preds[0]), nodes)
-    line = rd.ImplicitDiffusion(to_float64(preds[1]), nodes)
+    nodes = rr.field_nodes(kn, 2, dtype=jnp.float64)
+    circle = rr.ImplicitDiffusion(to_float64(preds[0]), nodes)
+    line = rr.ImplicitDiffusion(to_float64(preds[1]), nodes)
 
     sols = eqx.filter_jit(answers)(circle, line)
     before = np.asarray(sols.z)

@@ -21,6 +21,7 @@ import numpy as np
 import optax
 import pytest
 
+import retrax
 import retrax.diffusion as rd
 
 
@@ -353,7 +354,7 @@ def test_truncated_checkpoint_is_skipped(getkey, tmp_path):
     like = {"state": None, "losses": None}
     with pytest.warns(RuntimeWarning, match="checkpoint-000000012.ckpt"):
         with pytest.raises(ValueError, match="different structure"):
-            rd.load_checkpoint(tmp_path, like)
+            retrax.load_checkpoint(tmp_path, like)
     with pytest.warns(RuntimeWarning, match="checkpoint-000000012.ckpt.*truncated"):
         resumed, losses = rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
     assert_identical(params(resumed), params(reference))
@@ -374,15 +375,15 @@ def test_save_and_load_for_a_users_loop(tmp_path):
     params_ = {"w": jnp.arange(6.0).reshape(2, 3), "b": np.ones(3, np.float32)}
     opt = optax.adam(1e-3)
     tree = (params_, opt.init(params_), jax.random.key(7), 3, 0.5)
-    assert rd.load_checkpoint(tmp_path / "missing", tree) is None
-    assert rd.load_checkpoint(tmp_path, tree) is None
+    assert retrax.load_checkpoint(tmp_path / "missing", tree) is None
+    assert retrax.load_checkpoint(tmp_path, tree) is None
     for step in (10, 20, 30):
-        path = rd.save_checkpoint(
+        path = retrax.save_checkpoint(
             tmp_path, step, tree, metadata={"lr": 1e-3, "step": step}, keep=2
         )
         assert path == tmp_path / f"checkpoint-{step:09d}.ckpt"
     assert steps_in(tmp_path) == [20, 30]
-    found = rd.load_checkpoint(tmp_path, tree)
+    found = retrax.load_checkpoint(tmp_path, tree)
     assert found.step == 30 and found.path == tmp_path / "checkpoint-000000030.ckpt"
     assert found.metadata == {"lr": 1e-3, "step": 30}
     assert_identical(found.tree, tree)
@@ -390,9 +391,9 @@ def test_save_and_load_for_a_users_loop(tmp_path):
     assert isinstance(found.tree[0]["b"], np.ndarray)
     # `jax.ShapeDtypeStruct` leaves describe the structure as well
     arrays = tree[:3]
-    rd.save_checkpoint(tmp_path / "arrays", 0, arrays)
+    retrax.save_checkpoint(tmp_path / "arrays", 0, arrays)
     abstract = jax.eval_shape(lambda: arrays)
-    assert_identical(rd.load_checkpoint(tmp_path / "arrays", abstract).tree, arrays)
+    assert_identical(retrax.load_checkpoint(tmp_path / "arrays", abstract).tree, arrays)
 
 
 def test_corrupt_checkpoint_without_predecessor(getkey, tmp_path):
@@ -407,7 +408,7 @@ def test_corrupt_checkpoint_without_predecessor(getkey, tmp_path):
     only.write_bytes(b"not a checkpoint")
     with pytest.warns(RuntimeWarning, match="not a retrax checkpoint"):
         with pytest.raises(ValueError, match="no intact checkpoint"):
-            rd.load_checkpoint(tmp_path, {})
+            retrax.load_checkpoint(tmp_path, {})
 
 
 def test_checkpoint_of_another_run(getkey, tmp_path):
@@ -431,7 +432,7 @@ def test_checkpoint_of_another_run(getkey, tmp_path):
         rd.fit(pred, data, getkey(), **kw)
     # a directory of a loop's own checkpoints
     other = tmp_path / "own"
-    rd.save_checkpoint(other, 4, {"state": None, "losses": jnp.zeros(4)})
+    retrax.save_checkpoint(other, 4, {"state": None, "losses": jnp.zeros(4)})
     with pytest.raises(ValueError, match="not written by `fit`"):
         rd.fit(pred, data, key, **dict(kw, checkpoint_dir=other))
 
@@ -477,19 +478,19 @@ def test_continue_bad_input(getkey):
 def test_save_checkpoint_bad_input(tmp_path):
     tree = {"a": jnp.zeros(2)}
     with pytest.raises(ValueError, match="`step` must be a non-negative integer"):
-        rd.save_checkpoint(tmp_path, -1, tree)
+        retrax.save_checkpoint(tmp_path, -1, tree)
     with pytest.raises(TypeError, match="step"):
-        rd.save_checkpoint(tmp_path, 1.0, tree)
+        retrax.save_checkpoint(tmp_path, 1.0, tree)
     with pytest.raises(ValueError, match="`keep` must be a positive integer"):
-        rd.save_checkpoint(tmp_path, 1, tree, keep=0)
+        retrax.save_checkpoint(tmp_path, 1, tree, keep=0)
     with pytest.raises(TypeError, match="`metadata` must be JSON-serialisable"):
-        rd.save_checkpoint(tmp_path, 1, tree, metadata={"x": object()})
+        retrax.save_checkpoint(tmp_path, 1, tree, metadata={"x": object()})
     with pytest.raises(TypeError, match="directory"):
-        rd.save_checkpoint(None, 1, tree)
+        retrax.save_checkpoint(None, 1, tree)
     # a file where a directory is expected is not "no checkpoint yet"
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match="must be a directory of checkpoints"):
-        rd.load_checkpoint(tmp_path / "file", tree)
+        retrax.load_checkpoint(tmp_path / "file", tree)
     (tmp_path / "file").unlink()
     assert list(tmp_path.iterdir()) == []
 
@@ -509,3 +510,10 @@ def test_resume_in_default_precision(getkey, tmp_path):
     assert_identical(params(resumed), params(reference))
     assert_identical(losses, ref_losses)
     assert_identical(state, ref_state)
+
+
+def test_diffusion_keeps_the_checkpoint_names():
+    # moved to the top level; `retrax.diffusion` re-exports them for a release
+    assert rd.save_checkpoint is retrax.save_checkpoint
+    assert rd.load_checkpoint is retrax.load_checkpoint
+    assert rd.Checkpoint is retrax.Checkpoint

@@ -9,7 +9,16 @@ import retrax
 
 
 DOCS = pathlib.Path(__file__).parent.parent / "docs" / "api"
-SUBPACKAGES = ["ops", "dynamics", "filters", "effects", "diffusion", "synth", "losses"]
+SUBPACKAGES = [
+    "ops",
+    "dynamics",
+    "filters",
+    "effects",
+    "diffusion",
+    "relations",
+    "synth",
+    "losses",
+]
 
 
 def _documented() -> set[str]:
@@ -17,6 +26,26 @@ def _documented() -> set[str]:
     for page in DOCS.glob("*.md"):
         names.update(re.findall(r"^::: (retrax\.[\w.]+)", page.read_text(), re.M))
     return names
+
+
+def _resolve(name: str):
+    obj = retrax
+    for part in name.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj
+
+
+def _undocumented(public: set[str]) -> list[str]:
+    # A re-export (a deprecated alias such as `retrax.diffusion.implicit_infer`
+    # of `retrax.relations.implicit_infer`) is documented once, at its home: a
+    # name counts as documented when the same object is.
+    documented = _documented()
+    objects = [_resolve(name) for name in documented]
+    return sorted(
+        name
+        for name in public - documented
+        if not any(_resolve(name) is obj for obj in objects)
+    )
 
 
 @pytest.mark.parametrize("subpackage", SUBPACKAGES)
@@ -28,7 +57,7 @@ def test_every_public_name_is_documented(subpackage):
         if not name.startswith("_")
         and not isinstance(getattr(module, name), type(retrax))
     }
-    missing = sorted(public - _documented())
+    missing = _undocumented(public)
     assert not missing, f"add these to docs/api/{subpackage}.md: {missing}"
 
 

@@ -377,3 +377,21 @@ def test_product_laplace():
     prec_y = W[0] / S1**2 + W[1] / S2**2
     ref = np.diag([0.0, 1 / prec_y, S2**2 / W[1]])
     assert_close(cov, ref, atol=1e-4, rtol=0)
+
+
+def test_diffusion_aliases_are_the_relations_names():
+    # `retrax.diffusion` keeps every relations name for one release, as the
+    # same object, and its docstring lists the aliases.
+    import retrax.diffusion._solution as solution
+    import retrax.relations as rr
+
+    names = [
+        n
+        for n in dir(rr)
+        if not n.startswith("_") and not isinstance(getattr(rr, n), type(rr))
+    ]
+    assert len(names) == 45
+    for name in names:
+        assert getattr(rd, name) is getattr(rr, name), name
+        if not hasattr(solution, name):
+            assert f"`{name}`" in rd.__doc__, name

@@ -13,7 +13,13 @@ from . import (
     filters as filters,
     losses as losses,
     ops as ops,
+    relations as relations,
     synth as synth,
+)
+from ._checkpoint import (
+    Checkpoint as Checkpoint,
+    load_checkpoint as load_checkpoint,
+    save_checkpoint as save_checkpoint,
 )
 from ._distributed import (
     batch_mesh as batch_mesh,

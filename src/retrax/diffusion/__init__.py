@@ -1,4 +1,4 @@
-"""Small diffusion models over a factor's coordinates.
+"""Small diffusion models over a factor's coordinates, and inverse problems with them.
 
 - Schedules: `AbstractNoiseSchedule`, `VPSDE`.
 - Noise predictors: `AbstractPredictor`, `NoisePredictor` (a network),
@@ -6,54 +6,45 @@
   `EnergyNetwork` (a conservative field), `OnlineKDE` (a streaming mixture);
   their derivatives `epsilon_jacobian` and `epsilon_vjp_params`.
 - Networks: `TimeEmbedding`, `TimeMLP`, `FiLMResidualMLP`, `ChannelTransformer`.
-- Training: `fit` (and `fit_solution`, the whole run as a `TrainSolution`),
-  `TrainState`, and checkpoints (`save_checkpoint`,
-  `load_checkpoint`, `Checkpoint`). Sampling: `sample_ancestral`,
+- Training: `fit` (and `fit_solution`, the whole run as a `TrainSolution`)
+  and `TrainState`. The checkpoints `fit` writes (`save_checkpoint`,
+  `load_checkpoint`, `Checkpoint`) are generic and live at the top level, as
+  `retrax.save_checkpoint` and so on; the names here are deprecated aliases
+  of them, kept for one release. Sampling: `sample_ancestral`,
   `sample_euler_maruyama`, `sample_ddim`, `sample_ode`, `sample_conditional`,
   and `log_likelihood`.
+- Inverse problems: RED-Diff (`REDDiff`, `reddiff_solve`, `REDDiffSolution`,
+  `reddiff_weight`, `calibrate_lambda`, `regulariser_gradient`), proximal
+  diffusion models (`AbstractProximalPredictor`, `ProxNetwork`, `MixtureProx`,
+  `proximal_matching_loss`, `proxdm_sample`, `prox_infer`) and
+  measurement-conditioned sampling (`sample_dps`, `sample_tweedie_projection`).
+- Result codes: `RESULTS` (shared with `retrax.relations`).
+
+**Deprecated aliases.** Relations, implicit inference, beliefs, Gaussians,
+factors, messages, free energies and training through inference now live in
+`retrax.relations`. For one release, each of their names is still importable
+from here as `retrax.diffusion.X`, the same object as `retrax.relations.X`:
+`AbstractChannel`, `AbstractGaussian`, `AbstractImplicitRelation`,
+`CanonicalGaussian`, `Factor`, `FieldNodes`, `GuardedNewton`,
+`ImplicitDiffusion`, `ImplicitRoots`, `IndexedRelation`, `InferenceHistory`,
+`LaplaceBelief`, `Latent`, `MixtureBelief`, `MomentGaussian`, `Observed`,
+`ProductRelation`, `TaskGradient`, `Unobserved`, `assemble_state`,
+`blockranges`, `channel_anchor`, `combine`, `data_levels`, `density_lambda`,
+`divide`, `factor_infer`, `factor_messages`, `factor_pullback`, `field_nodes`,
+`fit_through_inference`, `implicit_energy`, `implicit_infer`,
+`implicit_laplace`, `implicit_mixture`, `implicit_pullback`, `implicit_roots`,
+`laplace_belief`, `local_free_energy`, `named_relation`, `noisefree_nodes`,
+`roots_by_energy`, `task_gradient`. Import them from `retrax.relations`; these
+aliases will be removed.
 """
 
-from .._solution import AbstractSolution as AbstractSolution
-from ._belief import (
-    LaplaceBelief as LaplaceBelief,
-    MixtureBelief as MixtureBelief,
-    implicit_laplace as implicit_laplace,
-    implicit_mixture as implicit_mixture,
-    laplace_belief as laplace_belief,
-)
-from ._channel import (
-    AbstractChannel as AbstractChannel,
-    Latent as Latent,
-    Observed as Observed,
-    Unobserved as Unobserved,
-)
-from ._checkpoint import (
+from .._checkpoint import (
     Checkpoint as Checkpoint,
     load_checkpoint as load_checkpoint,
     save_checkpoint as save_checkpoint,
 )
-from ._energy import EnergyNetwork as EnergyNetwork
-from ._factor import (
-    Factor as Factor,
-    assemble_state as assemble_state,
-    blockranges as blockranges,
-    factor_infer as factor_infer,
-    factor_pullback as factor_pullback,
-)
-from ._field import ImplicitDiffusion as ImplicitDiffusion
-from ._free_energy import local_free_energy as local_free_energy
-from ._gaussian import (
-    AbstractGaussian as AbstractGaussian,
-    CanonicalGaussian as CanonicalGaussian,
-    MomentGaussian as MomentGaussian,
-    combine as combine,
-    divide as divide,
-)
-from ._infer import (
-    ImplicitPullback as ImplicitPullback,
-    implicit_infer as implicit_infer,
-    implicit_pullback as implicit_pullback,
-)
+from .._solution import AbstractSolution as AbstractSolution
+from ._energy_network import EnergyNetwork as EnergyNetwork
 from ._kde import (
     OnlineKDE as OnlineKDE,
     kde_bandwidth as kde_bandwidth,
@@ -62,10 +53,6 @@ from ._kde import (
 from ._measurement import (
     sample_dps as sample_dps,
     sample_tweedie_projection as sample_tweedie_projection,
-)
-from ._message import (
-    channel_anchor as channel_anchor,
-    factor_messages as factor_messages,
 )
 from ._mixture import (
     GaussianMixtureEps as GaussianMixtureEps,
@@ -78,15 +65,7 @@ from ._models import (
     TimeEmbedding as TimeEmbedding,
     TimeMLP as TimeMLP,
 )
-from ._nodes import (
-    FieldNodes as FieldNodes,
-    data_levels as data_levels,
-    density_lambda as density_lambda,
-    field_nodes as field_nodes,
-    noisefree_nodes as noisefree_nodes,
-)
 from ._ode import log_likelihood as log_likelihood, sample_ode as sample_ode
-from ._potential import implicit_energy as implicit_energy
 from ._predictor import (
     AbstractExactPredictor as AbstractExactPredictor,
     AbstractPredictor as AbstractPredictor,
@@ -111,17 +90,6 @@ from ._reddiff import (
     reddiff_weight as reddiff_weight,
     regulariser_gradient as regulariser_gradient,
 )
-from ._relation import AbstractImplicitRelation as AbstractImplicitRelation
-from ._relations import (
-    IndexedRelation as IndexedRelation,
-    ProductRelation as ProductRelation,
-    named_relation as named_relation,
-)
-from ._roots import (
-    ImplicitRoots as ImplicitRoots,
-    implicit_roots as implicit_roots,
-    roots_by_energy as roots_by_energy,
-)
 from ._sample import (
     sample_ancestral as sample_ancestral,
     sample_conditional as sample_conditional,
@@ -130,16 +98,60 @@ from ._sample import (
 )
 from ._schedule import VPSDE as VPSDE, AbstractNoiseSchedule as AbstractNoiseSchedule
 from ._solution import RESULTS as RESULTS, ImplicitSolution as ImplicitSolution
-from ._solver import GuardedNewton as GuardedNewton
 from ._train import (
     TrainSolution as TrainSolution,
     TrainState as TrainState,
     fit as fit,
     fit_solution as fit_solution,
 )
-from ._train_inference import (
+
+
+# isort: split
+# The deprecated aliases of `retrax.relations`, imported last: the relation
+# modules import this package's modules.
+from ..relations import (
+    AbstractChannel as AbstractChannel,
+    AbstractGaussian as AbstractGaussian,
+    AbstractImplicitRelation as AbstractImplicitRelation,
+    CanonicalGaussian as CanonicalGaussian,
+    Factor as Factor,
+    FieldNodes as FieldNodes,
+    GuardedNewton as GuardedNewton,
+    ImplicitDiffusion as ImplicitDiffusion,
+    ImplicitPullback as ImplicitPullback,
+    ImplicitRoots as ImplicitRoots,
+    IndexedRelation as IndexedRelation,
     InferenceHistory as InferenceHistory,
+    LaplaceBelief as LaplaceBelief,
+    Latent as Latent,
+    MixtureBelief as MixtureBelief,
+    MomentGaussian as MomentGaussian,
+    Observed as Observed,
+    ProductRelation as ProductRelation,
     TaskGradient as TaskGradient,
+    Unobserved as Unobserved,
+    assemble_state as assemble_state,
+    blockranges as blockranges,
+    channel_anchor as channel_anchor,
+    combine as combine,
+    data_levels as data_levels,
+    density_lambda as density_lambda,
+    divide as divide,
+    factor_infer as factor_infer,
+    factor_messages as factor_messages,
+    factor_pullback as factor_pullback,
+    field_nodes as field_nodes,
     fit_through_inference as fit_through_inference,
+    implicit_energy as implicit_energy,
+    implicit_infer as implicit_infer,
+    implicit_laplace as implicit_laplace,
+    implicit_mixture as implicit_mixture,
+    implicit_pullback as implicit_pullback,
+    implicit_roots as implicit_roots,
+    laplace_belief as laplace_belief,
+    local_free_energy as local_free_energy,
+    named_relation as named_relation,
+    noisefree_nodes as noisefree_nodes,
+    roots_by_energy as roots_by_energy,
     task_gradient as task_gradient,
 )

@@ -311,7 +311,7 @@ def reddiff_solve(
     regulariser is under `stop_gradient`, so a derivative through the
     unrolled steps would be a silent, wrong number. Every derivative of the
     solution is NaN instead; for an answer with derivatives use
-    [`retrax.diffusion.implicit_infer`][] or
+    [`retrax.relations.implicit_infer`][] or
     [`retrax.diffusion.prox_infer`][].
 
     **Arguments:**

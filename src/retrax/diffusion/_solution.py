@@ -51,7 +51,7 @@ class ImplicitSolution(AbstractSolution):
     - `clamp_load`: what the hard clamps hold against: the largest
       $|g_i(z)|/u_i$ over the clamped coordinates $i$, the prior field at
       the answer in units $u$ of
-      [`retrax.diffusion.AbstractImplicitRelation.field_unit`][] (for an
+      [`retrax.relations.AbstractImplicitRelation.field_unit`][] (for an
       `ImplicitDiffusion`, $\\lambda s$ with $s$ the nodes' mean noise
       level): about the clamped values' distance from the data in noise
       standard deviations. Small when the clamped values lie on the data; 0

@@ -15,10 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree, Shaped
 from tqdm.auto import tqdm
 
-from .._distributed import _replicate, _same_arguments, _same_on_every_process
-from .._misc import all_finite, check_positive_int, static_float
-from .._solution import AbstractSolution
-from ._checkpoint import (
+from .._checkpoint import (
     _newest_intact,
     _restore,
     _save,
@@ -26,6 +23,9 @@ from ._checkpoint import (
     _signature_mismatch,
     _writable_directory,
 )
+from .._distributed import _replicate, _same_arguments, _same_on_every_process
+from .._misc import all_finite, check_positive_int, static_float
+from .._solution import AbstractSolution
 from ._predictor import AbstractPredictor
 from ._solution import RESULTS
 
@@ -271,7 +271,7 @@ def fit(
 
     **Checkpoints.** With `checkpoint_dir`, the run saves its
     [`retrax.diffusion.TrainState`][] and its loss history there (with
-    [`retrax.diffusion.save_checkpoint`][]: written atomically, with a
+    [`retrax.save_checkpoint`][]: written atomically, with a
     checksum) every `checkpoint_every` steps, and at the end; the three newest
     are kept. A call whose `checkpoint_dir` holds a checkpoint of the same run
     resumes from the newest intact one (a damaged one is skipped with a

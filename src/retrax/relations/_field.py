@@ -6,9 +6,9 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._misc import check_value
+from ..diffusion._predictor import AbstractPredictor
+from ._abstract_relation import AbstractImplicitRelation
 from ._nodes import FieldNodes, density_lambda
-from ._predictor import AbstractPredictor
-from ._relation import AbstractImplicitRelation
 
 
 class ImplicitDiffusion(AbstractImplicitRelation):
@@ -21,22 +21,22 @@ class ImplicitDiffusion(AbstractImplicitRelation):
 
     (the RED-Diff weighting of Mardani et al., "A variational perspective on
     solving inverse problems with diffusion models", ICLR 2024), over the
-    fixed [`retrax.diffusion.FieldNodes`][] $(t_k, e_k, w_k)$. For the exact
+    fixed [`retrax.relations.FieldNodes`][] $(t_k, e_k, w_k)$. For the exact
     predictor of a density $p$ it approximates
     $\lambda\sum_k w_k\sigma_k^2/\alpha_k^2\,(-\nabla\log p)$: its stable roots
     are the modes. All $K$ nodes are evaluated in one `vmap`ped call of the
     predictor, and the Jacobian is one `jax.jacfwd` of that call.
 
     A query clamps some coordinates and solves for the others:
-    see [`retrax.diffusion.AbstractImplicitRelation.implicit_residual`][] and
-    [`retrax.diffusion.implicit_infer`][].
+    see [`retrax.relations.AbstractImplicitRelation.implicit_residual`][] and
+    [`retrax.relations.implicit_infer`][].
 
     **Arguments:**
 
     - `pred`: the noise predictor.
     - `nodes`: the field nodes; their dimension is the joint dimension $n$.
     - `lam`: the global field weight $\lambda$ (see
-      [`retrax.diffusion.density_lambda`][] for a data-unit choice).
+      [`retrax.relations.density_lambda`][] for a data-unit choice).
     """
 
     pred: AbstractPredictor

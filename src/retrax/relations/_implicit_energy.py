@@ -3,11 +3,11 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from ._relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
+from ._abstract_relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
 
 
 def has_energy(model: AbstractImplicitRelation) -> bool:
-    """Whether [`retrax.diffusion.implicit_energy`][] is defined for `model`."""
+    """Whether [`retrax.relations.implicit_energy`][] is defined for `model`."""
     return model.conservative
 
 

@@ -3,10 +3,10 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
+from ..diffusion._solution import ImplicitSolution
+from ._abstract_relation import AbstractImplicitRelation, clamp_mask
 from ._belief import implicit_laplace
-from ._potential import implicit_energy
-from ._relation import AbstractImplicitRelation, clamp_mask
-from ._solution import ImplicitSolution
+from ._implicit_energy import implicit_energy
 
 
 def local_free_energy(
@@ -19,14 +19,14 @@ def local_free_energy(
 
     $F = U_q(z^*)/\lambda_{\mathrm{eff}} - \tfrac12\log\det(2\pi\Sigma_{FF})$,
     with $U_q$ the query's potential
-    ([`retrax.diffusion.implicit_energy`][] with the soft terms) and
+    ([`retrax.relations.implicit_energy`][] with the soft terms) and
     $\Sigma_{FF}$ the Laplace covariance of the free coordinates
-    ([`retrax.diffusion.implicit_laplace`][]): the energy of the answer
+    ([`retrax.relations.implicit_laplace`][]): the energy of the answer
     minus the entropy of its Gaussian belief (up to the constant $|F|/2$),
     i.e. the Laplace approximation of
     $-\log\int\exp(-U_q/\lambda_{\mathrm{eff}})\,dz_F$, exact for a Gaussian
     relation. Lower is more probable: the weights of
-    [`retrax.diffusion.implicit_mixture`][] are $\propto\exp(-F)$ over the
+    [`retrax.relations.implicit_mixture`][] are $\propto\exp(-F)$ over the
     roots. Like the energy it is defined up to a constant of the relation
     (the same for every query of it), so differences between answers and
     queries are what it measures.
@@ -34,7 +34,7 @@ def local_free_energy(
     **Arguments:**
 
     - `model`: a conservative relation (see
-      [`retrax.diffusion.implicit_energy`][]).
+      [`retrax.relations.implicit_energy`][]).
     - `sol`: the query's converged, stable solution.
     - `z0`, `rho`: the query.
 

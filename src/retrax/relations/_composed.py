@@ -10,8 +10,8 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._errors import error_if
 from .._misc import check_value
+from ._abstract_relation import AbstractImplicitRelation
 from ._factor import blockranges
-from ._relation import AbstractImplicitRelation
 
 
 class IndexedRelation(AbstractImplicitRelation):
@@ -28,7 +28,7 @@ class IndexedRelation(AbstractImplicitRelation):
       `[0, dim)`), in the member's order.
     - `dim`: the joint dimension $n$.
 
-    See [`retrax.diffusion.named_relation`][] for named variable blocks.
+    See [`retrax.relations.named_relation`][] for named variable blocks.
     """
 
     relation: AbstractImplicitRelation
@@ -114,11 +114,11 @@ def named_relation(
       blocks, concatenated in the order given.
     - `variables`: the names of the variables it relates.
     - `blocks`: the joint state's variables and sizes, as in
-      [`retrax.diffusion.blockranges`][].
+      [`retrax.relations.blockranges`][].
 
     **Returns:**
 
-    An [`retrax.diffusion.IndexedRelation`][].
+    An [`retrax.relations.IndexedRelation`][].
     """
     ranges = blockranges(blocks)
     missing = [v for v in variables if v not in ranges]
@@ -138,8 +138,8 @@ class ProductRelation(AbstractImplicitRelation):
     $\lambda(-\nabla\log p_i)$ it approximates $\lambda(-\nabla\log\prod_i
     p_i^{w_i})$, so the product's answers satisfy every relation at once
     (a factor graph whose factors are relations). Members usually are
-    [`retrax.diffusion.IndexedRelation`][]s, each touching only its own
-    coordinates. Derivatives through [`retrax.diffusion.implicit_infer`][]
+    [`retrax.relations.IndexedRelation`][]s, each touching only its own
+    coordinates. Derivatives through [`retrax.relations.implicit_infer`][]
     reach the parameters of every member (and the weights).
 
     **Arguments:**

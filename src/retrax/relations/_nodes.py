@@ -10,13 +10,13 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._errors import error_if
 from .._misc import check_positive_int, check_value
-from ._schedule import AbstractNoiseSchedule
+from ..diffusion._schedule import AbstractNoiseSchedule
 
 
 class FieldNodes(eqx.Module):
     r"""A fixed set of $K$ field nodes $(t_k, e_k, w_k)$.
 
-    The implicit field of [`retrax.diffusion.ImplicitDiffusion`][] is a
+    The implicit field of [`retrax.relations.ImplicitDiffusion`][] is a
     weighted sum over these nodes of the denoising residual
     $\hat\epsilon(\alpha_k z + \sigma_k e_k, t_k) - e_k$. Fixing the nodes
     makes the field a deterministic function of $z$, so it has roots and a
@@ -118,7 +118,7 @@ def field_nodes(
 
     **Returns:**
 
-    A [`retrax.diffusion.FieldNodes`][] with
+    A [`retrax.relations.FieldNodes`][] with
     $K = $ `len(levels) * samples * (2 if antithetic else 1)` nodes.
     """
     check_positive_int("n", n)
@@ -152,7 +152,7 @@ def noisefree_nodes(
 
     **Returns:**
 
-    A [`retrax.diffusion.FieldNodes`][] with one node of weight 1.
+    A [`retrax.relations.FieldNodes`][] with one node of weight 1.
     """
     check_positive_int("n", n)
     dtype = jnp.result_type(float) if dtype is None else dtype
@@ -175,7 +175,7 @@ def density_lambda(
     $\lambda\sum_k w_k\sigma_k^2/\alpha_k^2\,(-\nabla\log\tilde p(z))$.
     Choosing $\lambda = 1/\sum_k w_k\sigma_k^2/\alpha_k^2$ makes it
     approximate $-\nabla\log p(z)$ in the data's own units, so its Jacobian
-    is a precision (used by [`retrax.diffusion.implicit_laplace`][]).
+    is a precision (used by [`retrax.relations.implicit_laplace`][]).
 
     **Arguments:**
 
@@ -217,7 +217,7 @@ def data_levels(
 ) -> Float[Array, " levels"]:
     r"""Field-node levels scaled to the data's own spacing.
 
-    The default levels of [`retrax.diffusion.field_nodes`][] read the data at
+    The default levels of [`retrax.relations.field_nodes`][] read the data at
     noise standard deviations $\sigma_t/lpha_t$ from about 0.016 to 0.17
     (for the default `VPSDE`): right for data spread over unit scales with
     points about 0.1 apart, too smooth for finer data (the answers of a query

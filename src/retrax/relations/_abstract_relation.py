@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from ._state import as_state
+from ..diffusion._state import as_state
 
 
 def clamp_mask(rho: Float[Array, " n"]) -> Bool[Array, " n"]:
@@ -29,11 +29,11 @@ def soft_stiffness(rho: Float[Array, " n"]) -> Float[Array, " n"]:
 class AbstractImplicitRelation(eqx.Module):
     r"""A relation over a joint space: a field whose stable roots are its answers.
 
-    The interface [`retrax.diffusion.implicit_infer`][] and the other query
+    The interface [`retrax.relations.implicit_infer`][] and the other query
     functions need: the joint dimension `dim`, the prior field
     $g(z)$ (`prior_field`) and its Jacobian (`prior_jacobian`, one
     `jax.jacfwd` by default). A query's residual
-    ([`retrax.diffusion.AbstractImplicitRelation.implicit_residual`][]) is
+    ([`retrax.relations.AbstractImplicitRelation.implicit_residual`][]) is
     built from the field alone.
 
     Every relation also says whether its field is the gradient of a known
@@ -43,10 +43,10 @@ class AbstractImplicitRelation(eqx.Module):
     used by the Laplace covariance) and its unit (`field_unit`, used by the
     clamp load).
 
-    Implementations: [`retrax.diffusion.ImplicitDiffusion`][] (a noise
-    predictor), [`retrax.diffusion.IndexedRelation`][] (a relation over some
+    Implementations: [`retrax.relations.ImplicitDiffusion`][] (a noise
+    predictor), [`retrax.relations.IndexedRelation`][] (a relation over some
     coordinates of a larger joint state) and
-    [`retrax.diffusion.ProductRelation`][] (a weighted sum of relations).
+    [`retrax.relations.ProductRelation`][] (a weighted sum of relations).
     """
 
     @property

@@ -11,10 +11,10 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from .._misc import check_positive_int, check_tol
+from ..diffusion._solution import ImplicitSolution
+from ._abstract_relation import AbstractImplicitRelation
 from ._channel import AbstractChannel, Latent
 from ._infer import implicit_infer, implicit_pullback
-from ._relation import AbstractImplicitRelation
-from ._solution import ImplicitSolution
 
 
 def blockranges(blocks: Mapping[str, int]) -> dict[str, range]:
@@ -50,7 +50,7 @@ def assemble_state(
     **Arguments:**
 
     - `blocks`: the variables' names and sizes, as in
-      [`retrax.diffusion.blockranges`][].
+      [`retrax.relations.blockranges`][].
     - `values`: values for some of the variables (a scalar or a vector of the
       block's size each); unknown names are an error.
     - `fill`: the value of the coordinates of variables not in `values` (e.g.
@@ -110,14 +110,14 @@ class Factor(AbstractImplicitRelation):
     r"""A relation whose joint state is named channels.
 
     The joint coordinates are the `channels`' blocks in order (as in
-    [`retrax.diffusion.blockranges`][]). A query marks each channel
-    [`retrax.diffusion.Observed`][], [`retrax.diffusion.Unobserved`][] or
-    [`retrax.diffusion.Latent`][] (the default for channels not named), and
-    [`retrax.diffusion.Factor.query`][] turns the marks into the clamp and
-    stiffness vectors of [`retrax.diffusion.implicit_infer`][]. A factor is a
+    [`retrax.relations.blockranges`][]). A query marks each channel
+    [`retrax.relations.Observed`][], [`retrax.relations.Unobserved`][] or
+    [`retrax.relations.Latent`][] (the default for channels not named), and
+    [`retrax.relations.Factor.query`][] turns the marks into the clamp and
+    stiffness vectors of [`retrax.relations.implicit_infer`][]. A factor is a
     relation itself (its field is the member's), so every query function
-    takes it; [`retrax.diffusion.factor_infer`][] and
-    [`retrax.diffusion.factor_pullback`][] speak in channels.
+    takes it; [`retrax.relations.factor_infer`][] and
+    [`retrax.relations.factor_pullback`][] speak in channels.
 
     **Arguments:**
 
@@ -193,8 +193,8 @@ class Factor(AbstractImplicitRelation):
         **Arguments:**
 
         - `marks`: a mapping from channel names to
-          [`retrax.diffusion.Observed`][], [`retrax.diffusion.Unobserved`][]
-          or [`retrax.diffusion.Latent`][]; channels not named are latent
+          [`retrax.relations.Observed`][], [`retrax.relations.Unobserved`][]
+          or [`retrax.relations.Latent`][]; channels not named are latent
           (starting at 0).
         - `dtype`: the query's dtype, a real floating dtype (a `TypeError`
           otherwise); JAX's default float by default.
@@ -202,7 +202,7 @@ class Factor(AbstractImplicitRelation):
         **Returns:**
 
         A tuple `(z0, rho)` of `(n,)` vectors for
-        [`retrax.diffusion.implicit_infer`][].
+        [`retrax.relations.implicit_infer`][].
         """
         self._check_marks(marks)
         dtype = query_dtype(dtype)
@@ -225,7 +225,7 @@ class Factor(AbstractImplicitRelation):
         **Returns:**
 
         The coordinates, e.g. for the `coords` of
-        [`retrax.diffusion.laplace_belief`][].
+        [`retrax.relations.laplace_belief`][].
         """
         ranges = self.ranges
         missing = [n for n in names if n not in ranges]
@@ -257,7 +257,7 @@ class Factor(AbstractImplicitRelation):
         **Arguments:**
 
         - `blocks`: values by channel name, as in
-          [`retrax.diffusion.assemble_state`][].
+          [`retrax.relations.assemble_state`][].
         - `fill`: the value of the channels not given.
 
         **Returns:**
@@ -276,17 +276,17 @@ def factor_infer(
 ) -> ImplicitSolution:
     """Answer a query on a factor whose channels are marked.
 
-    [`retrax.diffusion.implicit_infer`][] on `factor.query(marks)`:
+    [`retrax.relations.implicit_infer`][] on `factor.query(marks)`:
     differentiable with respect to the relation's parameters and to every
     mark's values and precisions (a gradient with respect to `marks` is a
     mapping of marks holding the cotangents; see
-    [`retrax.diffusion.factor_pullback`][]).
+    [`retrax.relations.factor_pullback`][]).
 
     **Arguments:**
 
     - `factor`: the factor.
-    - `marks`: channel names to [`retrax.diffusion.Observed`][],
-      [`retrax.diffusion.Unobserved`][] or [`retrax.diffusion.Latent`][]
+    - `marks`: channel names to [`retrax.relations.Observed`][],
+      [`retrax.relations.Unobserved`][] or [`retrax.relations.Latent`][]
       (channels not named are latent).
     - `dtype`: the query's dtype, a real floating dtype (a `TypeError`
       otherwise); JAX's default float by default.
@@ -321,13 +321,13 @@ def factor_pullback(
 ) -> tuple[PyTree, dict[str, AbstractChannel]]:
     r"""The cotangents of a factor query's relation and of each channel's mark.
 
-    The adjoint formulas of [`retrax.diffusion.implicit_pullback`][],
-    carried back through [`retrax.diffusion.Factor.query`][]: an observed
+    The adjoint formulas of [`retrax.relations.implicit_pullback`][],
+    carried back through [`retrax.relations.Factor.query`][]: an observed
     channel's value gets $\bar z_C + J_{FC}^\top\mu$, an unobserved
     channel's value $-\rho^2\mu$ and its precision
     $\bar\rho\,\partial\rho/\partial\,\mathrm{precision}$ with
     $\bar\rho = 2\rho(z^* - z_0)\mu$, and a latent channel's start 0. The
-    numbers equal `jax.grad` through [`retrax.diffusion.factor_infer`][]
+    numbers equal `jax.grad` through [`retrax.relations.factor_infer`][]
     (the relation's part includes what reaches it through
     $\lambda_{\mathrm{eff}}$ in the stiffness). NaN when the solve did not
     converge.

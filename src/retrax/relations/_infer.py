@@ -13,9 +13,9 @@ from jaxtyping import Array, ArrayLike, Float, PyTree
 from .._errors import error_if, filter_jit
 from .._misc import check_positive_int, check_tol
 from .._solution import AbstractSolution, throw_if_failed
-from ._never_silent import nan_unless, never_silent
-from ._relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
-from ._solution import RESULTS, ImplicitSolution
+from ..diffusion._never_silent import nan_unless, never_silent
+from ..diffusion._solution import RESULTS, ImplicitSolution
+from ._abstract_relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
 from ._solver import GuardedNewton
 
 
@@ -110,13 +110,13 @@ def implicit_infer(
     r"""Answer a query: the stable root of the clamped residual nearest the start.
 
     Solves $r(z) = 0$ for the residual of
-    [`retrax.diffusion.AbstractImplicitRelation.implicit_residual`][] with the
-    guarded Newton method [`retrax.diffusion.GuardedNewton`][] through
+    [`retrax.relations.AbstractImplicitRelation.implicit_residual`][] with the
+    guarded Newton method [`retrax.relations.GuardedNewton`][] through
     `optimistix.root_find`, so that derivatives of the answer with respect to
     the model's parameters, `z0` and `rho` are given by the implicit function
     theorem (`optx.ImplicitAdjoint`): one transposed linear solve
     $J_{FF}^\top\mu = -\bar z_F$, never a pass back through the iterations.
-    See [`retrax.diffusion.implicit_pullback`][] for the same numbers as
+    See [`retrax.relations.implicit_pullback`][] for the same numbers as
     explicit formulas.
 
     Derivatives through a solve that did not converge are never silent:
@@ -261,7 +261,7 @@ def _infer(
 
 class ImplicitPullback(AbstractSolution):
     """The cotangents of a query's inputs, from
-    [`retrax.diffusion.implicit_pullback`][].
+    [`retrax.relations.implicit_pullback`][].
 
     Unpacks as the tuple `(model_bar, z0_bar, rho_bar)`, the form
     `implicit_pullback` returned before it returned this object.
@@ -313,7 +313,7 @@ def implicit_pullback(
     - stiffnesses: $2\rho_F(z^*_F - z_{0,F})\mu$, and 0 for clamped ones.
 
     These are the numbers `jax.grad` through
-    [`retrax.diffusion.implicit_infer`][] returns. NaN when the solve did not
+    [`retrax.relations.implicit_infer`][] returns. NaN when the solve did not
     converge. The adjoint solve is a lineax LU solve whose result is
     checked: a singular $J_{FF}$ (no unique adjoint, e.g. a flat field with
     free coordinates) raises with lineax's message when `throw=True`, and
@@ -334,7 +334,7 @@ def implicit_pullback(
 
     **Returns:**
 
-    A [`retrax.diffusion.ImplicitPullback`][]: `model_bar` (a pytree shaped
+    A [`retrax.relations.ImplicitPullback`][]: `model_bar` (a pytree shaped
     like `model` with the cotangent at every floating-point leaf, `None`
     elsewhere), `z0_bar` and `rho_bar` (two `(n,)` vectors), `result` and
     `stats`. It unpacks as `model_bar, z0_bar, rho_bar = ...`.

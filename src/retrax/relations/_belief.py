@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
+from ..diffusion._never_silent import nan_unless
+from ..diffusion._solution import RESULTS, ImplicitSolution
+from ._abstract_relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
 from ._gaussian import AbstractGaussian, CanonicalGaussian, MomentGaussian, as_coords
-from ._never_silent import nan_unless
-from ._potential import has_energy, implicit_energy
-from ._relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
+from ._implicit_energy import has_energy, implicit_energy
 from ._roots import ImplicitRoots, implicit_roots
-from ._solution import RESULTS, ImplicitSolution
 
 
 def _effective_lambda(model: AbstractImplicitRelation, dtype) -> Array:
@@ -108,7 +108,7 @@ def laplace_belief(
     rho: Float[ArrayLike, " n"],
     coords: Sequence[int] | ArrayLike | None = None,
 ) -> LaplaceBelief:
-    """Package an answer and its [`retrax.diffusion.implicit_laplace`][] covariance.
+    """Package an answer and its [`retrax.relations.implicit_laplace`][] covariance.
 
     **Arguments:**
 
@@ -116,12 +116,12 @@ def laplace_belief(
     - `sol`: the query's solution.
     - `rho`: the query's stiffnesses.
     - `coords`: the coordinates to keep (the marginal belief over them, in
-      their order); all by default. For a [`retrax.diffusion.Factor`][],
+      their order); all by default. For a [`retrax.relations.Factor`][],
       `factor.coords(name, ...)` gives a channel's coordinates.
 
     **Returns:**
 
-    A [`retrax.diffusion.LaplaceBelief`][].
+    A [`retrax.relations.LaplaceBelief`][].
     """
     rho = model.check_point("rho", rho).astype(sol.z.dtype)
     belief = LaplaceBelief(
@@ -167,16 +167,16 @@ def implicit_mixture(
     r"""Combine the stable answers of a query into a Gaussian mixture.
 
     Each valid root $z_k$ gets its Laplace covariance $\Sigma_k$
-    ([`retrax.diffusion.implicit_laplace`][]) and the weight
+    ([`retrax.relations.implicit_laplace`][]) and the weight
     $\propto \exp(-U(z_k)/\lambda_{\mathrm{eff}})\det(\Sigma_k)^{1/2}$ (the
     Laplace approximation of the probability mass of its basin), with $U$ from
-    [`retrax.diffusion.implicit_energy`][] including the query's soft terms.
+    [`retrax.relations.implicit_energy`][] including the query's soft terms.
     For fields without a known potential the valid roots get equal weights.
 
     **Arguments:**
 
     - `model`: the implicit field.
-    - `roots`: the query's answers from [`retrax.diffusion.implicit_roots`][],
+    - `roots`: the query's answers from [`retrax.relations.implicit_roots`][],
       or `None` to find them here: `implicit_roots(model, z0, rho,
       **roots_options)` (pass `key=` for random starts or `starts=`).
     - `z0`, `rho`: the query.
@@ -187,7 +187,7 @@ def implicit_mixture(
 
     **Returns:**
 
-    A [`retrax.diffusion.MixtureBelief`][] over the roots' slots.
+    A [`retrax.relations.MixtureBelief`][] over the roots' slots.
     """
     if roots is None:
         roots = implicit_roots(model, z0, rho, **roots_options)

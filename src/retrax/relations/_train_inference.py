@@ -1,10 +1,10 @@
 r"""Training through inference: a task loss on the answers of queries.
 
 The parameters of a relation are fitted so that the answers of a set of
-queries (stable roots found by [`retrax.diffusion.implicit_infer`][]) score
+queries (stable roots found by [`retrax.relations.implicit_infer`][]) score
 well under a task loss, optionally plus the denoising loss of its predictor
 on data. The gradient of the task loss is the implicit-function-theorem
-adjoint at each answer ([`retrax.diffusion.implicit_pullback`][]), or its
+adjoint at each answer ([`retrax.relations.implicit_pullback`][]), or its
 Jacobian-free approximation; the solver's iterations are never
 differentiated.
 """
@@ -24,10 +24,10 @@ from tqdm.auto import tqdm
 from .._errors import filter_jit
 from .._misc import all_finite, check_positive_int, check_tol, static_float
 from .._solution import AbstractSolution
+from ..diffusion._predictor import AbstractPredictor
+from ..diffusion._solution import RESULTS
+from ._abstract_relation import AbstractImplicitRelation, clamp_mask
 from ._infer import implicit_infer, implicit_pullback
-from ._predictor import AbstractPredictor
-from ._relation import AbstractImplicitRelation, clamp_mask
-from ._solution import RESULTS
 
 
 # one module-level default, so that repeated calls reuse the compiled epoch
@@ -41,7 +41,7 @@ def _predictor_of(relation):
 class TaskGradient(AbstractSolution):
     """The task loss of a set of queries and its gradient.
 
-    Returned by [`retrax.diffusion.task_gradient`][].
+    Returned by [`retrax.relations.task_gradient`][].
 
     **Attributes:**
 
@@ -53,7 +53,7 @@ class TaskGradient(AbstractSolution):
       adjoint system (for `gradient="implicit"`) and a finite loss.
     - `failed`: the number of queries masked out.
     - `result`: each query's [`retrax.diffusion.RESULTS`][] code from
-      [`retrax.diffusion.implicit_infer`][] (a failed query is masked out of
+      [`retrax.relations.implicit_infer`][] (a failed query is masked out of
       the loss, never raised: see `failed`).
     - `stats`: `{"num_steps": ...}`, each query's solver steps, shape
       `(queries,)` (see [`retrax.diffusion.AbstractSolution`][]).
@@ -69,7 +69,7 @@ class TaskGradient(AbstractSolution):
 
 
 class InferenceHistory(eqx.Module):
-    """The record of a [`retrax.diffusion.fit_through_inference`][] run.
+    """The record of a [`retrax.relations.fit_through_inference`][] run.
 
     **Attributes:**
 
@@ -216,7 +216,7 @@ def task_gradient(
 ) -> TaskGradient:
     r"""The mean task loss of a set of queries and its gradient.
 
-    Every query $q$ is answered by [`retrax.diffusion.implicit_infer`][]
+    Every query $q$ is answered by [`retrax.relations.implicit_infer`][]
     (one `vmap`, `throw=False`); the queries that failed (not converged, not
     stable, a non-finite loss, or a singular adjoint system) are masked out
     and counted, and the task loss is
@@ -225,7 +225,7 @@ def task_gradient(
     is, per query, the implicit-function-theorem adjoint
     $\sum_k w_k\lambda_k(\partial\hat\epsilon_k/\partial\theta)^\top\mu_q$ with
     $J_{FF}^\top\mu_q = -\bar z_{q,F}$ (the numbers of
-    [`retrax.diffusion.implicit_pullback`][]), summed over $V$.
+    [`retrax.relations.implicit_pullback`][]), summed over $V$.
 
     With `gradient="jacobian_free"` the adjoint system is skipped:
     $\mu_q = -\bar z_{q,F}$, as if $J_{FF}$ were the identity (the
@@ -255,7 +255,7 @@ def task_gradient(
 
     **Returns:**
 
-    A [`retrax.diffusion.TaskGradient`][].
+    A [`retrax.relations.TaskGradient`][].
     """
     _check_gradient(gradient)
     check_positive_int("max_steps", max_steps)
@@ -339,7 +339,7 @@ def fit_through_inference(
 ) -> tuple[AbstractImplicitRelation, InferenceHistory]:
     r"""Train a relation through inference: a task loss on the answers of queries.
 
-    Each epoch answers every query with [`retrax.diffusion.implicit_infer`][]
+    Each epoch answers every query with [`retrax.relations.implicit_infer`][]
     from its warm start, and takes one optimiser step on
 
     $$L(\theta) = \frac{1}{|V|}\sum_{q\in V}\ell(z^*_q(\theta),
@@ -349,7 +349,7 @@ def fit_through_inference(
     (with a solvable adjoint system and a finite loss): the others are masked
     out and counted in `history.failed`, never silently differentiated. The
     task gradient is the implicit-function-theorem adjoint of
-    [`retrax.diffusion.task_gradient`][] (or its Jacobian-free approximation,
+    [`retrax.relations.task_gradient`][] (or its Jacobian-free approximation,
     `gradient="jacobian_free"`). With `data`, $L_{\mathrm{DSM}}$ is the
     denoising loss of the predictor `where(relation)` on a minibatch of
     `batch_size` rows at times $t \sim U(t_0, t_1)$, as in
@@ -378,7 +378,7 @@ def fit_through_inference(
     - `where`: selects the trained part of the relation, as in
       `eqx.tree_at`: its floating-point arrays are trained, and with `data`
       it must be the predictor. `relation.pred` by default (the network of
-      an [`retrax.diffusion.ImplicitDiffusion`][]); e.g.
+      an [`retrax.relations.ImplicitDiffusion`][]); e.g.
       `lambda r: r.pred.means` trains only a mixture's means.
     - `data`: training data for the denoising loss, shape `(num, n)`, or
       `None` for the task loss alone.
@@ -394,7 +394,7 @@ def fit_through_inference(
 
     **Returns:**
 
-    `(trained_relation, history)`, an [`retrax.diffusion.InferenceHistory`][].
+    `(trained_relation, history)`, an [`retrax.relations.InferenceHistory`][].
 
     **Raises:**
 

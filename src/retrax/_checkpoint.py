@@ -37,7 +37,7 @@ _NAME = re.compile(r"^checkpoint-(\d+)\.ckpt$")
 
 
 class Checkpoint(NamedTuple):
-    """A checkpoint read back by [`retrax.diffusion.load_checkpoint`][].
+    """A checkpoint read back by [`retrax.load_checkpoint`][].
 
     **Fields:**
 
@@ -202,7 +202,7 @@ def save_checkpoint(
     The arrays of `tree` (JAX and NumPy arrays, PRNG keys, Python numbers) are
     stored with `equinox.tree_serialise_leaves`; its other leaves (functions,
     strings) are not stored and come back from the `like` given to
-    [`retrax.diffusion.load_checkpoint`][]. The file is written under a
+    [`retrax.load_checkpoint`][]. The file is written under a
     temporary name in `directory`, `fsync`ed and renamed, so a process killed
     at any moment leaves either the previous checkpoints or the new one, never
     a partial file under a checkpoint's name. Each file ends with a SHA-256
@@ -219,7 +219,7 @@ def save_checkpoint(
         opt = optax.adam(1e-3)
         state = (params, opt.init(params))
         start = 0
-        found = rd.load_checkpoint("ckpts", like=state)
+        found = retrax.load_checkpoint("ckpts", like=state)
         if found is not None:
             start, state = found.step, found.tree
         for step in range(start, 1000):
@@ -228,7 +228,7 @@ def save_checkpoint(
             updates, opt_state = opt.update(grads, opt_state, params)
             state = (optax.apply_updates(params, updates), opt_state)
             if (step + 1) % 100 == 0:
-                rd.save_checkpoint("ckpts", step + 1, state, keep=3)
+                retrax.save_checkpoint("ckpts", step + 1, state, keep=3)
         ```
 
         Draw the randomness of step `s` from `jax.random.fold_in(key, s)` (or
@@ -416,7 +416,7 @@ def load_checkpoint(directory: str | os.PathLike, like: PyTree) -> Checkpoint | 
     tried. A checkpoint whose leaves (paths, shapes, dtypes) differ from those
     of `like` raises a `ValueError`: it belongs to a different model or run.
 
-    See [`retrax.diffusion.save_checkpoint`][] for an example.
+    See [`retrax.save_checkpoint`][] for an example.
 
     **Arguments:**
 
@@ -427,7 +427,7 @@ def load_checkpoint(directory: str | os.PathLike, like: PyTree) -> Checkpoint | 
 
     **Returns:**
 
-    A [`retrax.diffusion.Checkpoint`][] `(step, tree, metadata, path)`, or
+    A [`retrax.Checkpoint`][] `(step, tree, metadata, path)`, or
     `None` when `directory` holds no checkpoint (or does not exist).
 
     **Raises:**

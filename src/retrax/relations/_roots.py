@@ -9,11 +9,11 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 from .._errors import error_if, filter_jit
 from .._misc import check_positive_int
 from .._solution import AbstractSolution, throw_if_failed
+from ..diffusion._solution import RESULTS
+from ..diffusion._state import as_state
+from ._abstract_relation import AbstractImplicitRelation, clamp_mask
+from ._implicit_energy import implicit_energy
 from ._infer import _check_query, _infer
-from ._potential import implicit_energy
-from ._relation import AbstractImplicitRelation, clamp_mask
-from ._solution import RESULTS
-from ._state import as_state
 
 
 class ImplicitRoots(AbstractSolution):
@@ -69,7 +69,7 @@ def implicit_roots(
     r"""All the stable answers of a query that several starts reach.
 
     The first start is always the query's own: `z_init`, or `z0` (the start
-    [`retrax.diffusion.implicit_infer`][] would use), so the answer
+    [`retrax.relations.implicit_infer`][] would use), so the answer
     `implicit_infer` gives is among the roots. The others are the rows of
     `starts` when given, and otherwise `n_starts - 1` random starts
     `z0 + spread * N(0, I)` drawn with `key`. Clamped coordinates of every
@@ -109,7 +109,7 @@ def implicit_roots(
 
     **Returns:**
 
-    An [`retrax.diffusion.ImplicitRoots`][].
+    An [`retrax.relations.ImplicitRoots`][].
     """
     z0, rho, own = _check_query(model, z0, rho, z_init)
     dtype = z0.dtype
@@ -205,8 +205,8 @@ def roots_by_energy(
     r"""Order the answers of a query by energy, the most probable first.
 
     For a conservative relation (see
-    [`retrax.diffusion.implicit_energy`][]) the valid answers of
-    [`retrax.diffusion.implicit_roots`][] are sorted by the query's potential
+    [`retrax.relations.implicit_energy`][]) the valid answers of
+    [`retrax.relations.implicit_roots`][] are sorted by the query's potential
     $U(z) + \tfrac12\sum_F\rho_i^2(z_i - z_{0,i})^2$, lowest first (the
     deepest mode of the learned density given the query); invalid slots
     follow. Jittable; derivatives pass through the reordered answers.
@@ -220,7 +220,7 @@ def roots_by_energy(
     **Returns:**
 
     A tuple `(roots, energy)`: the reordered
-    [`retrax.diffusion.ImplicitRoots`][] and each slot's energy
+    [`retrax.relations.ImplicitRoots`][] and each slot's energy
     (`inf` for invalid slots).
     """
     dtype = roots.z.dtype

@@ -9,11 +9,11 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._errors import filter_jit
+from ..diffusion._solution import ImplicitSolution
+from ._abstract_relation import soft_stiffness
 from ._belief import laplace_belief
 from ._factor import AbstractChannel, Factor
 from ._gaussian import CanonicalGaussian, divide
-from ._relation import soft_stiffness
-from ._solution import ImplicitSolution
 
 
 def channel_anchor(
@@ -22,8 +22,8 @@ def channel_anchor(
     r"""The Gaussian evidence a query puts on one channel.
 
     $N(\mathrm{value}, \mathrm{precision}^{-1})$ in canonical form for an
-    [`retrax.diffusion.Unobserved`][] channel (diagonal precision), and the
-    flat (zero) Gaussian for a [`retrax.diffusion.Latent`][] one.
+    [`retrax.relations.Unobserved`][] channel (diagonal precision), and the
+    flat (zero) Gaussian for a [`retrax.relations.Latent`][] one.
 
     **Arguments:**
 
@@ -34,7 +34,7 @@ def channel_anchor(
 
     **Returns:**
 
-    A [`retrax.diffusion.CanonicalGaussian`][] over the channel's block.
+    A [`retrax.relations.CanonicalGaussian`][] over the channel's block.
     """
     z0, rho = factor.query(marks, dtype)
     mark = marks.get(name)
@@ -61,8 +61,8 @@ def factor_messages(
 
     With `kind="gaussian"`, for every channel $c$ that is not observed: the
     Laplace belief of the answer marginalised onto $c$
-    ([`retrax.diffusion.laplace_belief`][] with `coords`), divided by the
-    anchor the query put on $c$ ([`retrax.diffusion.channel_anchor`][]), so
+    ([`retrax.relations.laplace_belief`][] with `coords`), divided by the
+    anchor the query put on $c$ ([`retrax.relations.channel_anchor`][]), so
     that the anchor is not counted twice when the message is combined with
     it again: `combine(message, anchor)` is the posterior marginal. This is
     the belief-propagation message from the factor to the variable $c$
@@ -75,14 +75,14 @@ def factor_messages(
 
     - `factor`: the factor the query was solved on.
     - `sol`: the query's converged, stable solution
-      ([`retrax.diffusion.factor_infer`][]).
+      ([`retrax.relations.factor_infer`][]).
     - `marks`: the query's marks.
     - `kind`: `"gaussian"` (canonical Gaussians) or `"point"` (the answer).
     - `dtype`: the query's dtype; JAX's default float by default.
 
     **Returns:**
 
-    A dict from channel names to [`retrax.diffusion.CanonicalGaussian`][]
+    A dict from channel names to [`retrax.relations.CanonicalGaussian`][]
     messages (non-observed channels) or to the answer's blocks (`"point"`,
     all channels). NaN unless `sol` is converged and stable (Gaussian).
     """

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from .._errors import error_if
-from ._state import as_state
+from ..diffusion._state import as_state
 
 
 def _block(name: str, what: str, x, size: int, dtype) -> Float[Array, " size"]:
@@ -26,10 +26,10 @@ class AbstractChannel(eqx.Module):
 
     Each channel answers `query`: the values and stiffnesses of its block in
     the query vectors `z0` and `rho` of
-    [`retrax.diffusion.implicit_infer`][]. Implementations:
-    [`retrax.diffusion.Observed`][] (a hard clamp),
-    [`retrax.diffusion.Unobserved`][] (a soft input with a precision) and
-    [`retrax.diffusion.Latent`][] (free).
+    [`retrax.relations.implicit_infer`][]. Implementations:
+    [`retrax.relations.Observed`][] (a hard clamp),
+    [`retrax.relations.Unobserved`][] (a soft input with a precision) and
+    [`retrax.relations.Latent`][] (free).
     """
 
     @property
@@ -49,7 +49,7 @@ class AbstractChannel(eqx.Module):
         - `size`: the block's size.
         - `dtype`: the query's floating dtype.
         - `lam_eff`: the relation's $\lambda_{\mathrm{eff}}$ (see
-          [`retrax.diffusion.AbstractImplicitRelation.effective_lambda`][]),
+          [`retrax.relations.AbstractImplicitRelation.effective_lambda`][]),
           which converts a precision in data units into a stiffness.
 
         **Returns:**

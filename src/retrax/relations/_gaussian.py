@@ -11,8 +11,8 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Shaped
 
 from .._errors import error_if
-from ._never_silent import nan_unless
-from ._state import as_state
+from ..diffusion._never_silent import nan_unless
+from ..diffusion._state import as_state
 
 
 def as_coords(coords: Sequence[int] | ArrayLike, dim: int) -> np.ndarray:
@@ -131,8 +131,8 @@ def _eigenvalues(matrix: Array) -> tuple[Array, float]:
 class AbstractGaussian(eqx.Module):
     """A Gaussian belief over `dim` coordinates, in some parametrisation.
 
-    Every form converts to the others ([`retrax.diffusion.MomentGaussian`][]
-    by `moment`, [`retrax.diffusion.CanonicalGaussian`][] by `canonical`) and
+    Every form converts to the others ([`retrax.relations.MomentGaussian`][]
+    by `moment`, [`retrax.relations.CanonicalGaussian`][] by `canonical`) and
     marginalises onto chosen coordinates (`marginal`).
     """
 
@@ -215,8 +215,8 @@ class CanonicalGaussian(AbstractGaussian):
     \exp(\eta^\top z - \tfrac12 z^\top\Lambda z)$.
 
     Products of Gaussians add their canonical parameters
-    ([`retrax.diffusion.combine`][]), quotients subtract them
-    ([`retrax.diffusion.divide`][]); $\Lambda$ may be singular or indefinite
+    ([`retrax.relations.combine`][]), quotients subtract them
+    ([`retrax.relations.divide`][]); $\Lambda$ may be singular or indefinite
     (a likelihood that says nothing about some direction, or a quotient),
     where the moment form does not exist. Marginalising over coordinates
     $a$ (out of $b$) is the Schur complement:
@@ -315,7 +315,7 @@ def combine(*beliefs: AbstractGaussian) -> CanonicalGaussian:
 
     **Returns:**
 
-    Their product, a [`retrax.diffusion.CanonicalGaussian`][].
+    Their product, a [`retrax.relations.CanonicalGaussian`][].
     """
     if not beliefs:
         raise ValueError("`combine` needs at least one belief.")
@@ -337,7 +337,7 @@ def divide(belief: AbstractGaussian, by: AbstractGaussian) -> CanonicalGaussian:
 
     **Returns:**
 
-    The quotient, a [`retrax.diffusion.CanonicalGaussian`][] (its precision
+    The quotient, a [`retrax.relations.CanonicalGaussian`][] (its precision
     need not be positive definite).
     """
     _same_dim([belief, by])

@@ -128,7 +128,7 @@ class GuardedNewton(optx.AbstractRootFinder):
     returning a number. The last iterate is in `sol.state.y`. A converged
     but unstable end (a saddle the solver could not leave within
     `max_steps`) keeps its value, a root whose derivatives are meaningful.
-    [`retrax.diffusion.implicit_infer`][] passes `options["keep_last"] =
+    [`retrax.relations.implicit_infer`][] passes `options["keep_last"] =
     True` to get the last iterate instead of NaN, and makes its derivatives
     NaN itself.
 

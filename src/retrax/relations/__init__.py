@@ -1,0 +1,134 @@
+"""Relations: learned implicit relations over a joint space, and inference on them.
+
+A relation is a field over a joint state; a query clamps some coordinates and
+asks for the others as a stable root of the field. This package holds the
+relations, their queries and what is built on the answers: beliefs,
+Gaussians, factors with named channels, messages, free energies and training
+through inference. The diffusion models a relation is learned from
+(schedules, predictors, networks, `fit`, samplers) live in
+`retrax.diffusion`, which this package imports; never the other way round.
+
+- Relations: `AbstractImplicitRelation`, `ImplicitDiffusion` (the implicit
+  field of a noise predictor), `FieldNodes` and its constructors
+  (`field_nodes`, `noisefree_nodes`, `data_levels`, `density_lambda`);
+  composed relations `IndexedRelation`, `named_relation`, `ProductRelation`.
+- Queries: `implicit_infer`, `implicit_pullback` (an `ImplicitPullback`),
+  `GuardedNewton`,
+  `ImplicitSolution`, `RESULTS`; several answers: `implicit_roots`,
+  `ImplicitRoots`, `roots_by_energy`; the energy of an answer:
+  `implicit_energy`, `local_free_energy`.
+- Beliefs: `implicit_laplace`, `laplace_belief`, `LaplaceBelief`,
+  `implicit_mixture`, `MixtureBelief`; Gaussians `AbstractGaussian`,
+  `MomentGaussian`, `CanonicalGaussian`, `combine`, `divide`.
+- Factors and messages: `Factor`, the channels `AbstractChannel`, `Observed`,
+  `Unobserved`, `Latent`; `factor_infer`, `factor_pullback`,
+  `factor_messages`, `channel_anchor`, `blockranges`, `assemble_state`.
+- Training through inference: `fit_through_inference`, `task_gradient`,
+  `TaskGradient`, `InferenceHistory`.
+
+`RESULTS` and `ImplicitSolution` are defined with the other result codes in
+`retrax.diffusion` (the proximal samplers share the codes) and re-exported here.
+
+Module map (what each private module holds; all moved from `retrax.diffusion`,
+where `_abstract_relation` was `_relation`, `_composed` was `_relations`,
+`_implicit_energy` was `_potential` and `_local_free_energy` was
+`_free_energy`):
+
+- `_abstract_relation`: `AbstractImplicitRelation`, a field over a joint space and
+  a query's clamped residual.
+- `_composed`: `IndexedRelation`, `named_relation`, `ProductRelation`,
+  relations composed of others.
+- `_field`: `ImplicitDiffusion`, the implicit field of a noise predictor.
+- `_nodes`: `FieldNodes` and the noise levels a field averages.
+- `_solver`: `GuardedNewton`, a root finder that settles only on stable roots.
+- `_infer`: `implicit_infer`, `implicit_pullback`: one query and its
+  implicit gradient.
+- `_roots`: `implicit_roots`, `ImplicitRoots`, `roots_by_energy`: the
+  answers several starts reach.
+- `_implicit_energy`: `implicit_energy`, the potential of a conservative
+  relation's query.
+- `_local_free_energy`: `local_free_energy`, energy plus the entropy term.
+- `_belief`: Laplace and mixture beliefs about an answer.
+- `_gaussian`: moment and canonical Gaussians, products and quotients.
+- `_channel`: `Observed`, `Unobserved`, `Latent`, how a query marks a channel.
+- `_factor`: `Factor`, a relation over named channels, and its queries.
+- `_message`: factor-to-channel messages.
+- `_train_inference`: `fit_through_inference`, a task loss on the answers
+  of queries.
+
+The shared pieces stay in `retrax.diffusion`: input conventions (`_state`),
+result codes and solution objects (`_solution`), the NaN gating of failed
+solves (`_never_silent`), schedules and predictors.
+"""
+
+# `retrax.diffusion` re-exports these names, importing this package at its end;
+# `retrax/__init__.py` imports `diffusion` first, so its modules are loaded
+# before any of the relation modules below asks for them.
+from ..diffusion._solution import (
+    RESULTS as RESULTS,
+    ImplicitSolution as ImplicitSolution,
+)
+from ._abstract_relation import AbstractImplicitRelation as AbstractImplicitRelation
+from ._belief import (
+    LaplaceBelief as LaplaceBelief,
+    MixtureBelief as MixtureBelief,
+    implicit_laplace as implicit_laplace,
+    implicit_mixture as implicit_mixture,
+    laplace_belief as laplace_belief,
+)
+from ._channel import (
+    AbstractChannel as AbstractChannel,
+    Latent as Latent,
+    Observed as Observed,
+    Unobserved as Unobserved,
+)
+from ._composed import (
+    IndexedRelation as IndexedRelation,
+    ProductRelation as ProductRelation,
+    named_relation as named_relation,
+)
+from ._factor import (
+    Factor as Factor,
+    assemble_state as assemble_state,
+    blockranges as blockranges,
+    factor_infer as factor_infer,
+    factor_pullback as factor_pullback,
+)
+from ._field import ImplicitDiffusion as ImplicitDiffusion
+from ._gaussian import (
+    AbstractGaussian as AbstractGaussian,
+    CanonicalGaussian as CanonicalGaussian,
+    MomentGaussian as MomentGaussian,
+    combine as combine,
+    divide as divide,
+)
+from ._implicit_energy import implicit_energy as implicit_energy
+from ._infer import (
+    ImplicitPullback as ImplicitPullback,
+    implicit_infer as implicit_infer,
+    implicit_pullback as implicit_pullback,
+)
+from ._local_free_energy import local_free_energy as local_free_energy
+from ._message import (
+    channel_anchor as channel_anchor,
+    factor_messages as factor_messages,
+)
+from ._nodes import (
+    FieldNodes as FieldNodes,
+    data_levels as data_levels,
+    density_lambda as density_lambda,
+    field_nodes as field_nodes,
+    noisefree_nodes as noisefree_nodes,
+)
+from ._roots import (
+    ImplicitRoots as ImplicitRoots,
+    implicit_roots as implicit_roots,
+    roots_by_energy as roots_by_energy,
+)
+from ._solver import GuardedNewton as GuardedNewton
+from ._train_inference import (
+    InferenceHistory as InferenceHistory,
+    TaskGradient as TaskGradient,
+    fit_through_inference as fit_through_inference,
+    task_gradient as task_gradient,
+)
