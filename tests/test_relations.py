@@ -390,7 +390,7 @@ def test_diffusion_aliases_are_the_relations_names():
         for n in dir(rr)
         if not n.startswith("_") and not isinstance(getattr(rr, n), type(rr))
     ]
-    assert len(names) == 45
+    assert len(names) == 46
     for name in names:
         assert getattr(rd, name) is getattr(rr, name), name
         if not hasattr(solution, name):

@@ -26,7 +26,8 @@ factors, messages, free energies and training through inference now live in
 from here as `retrax.diffusion.X`, the same object as `retrax.relations.X`:
 `AbstractChannel`, `AbstractGaussian`, `AbstractImplicitRelation`,
 `CanonicalGaussian`, `Factor`, `FieldNodes`, `GuardedNewton`,
-`ImplicitDiffusion`, `ImplicitRoots`, `IndexedRelation`, `InferenceHistory`,
+`ImplicitDiffusion`, `ImplicitPullback`, `ImplicitRoots`,
+`IndexedRelation`, `InferenceHistory`,
 `LaplaceBelief`, `Latent`, `MixtureBelief`, `MomentGaussian`, `Observed`,
 `ProductRelation`, `TaskGradient`, `Unobserved`, `assemble_state`,
 `blockranges`, `channel_anchor`, `combine`, `data_levels`, `density_lambda`,
