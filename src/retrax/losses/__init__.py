@@ -1,5 +1,6 @@
-"""Losses for audio: STFT losses, mel and fractional-octave band energies, and
-energy decay curves of impulse responses."""
+"""Losses for audio: STFT losses, time-domain losses (error-to-signal, DC,
+log-cosh, SNR and SDR), mel and fractional-octave band energies, and energy
+decay curves of impulse responses."""
 
 from ._edc import (
     EnergyDecayLoss as EnergyDecayLoss,
@@ -20,3 +21,12 @@ from ._octave import (
 )
 from ._octave_loss import OctaveBandEnergyLoss as OctaveBandEnergyLoss
 from ._stft_loss import STFTLoss as STFTLoss
+from ._time_domain import (
+    AbstractTimeDomainLoss as AbstractTimeDomainLoss,
+    DCLoss as DCLoss,
+    ESRLoss as ESRLoss,
+    LogCoshLoss as LogCoshLoss,
+    SDSDRLoss as SDSDRLoss,
+    SISDRLoss as SISDRLoss,
+    SNRLoss as SNRLoss,
+)
