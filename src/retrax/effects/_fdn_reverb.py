@@ -7,18 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._effect import AbstractRangedEffect, Range
 from .._errors import error_if
 from .._float_dtypes import check_float_dtype
-from ..ops._validate import check_delay, check_finite, check_rate
+from .._signal import output, per_channel, signal, state_leaf
+from .._validate import check_delay, check_finite, check_rate
 from ._absorption import absorbed_fdn, absorbed_state_shape
-from ._processor import (
-    AbstractRangedEffect,
-    Range,
-    output,
-    per_channel,
-    signal,
-    state_leaf,
-)
 
 
 DEFAULT_DELAYS = (1109, 1327, 1559, 1801, 2053, 2293, 2539, 2801)

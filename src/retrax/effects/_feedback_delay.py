@@ -4,16 +4,10 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._effect import AbstractRangedEffect, Range
+from .._signal import output, per_channel, signal, state_leaf
+from .._validate import check_delay
 from ..ops import comb
-from ..ops._validate import check_delay
-from ._processor import (
-    AbstractRangedEffect,
-    Range,
-    output,
-    per_channel,
-    signal,
-    state_leaf,
-)
 
 
 def comb_history(u, delay: int, g, zi):

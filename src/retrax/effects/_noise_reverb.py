@@ -28,10 +28,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 
+from .._effect import AbstractRangedEffect, Range
 from .._float_dtypes import check_float_dtype
 from .._misc import check_positive_int
-from ..ops._validate import check_finite, check_rate, real_array
-from ._processor import AbstractRangedEffect, Range, output, signal, state_leaf
+from .._signal import output, signal, state_leaf
+from .._validate import check_finite, check_rate, real_array
 
 
 OCTAVE_CENTRES = (31.5, 63, 125, 250, 500, 1000, 2000, 4000, 8000, 16000)

@@ -5,7 +5,8 @@ import math
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from ._processor import AbstractRangedEffect, Range, no_state, output, signal
+from .._effect import AbstractRangedEffect, Range
+from .._signal import no_state, output, signal
 
 
 class StereoPanner(AbstractRangedEffect):

@@ -3,7 +3,8 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from ._processor import AbstractRangedEffect, Range, no_state, output, stereo
+from .._effect import AbstractRangedEffect, Range
+from .._signal import no_state, output, stereo
 
 
 class StereoWidener(AbstractRangedEffect):

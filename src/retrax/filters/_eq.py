@@ -10,19 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._effect import AbstractEffect, Range, check_normalised
 from .._errors import error_if
 from .._misc import as_inexact
-from ..effects._processor import (
-    AbstractEffect,
-    Range,
-    check_normalised,
-    output,
-    per_channel,
-    signal,
-    state_leaf,
-)
+from .._signal import output, per_channel, signal, state_leaf
+from .._validate import check_in_range, check_init_range, check_rate
 from ..ops import sosfilt
-from ..ops._validate import check_in_range, check_init_range, check_rate
 from ._parametrise import biquad_denominator
 from ._unconstrained import (
     bounded,

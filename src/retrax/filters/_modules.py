@@ -6,19 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 
+from .._effect import AbstractEffect, Range, check_normalised
 from .._misc import as_inexact, check_positive_int
+from .._signal import output, per_channel, signal, state_leaf
+from .._validate import check_in_range, check_init_range, check_rate
 from ..dynamics import avg, compexp_gain, db2amp, ms2coef
-from ..effects._processor import (
-    AbstractEffect,
-    Range,
-    check_normalised,
-    output,
-    per_channel,
-    signal,
-    state_leaf,
-)
 from ..ops import diag_state_space
-from ..ops._validate import check_in_range, check_init_range, check_rate
 
 
 # The values each parameter may take (`low`, `high`, whether `low` is

@@ -6,24 +6,17 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._effect import AbstractEffect, Range, check_normalised
 from .._misc import as_inexact, result_dtype
-from ..effects._processor import (
-    AbstractEffect,
-    Range,
-    check_normalised,
-    output,
-    per_channel,
-    signal,
-    state_leaf,
-)
-from ..ops import state_space
-from ..ops._validate import (
+from .._signal import output, per_channel, signal, state_leaf
+from .._validate import (
     check_in_range,
     check_init_range,
     check_rate,
     check_signal,
     check_zi,
 )
+from ..ops import state_space
 from ._unconstrained import (
     bounded,
     field_array,

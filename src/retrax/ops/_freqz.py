@@ -11,9 +11,9 @@ from jax import lax
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._errors import error_if
+from .._validate import check_finite
 from ._scipy_args import as_array, compute_dtype, scipy_dtype
 from ._sosfilt import checked_sos, sos_array
-from ._validate import check_finite
 
 
 # a number of frequencies (an int or a 0-d integer array), or the frequencies

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._errors import error_if
+from .._validate import check_finite
 from ._lfilter import steady_state, tdf2_apply
 from ._scipy_args import (
     along_axis,
@@ -14,7 +15,6 @@ from ._scipy_args import (
     normalise_axis,
     scipy_dtype,
 )
-from ._validate import check_finite
 
 
 def sos_array(sos: ArrayLike | list | tuple, dtype) -> Array:
