@@ -14,6 +14,7 @@ other's private modules.
 import abc
 import dataclasses
 import math
+import re
 from typing import Any
 
 import equinox as eqx
@@ -23,6 +24,10 @@ from jaxtyping import Array, ArrayLike, Float, PyTree, Shaped
 
 from ._misc import as_inexact, check_value
 from ._validate import check_init_range, real_array
+
+
+# A key of `ranges()` for one entry of a vector field, `field[k]`.
+_ENTRY = re.compile(r"(?P<field>\w+)\[(?P<index>\d+)\]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,26 +189,55 @@ class AbstractEffect(eqx.Module):
 class AbstractRangedEffect(AbstractEffect):
     """An effect whose parameters are fields holding physical values, one
     `Range` each (`ranges()`); its normalised vector lists them in that
-    order. The fields are what `eqx.tree_at` replaces and optax trains."""
+    order. The fields are what `eqx.tree_at` replaces and optax trains.
+
+    `ranges()` maps a field's name to the range of all its entries, or
+    `field[k]` to the range of entry `k` of a vector field whose entries lie
+    in ranges of their own (the sections of
+    [`ParametricEQ`][retrax.filters.ParametricEQ], one frequency band each).
+    Constant ranges are a class variable, `RANGES: ClassVar[dict[str,
+    Range]]`, which `ranges()` returns; ranges that depend on a static field
+    (the sample rate, the number of sections) are built by `ranges()` from
+    it. `n_params`, `to_normalised` and `with_normalised` follow from
+    `ranges()` (through the hooks `checked_values` and `with_values`).
+    """
 
     @abc.abstractmethod
     def ranges(self) -> dict[str, Range]:
-        """The documented range of each parameter, by field name, in the
-        order of the normalised vector."""
+        """The documented range of each parameter, by field name (or
+        `field[k]`, see the class), in the order of the normalised vector."""
+
+    def _entries(self) -> list[tuple[str, int | None, Range]]:
+        """`(field, index, range)` for each key of `ranges()`, in order; the
+        index is `None` for a range that covers the whole field."""
+        entries = []
+        for key, r in self.ranges().items():
+            match = _ENTRY.fullmatch(key)
+            if match is None:
+                entries.append((key, None, r))
+            else:
+                entries.append((match["field"], int(match["index"]), r))
+        return entries
 
     @property
     def n_params(self) -> int:
         """The number of normalised parameters."""
-        return sum(np.size(getattr(self, name)) for name in self.ranges())
+        return sum(
+            1 if index is not None else int(np.size(getattr(self, field)))
+            for field, index, _ in self._entries()
+        )
 
     def to_normalised(self) -> Float[Array, " params"]:
         """The normalised parameters `(P,)`, in $[0, 1]$; a parameter outside
         its range (moved there by `eqx.tree_at` or an optimiser) raises an
         error naming it (also under `jax.jit`)."""
-        parts = [
-            jnp.ravel(r.normalised(r.check(name, getattr(self, name))))
-            for name, r in self.ranges().items()
-        ]
+        values = self.checked_values()
+        parts = []
+        for field, index, r in self._entries():
+            value = values[field]
+            if index is not None:
+                value = as_inexact(field, value)[index]
+            parts.append(jnp.ravel(r.normalised(r.check(field, value))))
         return jnp.concatenate(parts)
 
     def with_normalised(self, p: Shaped[ArrayLike, " params"]) -> "AbstractEffect":
@@ -211,16 +245,45 @@ class AbstractRangedEffect(AbstractEffect):
         `(P,)`; entries outside $[0, 1]$ raise an error (also under
         `jax.jit`)."""
         p = check_normalised(p, self.n_params)
-        names = list(self.ranges())
-        values, start = [], 0
-        for name, r in self.ranges().items():
-            old = getattr(self, name)
-            size = int(np.size(old))
-            u = p[start : start + size].reshape(np.shape(old))
-            values.append(r.physical(u))
+        values: dict[str, Any] = {}
+        start = 0
+        for field, index, r in self._entries():
+            shape = () if index is not None else np.shape(getattr(self, field))
+            size = math.prod(shape)
+            u = p[start : start + size].reshape(shape)
             start += size
+            if index is None:
+                values[field] = r.physical(u)
+            else:
+                values.setdefault(field, {})[index] = r.physical(u)
+        for field, value in values.items():
+            if isinstance(value, dict):
+                values[field] = jnp.stack([value[k] for k in sorted(value)])
+        return self.with_values(values)
+
+    # The two hooks below serve effects whose fields may hold more than their
+    # ranges (a filter's cutoff anywhere below Nyquist, its ranges narrower):
+    # such an effect checks its own valid region first and rebuilds through
+    # its constructor, which checks and types the fields as it always does.
+
+    def checked_values(self) -> dict[str, Any]:
+        """The fields that `ranges()` names, by field name, as `to_normalised`
+        reads them. By default the fields as they are (their ranges check
+        them); an effect with a wider valid region returns them checked to
+        lie in it, so that a value outside it raises that region's error."""
+        return {field: getattr(self, field) for field, _, _ in self._entries()}
+
+    def with_values(self, values: dict[str, Array]) -> "AbstractEffect":
+        """This effect with the physical `values` (by field name) that
+        `with_normalised` computed. By default through `eqx.tree_at`; an
+        effect whose constructor checks and types its fields builds itself
+        through it."""
+        names = list(values)
         return eqx.tree_at(
-            lambda m: [getattr(m, n) for n in names], self, values, is_leaf=None
+            lambda m: [getattr(m, n) for n in names],
+            self,
+            [values[n] for n in names],
+            is_leaf=None,
         )
 
     def param(self, name: str, dtype) -> Array:

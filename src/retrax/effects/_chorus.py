@@ -1,6 +1,7 @@
 """A chorus: the signal mixed with a copy read at a slowly oscillating delay."""
 
 import math
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -49,7 +50,7 @@ class Chorus(AbstractRangedEffect):
     mix: Float[Array, ""]
     sample_rate: float = eqx.field(static=True)
 
-    RANGES = {
+    RANGES: ClassVar[dict[str, Range]] = {
         "rate_hz": Range(0.05, 5.0, log=True),
         "depth_ms": Range(0.0, 5.0),
         "centre_ms": Range(5.0, 25.0),

@@ -1,6 +1,7 @@
 """A feedback-delay-network reverb with frequency-dependent decay."""
 
 import math
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -88,7 +89,7 @@ class FDNReverb(AbstractRangedEffect):
     delays: tuple[int, ...] = eqx.field(static=True)
     sample_rate: float = eqx.field(static=True)
 
-    RANGES = {
+    RANGES: ClassVar[dict[str, Range]] = {
         "t60": Range(0.05, 10.0, log=True),
         "hf_ratio": Range(0.05, 1.0),
         "mix": Range(0.0, 1.0),

@@ -1,5 +1,7 @@
 """An echo train: a delay line whose output is fed back into its input."""
 
+from typing import ClassVar
+
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
@@ -27,7 +29,10 @@ class AbstractFeedbackDelay(AbstractRangedEffect):
     mix: Float[Array, ""]
     delay_samples: int = eqx.field(static=True)
 
-    RANGES = {"feedback": Range(0.0, 0.95), "mix": Range(0.0, 1.0)}
+    RANGES: ClassVar[dict[str, Range]] = {
+        "feedback": Range(0.0, 0.95),
+        "mix": Range(0.0, 1.0),
+    }
 
     def __init__(
         self,

@@ -1,5 +1,7 @@
 """Jezar's Freeverb: damped feedback combs in parallel, allpasses in series."""
 
+from typing import ClassVar
+
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
@@ -69,7 +71,7 @@ class Freeverb(AbstractRangedEffect):
     mix: Float[Array, ""]
     sample_rate: float = eqx.field(static=True)
 
-    RANGES = {
+    RANGES: ClassVar[dict[str, Range]] = {
         "room_size": Range(0.0, 1.0),
         "damping": Range(0.0, 1.0),
         "mix": Range(0.0, 1.0),

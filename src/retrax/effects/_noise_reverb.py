@@ -21,6 +21,7 @@ $y = (1 - \mathrm{mix})\, x + \mathrm{mix}\cdot (h * x)$.
 
 import math
 from collections.abc import Sequence
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -172,7 +173,7 @@ class NoiseShapedReverb(AbstractRangedEffect):
     noise: Float[Array, "channels bands length"]
     sample_rate: float = eqx.field(static=True)
 
-    RANGES = {
+    RANGES: ClassVar[dict[str, Range]] = {
         "band_gains": Range(0.0, 1.0),
         "t60s": Range(0.05, 10.0, log=True),
         "mix": Range(0.0, 1.0),

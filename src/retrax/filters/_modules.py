@@ -1,12 +1,14 @@
 """Trainable effect modules: a compressor and a modal state-space filter."""
 
+from typing import ClassVar
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 
-from .._effect import AbstractEffect, Range, check_normalised
+from .._effect import AbstractRangedEffect, Range
 from .._misc import as_inexact, check_positive_int
 from .._signal import output, per_channel, signal, state_leaf
 from .._validate import check_in_range, check_init_range, check_rate
@@ -40,7 +42,7 @@ def _check_lookahead(value: object) -> int:
     return int(value)
 
 
-class Compressor(AbstractEffect):
+class Compressor(AbstractRangedEffect):
     r"""A feed-forward compressor/expander with soft knee, lookahead and makeup gain.
 
     The level is the RMS over a one-pole average, `sqrt(avg(x**2, c))` with
@@ -115,6 +117,15 @@ class Compressor(AbstractEffect):
     rms_ms: Float[Array, ""]
     sample_rate: float = eqx.field(static=True)
     lookahead_samples: int = eqx.field(static=True)
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "threshold_db": Range(-60.0, 0.0),
+        "ratio": Range(1.1, 20.0, log=True),
+        "attack_ms": Range(0.1, 100.0, log=True),
+        "release_ms": Range(5.0, 1000.0, log=True),
+        "makeup_db": Range(-12.0, 24.0),
+        "knee_db": Range(0.0, 24.0),
+    }
 
     def __init__(
         self,
@@ -196,37 +207,7 @@ class Compressor(AbstractEffect):
 
     def ranges(self) -> dict[str, Range]:
         """The normalised parameters' ranges (see the class docstring)."""
-        return {
-            "threshold_db": Range(-60.0, 0.0),
-            "ratio": Range(1.1, 20.0, log=True),
-            "attack_ms": Range(0.1, 100.0, log=True),
-            "release_ms": Range(5.0, 1000.0, log=True),
-            "makeup_db": Range(-12.0, 24.0),
-            "knee_db": Range(0.0, 24.0),
-        }
-
-    @property
-    def n_params(self) -> int:
-        """6: threshold, ratio, attack, release, makeup and knee."""
-        return 6
-
-    def to_normalised(self) -> Float[Array, " 6"]:
-        """The six parameters normalised; values outside the ranges raise
-        (also under `jax.jit`)."""
-        return jnp.stack(
-            [
-                r.normalised(r.check(name, as_inexact(name, getattr(self, name))))
-                for name, r in self.ranges().items()
-            ]
-        )
-
-    def with_normalised(self, p: Shaped[ArrayLike, " 6"]) -> "Compressor":
-        """The compressor with the six parameters of `p` in $[0, 1]$ and
-        this one's expander, detector time, lookahead and sample rate."""
-        p = check_normalised(p, 6)
-        names = list(self.ranges())
-        values = [r.physical(p[i]) for i, r in enumerate(self.ranges().values())]
-        return eqx.tree_at(lambda c: [getattr(c, n) for n in names], self, values)
+        return self.RANGES
 
     def __call__(
         self,

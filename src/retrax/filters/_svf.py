@@ -6,7 +6,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from .._effect import AbstractEffect, Range, check_normalised
+from .._effect import AbstractRangedEffect, Range
 from .._misc import as_inexact, result_dtype
 from .._signal import output, per_channel, signal, state_leaf
 from .._validate import (
@@ -137,7 +137,7 @@ def svf(
     return y[:, 0], zf
 
 
-class SVF(AbstractEffect):
+class SVF(AbstractRangedEffect):
     r"""A state-variable filter with learnable cutoff and resonance.
 
     The fields are the physical values: `cutoff` in Hz and the resonance `q`,
@@ -233,33 +233,15 @@ class SVF(AbstractEffect):
             "q": Range(0.1, 10.0, log=True),
         }
 
-    @property
-    def n_params(self) -> int:
-        """2: the cutoff and the resonance."""
-        return 2
-
-    def to_normalised(self) -> Float[Array, " 2"]:
-        """`[cutoff, q]` normalised; values outside the ranges raise (also
-        under `jax.jit`)."""
-        r = self.ranges()
+    def checked_values(self) -> dict[str, Array]:
+        """The cutoff and resonance, checked to be valid (they may lie
+        outside their ranges)."""
         cutoff, q = self._checked()
-        return jnp.stack(
-            [
-                r[n].normalised(r[n].check(n, v))
-                for n, v in (("cutoff", cutoff), ("q", q))
-            ]
-        )
+        return {"cutoff": cutoff, "q": q}
 
-    def with_normalised(self, p: Shaped[ArrayLike, " 2"]) -> "SVF":
-        """The filter with the cutoff and resonance of `p` `(2,)` in $[0, 1]$."""
-        p = check_normalised(p, 2)
-        r = self.ranges()
-        return SVF(
-            r["cutoff"].physical(p[0]),
-            r["q"].physical(p[1]),
-            self.sample_rate,
-            self.mode,
-        )
+    def with_values(self, values: dict[str, Array]) -> "SVF":
+        """The filter with the cutoff and resonance of `values`."""
+        return SVF(values["cutoff"], values["q"], self.sample_rate, self.mode)
 
     def __call__(
         self,
