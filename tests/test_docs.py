@@ -19,6 +19,13 @@ def _documented() -> set[str]:
     return names
 
 
+def _resolve(name: str):
+    obj = retrax
+    for part in name.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj
+
+
 @pytest.mark.parametrize("subpackage", SUBPACKAGES)
 def test_every_public_name_is_documented(subpackage):
     module = getattr(retrax, subpackage)
@@ -28,7 +35,17 @@ def test_every_public_name_is_documented(subpackage):
         if not name.startswith("_")
         and not isinstance(getattr(module, name), type(retrax))
     }
-    missing = sorted(public - _documented())
+    documented = _documented()
+    # A re-export (`retrax.effects.SVF` is `retrax.filters.SVF`) is documented
+    # once, where it is defined; its own page must name it.
+    page = (DOCS / f"{subpackage}.md").read_text()
+    objects = {id(_resolve(name)) for name in documented}
+    reexported = {
+        name
+        for name in public - documented
+        if id(_resolve(name)) in objects and f"`{name}`" in page
+    }
+    missing = sorted(public - documented - reexported)
     assert not missing, f"add these to docs/api/{subpackage}.md: {missing}"
 
 

@@ -195,11 +195,12 @@ class AbstractRangedEffect(AbstractEffect):
     `field[k]` to the range of entry `k` of a vector field whose entries lie
     in ranges of their own (the sections of
     [`ParametricEQ`][retrax.filters.ParametricEQ], one frequency band each).
-    Constant ranges are a class variable, `RANGES: ClassVar[dict[str,
-    Range]]`, which `ranges()` returns; ranges that depend on a static field
-    (the sample rate, the number of sections) are built by `ranges()` from
-    it. `n_params`, `to_normalised` and `with_normalised` follow from
-    `ranges()` (through the hooks `checked_values` and `with_values`).
+    Constant ranges are a class variable,
+    `RANGES: ClassVar[dict[str, Range]]`, which `ranges()` returns; ranges
+    that depend on a static field (the sample rate, the number of sections)
+    are built by `ranges()` from it. `n_params`, `to_normalised` and
+    `with_normalised` follow from `ranges()` (through the hooks
+    `checked_values` and `with_values`).
     """
 
     @abc.abstractmethod

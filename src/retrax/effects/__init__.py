@@ -5,6 +5,15 @@ from .._effect import (
     AbstractRangedEffect as AbstractRangedEffect,
     Range as Range,
 )
+
+# The filters and the compressor are effects too: the same classes as in
+# `retrax.filters`, where they are defined and documented.
+from ..filters import (
+    SVF as SVF,
+    Biquad as Biquad,
+    Compressor as Compressor,
+    ParametricEQ as ParametricEQ,
+)
 from ._chain import Chain as Chain
 from ._chorus import Chorus as Chorus
 from ._delay import Delay as Delay

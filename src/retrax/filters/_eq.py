@@ -119,9 +119,10 @@ class Biquad(AbstractRangedEffect):
     float32 would otherwise round $r$ onto $0$ or $r_{\max}$; there its
     derivative is 0.)
 
-    As an [effect][retrax.effects.AbstractEffect], its five normalised
-    parameters are `[b0, b1, b2, radius, angle]` with the ranges of
-    `ranges()`: each `b` in $[-4, 4]$, the radius in
+    It is a [ranged effect][retrax.effects.AbstractRangedEffect], also
+    `retrax.effects.Biquad` (the same class, re-exported): its five
+    normalised parameters are `[b0, b1, b2, radius, angle]` with the ranges
+    of `ranges()`: each `b` in $[-4, 4]$, the radius in
     $[0.01, 0.99\, r_{\max}]$, the angle in $[0, \pi]$ (all linear). It
     filters `(time,)` or, channel by channel, `(channels, time)` signals, and
     streams: `zi` is `sosfilt`'s state `(1, 2)` (or `(channels, 1, 2)`).
@@ -277,14 +278,15 @@ class ParametricEQ(AbstractRangedEffect):
     derivative 0 there), and two sections closer than float32 can tell apart
     raise when the equaliser runs.
 
-    As an [effect][retrax.effects.AbstractEffect], its `3 n` normalised
-    parameters are the frequencies, the gains and the Qs (`ranges()`): the
-    range $[f_s/2205, 0.45 f_s]$ is cut into `n` equal logarithmic bands and
-    section `k`'s frequency lies in band `k`, so a controller cannot move the
-    sections out of frequency order; gains in $[-18, 18]$ dB, Qs in
-    $[0.1, 10]$ (logarithmic). It filters `(time,)` or, channel by channel,
-    `(channels, time)` signals, and streams: `zi` is `sosfilt`'s state
-    `(n, 2)` (or `(channels, n, 2)`).
+    It is a [ranged effect][retrax.effects.AbstractRangedEffect], also
+    `retrax.effects.ParametricEQ` (the same class, re-exported): its `3 n`
+    normalised parameters are the frequencies, the gains and the Qs
+    (`ranges()`): the range $[f_s/2205, 0.45 f_s]$ is cut into `n` equal
+    logarithmic bands and section `k`'s frequency lies in band `k`, so a
+    controller cannot move the sections out of frequency order; gains in
+    $[-18, 18]$ dB, Qs in $[0.1, 10]$ (logarithmic). It filters `(time,)` or,
+    channel by channel, `(channels, time)` signals, and streams: `zi` is
+    `sosfilt`'s state `(n, 2)` (or `(channels, n, 2)`).
 
     **Arguments:**
 

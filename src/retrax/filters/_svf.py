@@ -155,8 +155,9 @@ class SVF(AbstractRangedEffect):
     below at -15 first, where float32 would otherwise round the cutoff onto
     $0$ or $f_s/2$ and `q` onto 0; there the derivative is 0.)
 
-    As an [effect][retrax.effects.AbstractEffect], its normalised parameters
-    are `[cutoff, q]` with the ranges of `ranges()`: the cutoff in
+    It is a [ranged effect][retrax.effects.AbstractRangedEffect], also
+    `retrax.effects.SVF` (the same class, re-exported): its normalised
+    parameters are `[cutoff, q]` with the ranges of `ranges()`: the cutoff in
     $[f_s / 2205, 0.45 f_s]$ (20 Hz to 19.8 kHz at 44.1 kHz) and `q` in
     $[0.1, 10]$, both logarithmic. It filters `(time,)` or, channel by
     channel, `(channels, time)` signals, and streams: `zi` is the integrator
