@@ -899,7 +899,7 @@ def test_compressor_ensemble_and_bad_construction():
         Compressor(lookahead_samples=-1)
     # (the test run's type checker rejects other types before the check;
     # users' calls reach it)
-    from retrax.filters._modules import _check_lookahead
+    from retrax.filters._compressor import _check_lookahead
 
     for bad in (2.5, True, None, -3):
         with pytest.raises(ValueError, match=r"`lookahead_samples` must be a Python"):

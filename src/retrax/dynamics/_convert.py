@@ -6,7 +6,7 @@ from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._errors import error_if
 from .._misc import as_inexact
-from ..ops._validate import check_in_range, check_rate
+from .._validate import check_in_range, check_rate
 
 
 # 1000 ln 9 ~ 2197: the time in ms for a one-pole step response to rise from

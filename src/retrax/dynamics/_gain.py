@@ -4,8 +4,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._misc import as_inexact, result_dtype
+from .._validate import check_in_range, check_signal, check_zi
 from ..ops import ballistics, linear_recurrence
-from ..ops._validate import check_in_range, check_signal, check_zi
 from ._convert import amp2db, db2amp
 
 

@@ -1,5 +1,19 @@
 """Audio effects on retrax's primitives, with normalised parameters for controllers."""
 
+from .._effect import (
+    AbstractEffect as AbstractEffect,
+    AbstractRangedEffect as AbstractRangedEffect,
+    Range as Range,
+)
+
+# The filters and the compressor are effects too: the same classes as in
+# `retrax.filters`, where they are defined and documented.
+from ..filters import (
+    SVF as SVF,
+    Biquad as Biquad,
+    Compressor as Compressor,
+    ParametricEQ as ParametricEQ,
+)
 from ._chain import Chain as Chain
 from ._chorus import Chorus as Chorus
 from ._delay import Delay as Delay
@@ -11,9 +25,4 @@ from ._gain import Gain as Gain
 from ._noise_reverb import NoiseShapedReverb as NoiseShapedReverb
 from ._panner import StereoPanner as StereoPanner
 from ._ping_pong import PingPongDelay as PingPongDelay
-from ._processor import (
-    AbstractEffect as AbstractEffect,
-    AbstractRangedEffect as AbstractRangedEffect,
-    Range as Range,
-)
 from ._widener import StereoWidener as StereoWidener

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PyTree, Shaped
 
-from ._processor import AbstractEffect, check_normalised, output, signal
+from .._effect import AbstractEffect, check_normalised
+from .._signal import output, signal
 
 
 class Chain(AbstractEffect):

@@ -1,22 +1,17 @@
 """A chorus: the signal mixed with a copy read at a slowly oscillating delay."""
 
 import math
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._delay_history import history_length
+from .._effect import AbstractRangedEffect, Range
+from .._signal import output, per_channel, signal, state_leaf
+from .._validate import check_rate
 from ..ops import delay
-from ..ops._delay import history_length
-from ..ops._validate import check_rate
-from ._processor import (
-    AbstractRangedEffect,
-    Range,
-    output,
-    per_channel,
-    signal,
-    state_leaf,
-)
 
 
 class Chorus(AbstractRangedEffect):
@@ -55,7 +50,7 @@ class Chorus(AbstractRangedEffect):
     mix: Float[Array, ""]
     sample_rate: float = eqx.field(static=True)
 
-    RANGES = {
+    RANGES: ClassVar[dict[str, Range]] = {
         "rate_hz": Range(0.05, 5.0, log=True),
         "depth_ms": Range(0.0, 5.0),
         "centre_ms": Range(5.0, 25.0),

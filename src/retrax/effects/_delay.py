@@ -3,18 +3,12 @@
 import equinox as eqx
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._delay_history import history_length
+from .._effect import AbstractRangedEffect, Range
 from .._misc import static_float
+from .._signal import output, per_channel, signal, state_leaf
+from .._validate import check_rate
 from ..ops import delay
-from ..ops._delay import history_length
-from ..ops._validate import check_rate
-from ._processor import (
-    AbstractRangedEffect,
-    Range,
-    output,
-    per_channel,
-    signal,
-    state_leaf,
-)
 
 
 class Delay(AbstractRangedEffect):

@@ -29,14 +29,8 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike, Float, Shaped
 
-from ._processor import (
-    AbstractRangedEffect,
-    Range,
-    output,
-    per_channel,
-    signal,
-    state_leaf,
-)
+from .._effect import AbstractRangedEffect, Range
+from .._signal import output, per_channel, signal, state_leaf
 
 
 def _soft(u: Array) -> Array:

@@ -1,24 +1,19 @@
 """A feedback-delay-network reverb with frequency-dependent decay."""
 
 import math
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._effect import AbstractRangedEffect, Range
 from .._errors import error_if
 from .._float_dtypes import check_float_dtype
-from ..ops._validate import check_delay, check_finite, check_rate
+from .._signal import output, per_channel, signal, state_leaf
+from .._validate import check_delay, check_finite, check_rate
 from ._absorption import absorbed_fdn, absorbed_state_shape
-from ._processor import (
-    AbstractRangedEffect,
-    Range,
-    output,
-    per_channel,
-    signal,
-    state_leaf,
-)
 
 
 DEFAULT_DELAYS = (1109, 1327, 1559, 1801, 2053, 2293, 2539, 2801)
@@ -94,7 +89,7 @@ class FDNReverb(AbstractRangedEffect):
     delays: tuple[int, ...] = eqx.field(static=True)
     sample_rate: float = eqx.field(static=True)
 
-    RANGES = {
+    RANGES: ClassVar[dict[str, Range]] = {
         "t60": Range(0.05, 10.0, log=True),
         "hf_ratio": Range(0.05, 1.0),
         "mix": Range(0.0, 1.0),

@@ -1,19 +1,15 @@
 """An echo train: a delay line whose output is fed back into its input."""
 
+from typing import ClassVar
+
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._effect import AbstractRangedEffect, Range
+from .._signal import output, per_channel, signal, state_leaf
+from .._validate import check_delay
 from ..ops import comb
-from ..ops._validate import check_delay
-from ._processor import (
-    AbstractRangedEffect,
-    Range,
-    output,
-    per_channel,
-    signal,
-    state_leaf,
-)
 
 
 def comb_history(u, delay: int, g, zi):
@@ -33,7 +29,10 @@ class AbstractFeedbackDelay(AbstractRangedEffect):
     mix: Float[Array, ""]
     delay_samples: int = eqx.field(static=True)
 
-    RANGES = {"feedback": Range(0.0, 0.95), "mix": Range(0.0, 1.0)}
+    RANGES: ClassVar[dict[str, Range]] = {
+        "feedback": Range(0.0, 0.95),
+        "mix": Range(0.0, 1.0),
+    }
 
     def __init__(
         self,

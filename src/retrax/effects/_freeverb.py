@@ -1,21 +1,17 @@
 """Jezar's Freeverb: damped feedback combs in parallel, allpasses in series."""
 
+from typing import ClassVar
+
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._effect import AbstractRangedEffect, Range
 from .._float_dtypes import check_float_dtype
+from .._signal import output, per_channel, signal, state_leaf
+from .._validate import check_rate
 from ..ops import schroeder_allpass
-from ..ops._validate import check_rate
 from ._absorption import absorbed_fdn, absorbed_state_shape
-from ._processor import (
-    AbstractRangedEffect,
-    Range,
-    output,
-    per_channel,
-    signal,
-    state_leaf,
-)
 
 
 COMB_TUNING = (1116, 1188, 1277, 1356, 1422, 1491, 1557, 1617)
@@ -75,7 +71,7 @@ class Freeverb(AbstractRangedEffect):
     mix: Float[Array, ""]
     sample_rate: float = eqx.field(static=True)
 
-    RANGES = {
+    RANGES: ClassVar[dict[str, Range]] = {
         "room_size": Range(0.0, 1.0),
         "damping": Range(0.0, 1.0),
         "mix": Range(0.0, 1.0),

@@ -4,7 +4,8 @@ from typing import ClassVar
 
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from ._processor import AbstractRangedEffect, Range, no_state, output, signal
+from .._effect import AbstractRangedEffect, Range
+from .._signal import no_state, output, signal
 
 
 class Gain(AbstractRangedEffect):

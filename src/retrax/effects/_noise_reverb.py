@@ -21,6 +21,7 @@ $y = (1 - \mathrm{mix})\, x + \mathrm{mix}\cdot (h * x)$.
 
 import math
 from collections.abc import Sequence
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -28,10 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 
+from .._effect import AbstractRangedEffect, Range
 from .._float_dtypes import check_float_dtype
 from .._misc import check_positive_int
-from ..ops._validate import check_finite, check_rate, real_array
-from ._processor import AbstractRangedEffect, Range, output, signal, state_leaf
+from .._signal import output, signal, state_leaf
+from .._validate import check_finite, check_rate, real_array
 
 
 OCTAVE_CENTRES = (31.5, 63, 125, 250, 500, 1000, 2000, 4000, 8000, 16000)
@@ -171,7 +173,7 @@ class NoiseShapedReverb(AbstractRangedEffect):
     noise: Float[Array, "channels bands length"]
     sample_rate: float = eqx.field(static=True)
 
-    RANGES = {
+    RANGES: ClassVar[dict[str, Range]] = {
         "band_gains": Range(0.0, 1.0),
         "t60s": Range(0.05, 10.0, log=True),
         "mix": Range(0.0, 1.0),

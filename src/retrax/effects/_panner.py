@@ -1,11 +1,13 @@
 """A constant-power stereo panner."""
 
 import math
+from typing import ClassVar
 
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from ._processor import AbstractRangedEffect, Range, no_state, output, signal
+from .._effect import AbstractRangedEffect, Range
+from .._signal import no_state, output, signal
 
 
 class StereoPanner(AbstractRangedEffect):
@@ -29,7 +31,7 @@ class StereoPanner(AbstractRangedEffect):
 
     pan: Float[Array, ""]
 
-    RANGES = {"pan": Range(-1.0, 1.0)}
+    RANGES: ClassVar[dict[str, Range]] = {"pan": Range(-1.0, 1.0)}
 
     def __init__(self, pan: Shaped[ArrayLike, ""] = 0.0):
         self.pan = self.RANGES["pan"].check_init("pan", pan)

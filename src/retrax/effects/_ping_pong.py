@@ -3,8 +3,8 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._signal import output, state_leaf, stereo
 from ._feedback_delay import AbstractFeedbackDelay, comb_history
-from ._processor import output, state_leaf, stereo
 
 
 class PingPongDelay(AbstractFeedbackDelay):

@@ -1,9 +1,12 @@
 """A mid/side stereo widener."""
 
+from typing import ClassVar
+
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from ._processor import AbstractRangedEffect, Range, no_state, output, stereo
+from .._effect import AbstractRangedEffect, Range
+from .._signal import no_state, output, stereo
 
 
 class StereoWidener(AbstractRangedEffect):
@@ -24,7 +27,7 @@ class StereoWidener(AbstractRangedEffect):
 
     width: Float[Array, ""]
 
-    RANGES = {"width": Range(0.0, 2.0)}
+    RANGES: ClassVar[dict[str, Range]] = {"width": Range(0.0, 2.0)}
 
     def __init__(self, width: Shaped[ArrayLike, ""] = 1.0):
         self.width = self.RANGES["width"].check_init("width", width)

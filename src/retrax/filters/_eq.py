@@ -10,19 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._effect import AbstractRangedEffect, Range
 from .._errors import error_if
 from .._misc import as_inexact
-from ..effects._processor import (
-    AbstractEffect,
-    Range,
-    check_normalised,
-    output,
-    per_channel,
-    signal,
-    state_leaf,
-)
+from .._signal import output, per_channel, signal, state_leaf
+from .._validate import check_in_range, check_init_range, check_rate
 from ..ops import sosfilt
-from ..ops._validate import check_in_range, check_init_range, check_rate
 from ._parametrise import biquad_denominator
 from ._unconstrained import (
     bounded,
@@ -106,7 +99,7 @@ def _rbj(shape, freq, gain_db, q, sample_rate):
     return jnp.concatenate([b / a[0], jnp.ones((1,), a.dtype), a[1:] / a[0]])
 
 
-class Biquad(AbstractEffect):
+class Biquad(AbstractRangedEffect):
     r"""A learnable second-order section with a conjugate pole pair.
 
     $$H(z) = \frac{b_0 + b_1 z^{-1} + b_2 z^{-2}}
@@ -126,9 +119,10 @@ class Biquad(AbstractEffect):
     float32 would otherwise round $r$ onto $0$ or $r_{\max}$; there its
     derivative is 0.)
 
-    As an [effect][retrax.effects.AbstractEffect], its five normalised
-    parameters are `[b0, b1, b2, radius, angle]` with the ranges of
-    `ranges()`: each `b` in $[-4, 4]$, the radius in
+    It is a [ranged effect][retrax.effects.AbstractRangedEffect], also
+    `retrax.effects.Biquad` (the same class, re-exported): its five
+    normalised parameters are `[b0, b1, b2, radius, angle]` with the ranges
+    of `ranges()`: each `b` in $[-4, 4]$, the radius in
     $[0.01, 0.99\, r_{\max}]$, the angle in $[0, \pi]$ (all linear). It
     filters `(time,)` or, channel by channel, `(channels, time)` signals, and
     streams: `zi` is `sosfilt`'s state `(1, 2)` (or `(channels, 1, 2)`).
@@ -215,29 +209,14 @@ class Biquad(AbstractEffect):
             "angle": Range(0.0, math.pi),
         }
 
-    @property
-    def n_params(self) -> int:
-        """5: the numerator, the pole radius and the pole angle."""
-        return 5
+    def checked_values(self) -> dict[str, Array]:
+        """The numerator, radius and angle, checked to be valid (they may lie
+        outside their ranges)."""
+        return dict(zip(("b", "radius", "angle"), self._checked(), strict=True))
 
-    def to_normalised(self) -> Float[Array, " 5"]:
-        """`[b0, b1, b2, radius, angle]` normalised; values outside the
-        ranges raise (also under `jax.jit`)."""
-        r = self.ranges()
-        values = zip(("b", "radius", "angle"), self._checked(), strict=True)
-        parts = [jnp.ravel(r[n].normalised(r[n].check(n, v))) for n, v in values]
-        return jnp.concatenate(parts)
-
-    def with_normalised(self, p: Shaped[ArrayLike, " 5"]) -> "Biquad":
-        """The section with the parameters of `p` `(5,)` in $[0, 1]$."""
-        p = check_normalised(p, 5)
-        r = self.ranges()
-        return Biquad(
-            r["b"].physical(p[:3]),
-            r["radius"].physical(p[3]),
-            r["angle"].physical(p[4]),
-            self.max_radius,
-        )
+    def with_values(self, values: dict[str, Array]) -> "Biquad":
+        """The section with the numerator, radius and angle of `values`."""
+        return Biquad(values["b"], values["radius"], values["angle"], self.max_radius)
 
     def __call__(
         self,
@@ -275,7 +254,7 @@ def _band_edges(sample_rate: float, sections: int) -> np.ndarray:
     return np.geomspace(sample_rate / 2205, 0.45 * sample_rate, sections + 1)
 
 
-class ParametricEQ(AbstractEffect):
+class ParametricEQ(AbstractRangedEffect):
     r"""A parametric equaliser: a low shelf, peaking bands and a high shelf.
 
     RBJ cookbook sections ([`rbj_section`][retrax.filters.rbj_section]), run
@@ -299,14 +278,15 @@ class ParametricEQ(AbstractEffect):
     derivative 0 there), and two sections closer than float32 can tell apart
     raise when the equaliser runs.
 
-    As an [effect][retrax.effects.AbstractEffect], its `3 n` normalised
-    parameters are the frequencies, the gains and the Qs (`ranges()`): the
-    range $[f_s/2205, 0.45 f_s]$ is cut into `n` equal logarithmic bands and
-    section `k`'s frequency lies in band `k`, so a controller cannot move the
-    sections out of frequency order; gains in $[-18, 18]$ dB, Qs in
-    $[0.1, 10]$ (logarithmic). It filters `(time,)` or, channel by channel,
-    `(channels, time)` signals, and streams: `zi` is `sosfilt`'s state
-    `(n, 2)` (or `(channels, n, 2)`).
+    It is a [ranged effect][retrax.effects.AbstractRangedEffect], also
+    `retrax.effects.ParametricEQ` (the same class, re-exported): its `3 n`
+    normalised parameters are the frequencies, the gains and the Qs
+    (`ranges()`): the range $[f_s/2205, 0.45 f_s]$ is cut into `n` equal
+    logarithmic bands and section `k`'s frequency lies in band `k`, so a
+    controller cannot move the sections out of frequency order; gains in
+    $[-18, 18]$ dB, Qs in $[0.1, 10]$ (logarithmic). It filters `(time,)` or,
+    channel by channel, `(channels, time)` signals, and streams: `zi` is
+    `sosfilt`'s state `(n, 2)` (or `(channels, n, 2)`).
 
     **Arguments:**
 
@@ -416,35 +396,15 @@ class ParametricEQ(AbstractEffect):
             "qs": Range(0.1, 10.0, log=True),
         }
 
-    @property
-    def n_params(self) -> int:
-        """Three per section: frequency, gain and Q."""
-        return 3 * self.n_sections
+    def checked_values(self) -> dict[str, Array]:
+        """The frequencies, gains and Qs, checked to be valid (they may lie
+        outside their ranges)."""
+        return dict(zip(("freqs", "gains_db", "qs"), self._checked(), strict=True))
 
-    def to_normalised(self) -> Float[Array, " params"]:
-        """The frequencies, gains and Qs normalised; values outside the
-        ranges raise (also under `jax.jit`)."""
-        r = self.ranges()
-        freqs, gains_db, qs = self._checked()
-        parts = [
-            r[f"freqs[{k}]"].normalised(r[f"freqs[{k}]"].check("freqs", freqs[k]))
-            for k in range(self.n_sections)
-        ]
-        for name, value in (("gains_db", gains_db), ("qs", qs)):
-            parts.extend(r[name].normalised(r[name].check(name, value)))
-        return jnp.stack(parts)
-
-    def with_normalised(self, p: Shaped[ArrayLike, " params"]) -> "ParametricEQ":
-        """The equaliser with the parameters of `p` `(3 n,)` in $[0, 1]$."""
-        n = self.n_sections
-        p = check_normalised(p, 3 * n)
-        r = self.ranges()
-        freqs = jnp.stack([r[f"freqs[{k}]"].physical(p[k]) for k in range(n)])
+    def with_values(self, values: dict[str, Array]) -> "ParametricEQ":
+        """The equaliser with the frequencies, gains and Qs of `values`."""
         return ParametricEQ(
-            freqs,
-            r["gains_db"].physical(p[n : 2 * n]),
-            r["qs"].physical(p[2 * n :]),
-            self.sample_rate,
+            values["freqs"], values["gains_db"], values["qs"], self.sample_rate
         )
 
     def __call__(

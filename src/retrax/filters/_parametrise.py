@@ -4,7 +4,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Inexact, Shaped
 
 from .._misc import as_inexact
-from ..ops._validate import check_finite
+from .._validate import check_finite
 
 
 def rc2lpc(k: Shaped[ArrayLike, "*batch order"]) -> Inexact[Array, "*batch order"]:

@@ -6,24 +6,17 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._effect import AbstractRangedEffect, Range
 from .._misc import as_inexact, result_dtype
-from ..effects._processor import (
-    AbstractEffect,
-    Range,
-    check_normalised,
-    output,
-    per_channel,
-    signal,
-    state_leaf,
-)
-from ..ops import state_space
-from ..ops._validate import (
+from .._signal import output, per_channel, signal, state_leaf
+from .._validate import (
     check_in_range,
     check_init_range,
     check_rate,
     check_signal,
     check_zi,
 )
+from ..ops import state_space
 from ._unconstrained import (
     bounded,
     field_array,
@@ -144,7 +137,7 @@ def svf(
     return y[:, 0], zf
 
 
-class SVF(AbstractEffect):
+class SVF(AbstractRangedEffect):
     r"""A state-variable filter with learnable cutoff and resonance.
 
     The fields are the physical values: `cutoff` in Hz and the resonance `q`,
@@ -162,8 +155,9 @@ class SVF(AbstractEffect):
     below at -15 first, where float32 would otherwise round the cutoff onto
     $0$ or $f_s/2$ and `q` onto 0; there the derivative is 0.)
 
-    As an [effect][retrax.effects.AbstractEffect], its normalised parameters
-    are `[cutoff, q]` with the ranges of `ranges()`: the cutoff in
+    It is a [ranged effect][retrax.effects.AbstractRangedEffect], also
+    `retrax.effects.SVF` (the same class, re-exported): its normalised
+    parameters are `[cutoff, q]` with the ranges of `ranges()`: the cutoff in
     $[f_s / 2205, 0.45 f_s]$ (20 Hz to 19.8 kHz at 44.1 kHz) and `q` in
     $[0.1, 10]$, both logarithmic. It filters `(time,)` or, channel by
     channel, `(channels, time)` signals, and streams: `zi` is the integrator
@@ -240,33 +234,15 @@ class SVF(AbstractEffect):
             "q": Range(0.1, 10.0, log=True),
         }
 
-    @property
-    def n_params(self) -> int:
-        """2: the cutoff and the resonance."""
-        return 2
-
-    def to_normalised(self) -> Float[Array, " 2"]:
-        """`[cutoff, q]` normalised; values outside the ranges raise (also
-        under `jax.jit`)."""
-        r = self.ranges()
+    def checked_values(self) -> dict[str, Array]:
+        """The cutoff and resonance, checked to be valid (they may lie
+        outside their ranges)."""
         cutoff, q = self._checked()
-        return jnp.stack(
-            [
-                r[n].normalised(r[n].check(n, v))
-                for n, v in (("cutoff", cutoff), ("q", q))
-            ]
-        )
+        return {"cutoff": cutoff, "q": q}
 
-    def with_normalised(self, p: Shaped[ArrayLike, " 2"]) -> "SVF":
-        """The filter with the cutoff and resonance of `p` `(2,)` in $[0, 1]$."""
-        p = check_normalised(p, 2)
-        r = self.ranges()
-        return SVF(
-            r["cutoff"].physical(p[0]),
-            r["q"].physical(p[1]),
-            self.sample_rate,
-            self.mode,
-        )
+    def with_values(self, values: dict[str, Array]) -> "SVF":
+        """The filter with the cutoff and resonance of `values`."""
+        return SVF(values["cutoff"], values["q"], self.sample_rate, self.mode)
 
     def __call__(
         self,

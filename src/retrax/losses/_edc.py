@@ -9,7 +9,7 @@ from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._errors import error_if
 from .._misc import as_inexact, check_positive_int, static_float
-from ..ops._validate import check_rate
+from .._validate import check_rate
 from ._octave import octave_band_sos, octave_band_split
 from ._stft_loss import check_choice, check_signals
 

@@ -8,8 +8,8 @@ import scipy.signal
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._misc import as_inexact, check_positive_int
+from .._validate import check_rate
 from ..ops import sosfilt
-from ..ops._validate import check_rate
 
 
 _G = 10.0 ** (3.0 / 10.0)  # IEC 61260-1's octave frequency ratio (base 10)

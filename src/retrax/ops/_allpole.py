@@ -5,14 +5,14 @@ from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._compiled import compiled
 from .._misc import as_inexact, result_dtype
-from ._recurrence import DEFAULT_UNROLL, Method, check_method, recurrence
-from ._validate import (
+from .._validate import (
     check_coeff_rank,
     check_finite,
     check_finite_by_output,
     check_signal,
     check_zi,
 )
+from ._recurrence import DEFAULT_UNROLL, Method, check_method, recurrence
 
 
 @compiled(static=("return_zf", "method"))

@@ -6,9 +6,9 @@ from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._misc import as_inexact, result_dtype
+from .._validate import check_in_range, check_signal
 from ._ballistics_primitive import switched
 from ._recurrence import DEFAULT_UNROLL, recurrence
-from ._validate import check_in_range, check_signal
 
 
 def _coefficient(name: str, c, length: int) -> Array:

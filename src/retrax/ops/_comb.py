@@ -15,9 +15,9 @@ from jax import Array
 from jaxtyping import ArrayLike, Float, Shaped
 
 from .._misc import as_inexact, check_value, result_dtype
+from .._validate import check_delay, check_signal, check_zi, real_array
 from ._fir import fir_state
 from ._recurrence import DEFAULT_UNROLL, Method, check_method, recurrence
-from ._validate import check_delay, check_signal, check_zi, real_array
 
 
 def check_gain(g: Array, length: int) -> None:

@@ -8,33 +8,20 @@ directly at every order; no recursion is involved.
 """
 
 import math
-from typing import Literal
 
 import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike, Float, Shaped
 
+from .._delay_history import (
+    INTERPOLATIONS,
+    Interpolation,
+    history_length,
+    supported_delay,
+)
 from .._misc import check_value, result_dtype, static_float
+from .._validate import check_signal, real_array
 from ._fir import fir_state
-from ._validate import check_signal, real_array
-
-
-Interpolation = Literal["linear", "lagrange3"]
-INTERPOLATIONS = ("linear", "lagrange3")
-
-
-def history_length(interpolation: Interpolation, max_delay: float) -> int:
-    """The past inputs a delay up to `max_delay` reads at $t = 0$: it reads
-    back to `x[-history_length]`."""
-    whole = math.floor(max_delay)
-    if interpolation == "linear":
-        return whole + 1
-    return max(whole + 2, 3)
-
-
-def supported_delay(interpolation: Interpolation, length: int) -> int:
-    """The largest `max_delay` that a history of `length` samples supports."""
-    return length - 1 if interpolation == "linear" else length - 2
 
 
 def lagrange3_weights(p: Array) -> tuple[Array, Array, Array, Array]:

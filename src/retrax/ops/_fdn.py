@@ -7,8 +7,8 @@ from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._float_dtypes import check_float_dtype
 from .._misc import as_inexact, check_value, result_dtype
+from .._validate import check_delay, check_signal, real_array
 from ._recurrence import DEFAULT_UNROLL, DelayLines, delay_line_reads, recurrence
-from ._validate import check_delay, check_signal, real_array
 
 
 def check_delays(delays) -> tuple[int, ...]:

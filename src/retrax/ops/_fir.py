@@ -4,7 +4,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._misc import result_dtype
-from ._validate import (
+from .._validate import (
     check_coeff_rank,
     check_finite,
     check_signal,

@@ -12,9 +12,9 @@ from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._compiled import compiled
 from .._errors import error_if
+from .._validate import check_finite
 from ._scipy_args import as_array, compute_dtype, host_arrays, scipy_dtype
 from ._sosfilt import checked_sos, sos_array
-from ._validate import check_finite
 
 
 # a number of frequencies (an int or a 0-d integer array), or the frequencies

@@ -4,15 +4,15 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._misc import result_dtype
-from ._fir import fir_apply, fir_state
-from ._lfilter import allpole_apply
-from ._validate import (
+from .._validate import (
     check_coeff_rank,
     check_finite,
     check_signal,
     check_zi,
     inexact,
 )
+from ._fir import fir_apply, fir_state
+from ._lfilter import allpole_apply
 
 
 def lfilter_tv(

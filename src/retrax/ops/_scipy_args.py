@@ -15,7 +15,7 @@ from jaxtyping import ArrayLike
 
 from .._errors import error_if
 from .._misc import result_dtype
-from ._validate import check_dtype, check_finite, unsupported_dtype
+from .._validate import check_dtype, check_finite, unsupported_dtype
 
 
 def _python_kind(value) -> type | None:

@@ -6,6 +6,7 @@ from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._compiled import compiled
 from .._errors import error_if
+from .._validate import check_finite
 from ._lfilter import steady_state, tdf2_apply
 from ._scipy_args import (
     along_axis,
@@ -17,7 +18,6 @@ from ._scipy_args import (
     normalise_axis,
     scipy_dtype,
 )
-from ._validate import check_finite
 
 
 def sos_array(sos: ArrayLike | list | tuple, dtype) -> Array:

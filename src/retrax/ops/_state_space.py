@@ -6,8 +6,8 @@ from jax import lax
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._misc import as_inexact, result_dtype
+from .._validate import check_finite, check_zi
 from ._recurrence import DEFAULT_UNROLL, recurrence
-from ._validate import check_finite, check_zi
 
 
 def _check_map(name: str, m: Array, shape: tuple[int, ...], length: int, what: str):

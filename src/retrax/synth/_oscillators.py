@@ -7,7 +7,7 @@ from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._misc import as_inexact, result_dtype
-from ..ops._validate import check_in_range, check_rate
+from .._validate import check_in_range, check_rate
 
 
 def _real(name: str, value) -> Array:

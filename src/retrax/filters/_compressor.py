@@ -1,24 +1,17 @@
-"""Trainable effect modules: a compressor and a modal state-space filter."""
+"""A feed-forward compressor/expander as a ranged effect."""
+
+from typing import ClassVar
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
+from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from .._misc import as_inexact, check_positive_int
+from .._effect import AbstractRangedEffect, Range
+from .._misc import as_inexact
+from .._signal import output, per_channel, signal, state_leaf
+from .._validate import check_init_range, check_rate
 from ..dynamics import avg, compexp_gain, db2amp, ms2coef
-from ..effects._processor import (
-    AbstractEffect,
-    Range,
-    check_normalised,
-    output,
-    per_channel,
-    signal,
-    state_leaf,
-)
-from ..ops import diag_state_space
-from ..ops._validate import check_in_range, check_init_range, check_rate
 
 
 # The values each parameter may take (`low`, `high`, whether `low` is
@@ -47,7 +40,7 @@ def _check_lookahead(value: object) -> int:
     return int(value)
 
 
-class Compressor(AbstractEffect):
+class Compressor(AbstractRangedEffect):
     r"""A feed-forward compressor/expander with soft knee, lookahead and makeup gain.
 
     The level is the RMS over a one-pole average, `sqrt(avg(x**2, c))` with
@@ -96,20 +89,20 @@ class Compressor(AbstractEffect):
     own and map them (e.g. `1 + softplus(u)` for the ratio, `exp(u)` for the
     times), or train the normalised parameters below.
 
-    As an [effect][retrax.effects.AbstractEffect], its six normalised
-    parameters are `[threshold_db, ratio, attack_ms, release_ms, makeup_db,
-    knee_db]` with the ranges of `ranges()`: threshold in $[-60, 0]$ dB,
-    ratio in $[1.1, 20]$, attack in $[0.1, 100]$ ms, release in
-    $[5, 1000]$ ms (these three logarithmic), makeup in $[-12, 24]$ dB and
-    knee in $[0, 24]$ dB; the expander, the detector's averaging time and
-    the lookahead stay outside the normalised vector. It compresses
-    `(time,)` or, channel by channel, `(channels, time)` signals (each
-    channel with its own detector), and streams: `zi` is the triple
-    `(power, gain, delayed)` of the detector's running mean power, the
-    smoothed gain before the first sample (scalars, or `(channels,)`) and
-    the last $D$ input samples, oldest first (`(D,)`, or `(channels, D)`),
-    by default `(0, 1, zeros)`; entries may be `None` for their defaults.
-    """
+    It is a [ranged effect][retrax.effects.AbstractRangedEffect], also
+    `retrax.effects.Compressor` (the same class, re-exported): its six
+    normalised parameters are `[threshold_db, ratio, attack_ms, release_ms,
+    makeup_db, knee_db]` with the ranges of `ranges()`: threshold in
+    $[-60, 0]$ dB, ratio in $[1.1, 20]$, attack in $[0.1, 100]$ ms, release
+    in $[5, 1000]$ ms (these three logarithmic), makeup in $[-12, 24]$ dB
+    and knee in $[0, 24]$ dB; the expander, the detector's averaging time and the
+    lookahead stay outside the normalised vector. It compresses `(time,)` or,
+    channel by channel, `(channels, time)` signals (each channel with its own
+    detector), and streams: `zi` is the triple `(power, gain, delayed)` of
+    the detector's running mean power, the smoothed gain before the first
+    sample (scalars, or `(channels,)`) and the last $D$ input samples, oldest
+    first (`(D,)`, or `(channels, D)`), by default `(0, 1, zeros)`; entries
+    may be `None` for their defaults."""
 
     threshold_db: Float[Array, ""]
     ratio: Float[Array, ""]
@@ -122,6 +115,15 @@ class Compressor(AbstractEffect):
     rms_ms: Float[Array, ""]
     sample_rate: float = eqx.field(static=True)
     lookahead_samples: int = eqx.field(static=True)
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "threshold_db": Range(-60.0, 0.0),
+        "ratio": Range(1.1, 20.0, log=True),
+        "attack_ms": Range(0.1, 100.0, log=True),
+        "release_ms": Range(5.0, 1000.0, log=True),
+        "makeup_db": Range(-12.0, 24.0),
+        "knee_db": Range(0.0, 24.0),
+    }
 
     def __init__(
         self,
@@ -203,37 +205,7 @@ class Compressor(AbstractEffect):
 
     def ranges(self) -> dict[str, Range]:
         """The normalised parameters' ranges (see the class docstring)."""
-        return {
-            "threshold_db": Range(-60.0, 0.0),
-            "ratio": Range(1.1, 20.0, log=True),
-            "attack_ms": Range(0.1, 100.0, log=True),
-            "release_ms": Range(5.0, 1000.0, log=True),
-            "makeup_db": Range(-12.0, 24.0),
-            "knee_db": Range(0.0, 24.0),
-        }
-
-    @property
-    def n_params(self) -> int:
-        """6: threshold, ratio, attack, release, makeup and knee."""
-        return 6
-
-    def to_normalised(self) -> Float[Array, " 6"]:
-        """The six parameters normalised; values outside the ranges raise
-        (also under `jax.jit`)."""
-        return jnp.stack(
-            [
-                r.normalised(r.check(name, as_inexact(name, getattr(self, name))))
-                for name, r in self.ranges().items()
-            ]
-        )
-
-    def with_normalised(self, p: Shaped[ArrayLike, " 6"]) -> "Compressor":
-        """The compressor with the six parameters of `p` in $[0, 1]$ and
-        this one's expander, detector time, lookahead and sample rate."""
-        p = check_normalised(p, 6)
-        names = list(self.ranges())
-        values = [r.physical(p[i]) for i, r in enumerate(self.ranges().values())]
-        return eqx.tree_at(lambda c: [getattr(c, n) for n in names], self, values)
+        return self.RANGES
 
     def __call__(
         self,
@@ -267,62 +239,3 @@ class Compressor(AbstractEffect):
 
         y, zf = per_channel(mono, x, zi, ((), (), (lookahead,)))
         return output(y, zf, return_zf)
-
-
-class StateSpaceFilter(eqx.Module):
-    """A learnable real filter in modal form with bounded pole radius.
-
-    `n_modes` complex-conjugate pole pairs $p_j = r_j e^{i\\theta_j}$ with
-    $r_j = r_{\\max}\\,\\sigma(\\rho_j)$, so the filter is stable for every
-    parameter value, and complex input and output weights; the output is
-    $y = 2\\,\\mathrm{Re} \\sum_j c_j h_j + d\\,x$ with
-    $h_{t+1} = p \\odot h_t + b\\,x_t$
-    (`diag_state_space`), which equals a real system of order `2 n_modes`.
-    All parameters are stored as real arrays (real and imaginary parts kept
-    apart), so optax treats them as ordinary real leaves.
-
-    **Arguments:**
-
-    - `n_modes`: the number of pole pairs.
-    - `key`: a PRNG key for the initial weights.
-    - `max_radius`: the largest pole radius (default 0.9995).
-    """
-
-    raw_radius: Float[Array, " modes"]
-    angle: Float[Array, " modes"]
-    b: Float[Array, "modes 2"]
-    c: Float[Array, "modes 2"]
-    d: Float[Array, ""]
-    max_radius: float = eqx.field(static=True)
-
-    def __init__(self, n_modes: int, key: PRNGKeyArray, max_radius: float = 0.9995):
-        check_positive_int("n_modes", n_modes)
-        if not 0 < max_radius < 1:
-            raise ValueError(f"`max_radius` must lie in (0, 1), got {max_radius!r}.")
-        k1, k2, k3 = jax.random.split(key, 3)
-        self.raw_radius = jnp.zeros(n_modes, float) + 2.0
-        self.angle = jnp.linspace(0.05, 3.0, n_modes, dtype=float)
-        self.b = jax.random.normal(k1, (n_modes, 2), float) / jnp.sqrt(n_modes)
-        self.c = jax.random.normal(k2, (n_modes, 2), float) / jnp.sqrt(n_modes)
-        self.d = jax.random.normal(k3, (), float) * 0.1
-        self.max_radius = float(max_radius)
-
-    @property
-    def poles(self) -> Array:
-        """The complex poles (one of each conjugate pair)."""
-        radius = self.max_radius * jax.nn.sigmoid(self.raw_radius)
-        return jax.lax.complex(
-            radius * jnp.cos(self.angle), radius * jnp.sin(self.angle)
-        )
-
-    def __call__(self, x: Shaped[ArrayLike, " time"]) -> Float[Array, " time"]:
-        """Filter one real signal `(T,)`; batch with `jax.vmap`."""
-        x = as_inexact("x", x)
-        ctype = jnp.complex128 if x.dtype == jnp.float64 else jnp.complex64
-        poles = self.poles.astype(ctype)
-        b = jax.lax.complex(self.b[:, 0], self.b[:, 1]).astype(ctype)[:, None]
-        c = jax.lax.complex(self.c[:, 0], self.c[:, 1]).astype(ctype)[None, :]
-        # A conjugate pair contributes 2 Re(c h): the real system's output.
-        y = diag_state_space(poles, b, 2 * c, None, x.astype(ctype)[:, None])
-        d = check_in_range("d", self.d)
-        return jnp.real(y[:, 0]) + d.astype(x.dtype) * x

@@ -1,26 +1,33 @@
-"""The processor interface of the effects: normalised parameters and signal layout.
+"""The effect interface: physical parameters in ranges, normalised parameters.
 
 Every effect is an `eqx.Module` with physical parameters (dB, milliseconds,
 seconds, ratios) that lie in documented ranges, and a vector of normalised
 parameters in $[0, 1]$, one entry per physical value, as a controller
 network outputs them. Signals are time-last: `(time,)` for one mono signal
-or `(channels, time)`.
+or `(channels, time)` (see `_signal`).
+
+This is the shared base of `retrax.effects` and `retrax.filters` (whose
+filters are effects too): both packages import it, and neither imports the
+other's private modules.
 """
 
 import abc
 import dataclasses
 import math
-from collections.abc import Callable
+import re
 from typing import Any
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PyTree, Shaped
 
-from .._misc import as_inexact, check_value
-from ..ops._validate import check_init_range, real_array
+from ._misc import as_inexact, check_value
+from ._validate import check_init_range, real_array
+
+
+# A key of `ranges()` for one entry of a vector field, `field[k]`.
+_ENTRY = re.compile(r"(?P<field>\w+)\[(?P<index>\d+)\]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,26 +189,56 @@ class AbstractEffect(eqx.Module):
 class AbstractRangedEffect(AbstractEffect):
     """An effect whose parameters are fields holding physical values, one
     `Range` each (`ranges()`); its normalised vector lists them in that
-    order. The fields are what `eqx.tree_at` replaces and optax trains."""
+    order. The fields are what `eqx.tree_at` replaces and optax trains.
+
+    `ranges()` maps a field's name to the range of all its entries, or
+    `field[k]` to the range of entry `k` of a vector field whose entries lie
+    in ranges of their own (the sections of
+    [`ParametricEQ`][retrax.filters.ParametricEQ], one frequency band each).
+    Constant ranges are a class variable,
+    `RANGES: ClassVar[dict[str, Range]]`, which `ranges()` returns; ranges
+    that depend on a static field (the sample rate, the number of sections)
+    are built by `ranges()` from it. `n_params`, `to_normalised` and
+    `with_normalised` follow from `ranges()` (through the hooks
+    `checked_values` and `with_values`).
+    """
 
     @abc.abstractmethod
     def ranges(self) -> dict[str, Range]:
-        """The documented range of each parameter, by field name, in the
-        order of the normalised vector."""
+        """The documented range of each parameter, by field name (or
+        `field[k]`, see the class), in the order of the normalised vector."""
+
+    def _entries(self) -> list[tuple[str, int | None, Range]]:
+        """`(field, index, range)` for each key of `ranges()`, in order; the
+        index is `None` for a range that covers the whole field."""
+        entries = []
+        for key, r in self.ranges().items():
+            match = _ENTRY.fullmatch(key)
+            if match is None:
+                entries.append((key, None, r))
+            else:
+                entries.append((match["field"], int(match["index"]), r))
+        return entries
 
     @property
     def n_params(self) -> int:
         """The number of normalised parameters."""
-        return sum(np.size(getattr(self, name)) for name in self.ranges())
+        return sum(
+            1 if index is not None else int(np.size(getattr(self, field)))
+            for field, index, _ in self._entries()
+        )
 
     def to_normalised(self) -> Float[Array, " params"]:
         """The normalised parameters `(P,)`, in $[0, 1]$; a parameter outside
         its range (moved there by `eqx.tree_at` or an optimiser) raises an
         error naming it (also under `jax.jit`)."""
-        parts = [
-            jnp.ravel(r.normalised(r.check(name, getattr(self, name))))
-            for name, r in self.ranges().items()
-        ]
+        values = self.checked_values()
+        parts = []
+        for field, index, r in self._entries():
+            value = values[field]
+            if index is not None:
+                value = as_inexact(field, value)[index]
+            parts.append(jnp.ravel(r.normalised(r.check(field, value))))
         return jnp.concatenate(parts)
 
     def with_normalised(self, p: Shaped[ArrayLike, " params"]) -> "AbstractEffect":
@@ -209,16 +246,45 @@ class AbstractRangedEffect(AbstractEffect):
         `(P,)`; entries outside $[0, 1]$ raise an error (also under
         `jax.jit`)."""
         p = check_normalised(p, self.n_params)
-        names = list(self.ranges())
-        values, start = [], 0
-        for name, r in self.ranges().items():
-            old = getattr(self, name)
-            size = int(np.size(old))
-            u = p[start : start + size].reshape(np.shape(old))
-            values.append(r.physical(u))
+        values: dict[str, Any] = {}
+        start = 0
+        for field, index, r in self._entries():
+            shape = () if index is not None else np.shape(getattr(self, field))
+            size = math.prod(shape)
+            u = p[start : start + size].reshape(shape)
             start += size
+            if index is None:
+                values[field] = r.physical(u)
+            else:
+                values.setdefault(field, {})[index] = r.physical(u)
+        for field, value in values.items():
+            if isinstance(value, dict):
+                values[field] = jnp.stack([value[k] for k in sorted(value)])
+        return self.with_values(values)
+
+    # The two hooks below serve effects whose fields may hold more than their
+    # ranges (a filter's cutoff anywhere below Nyquist, its ranges narrower):
+    # such an effect checks its own valid region first and rebuilds through
+    # its constructor, which checks and types the fields as it always does.
+
+    def checked_values(self) -> dict[str, Any]:
+        """The fields that `ranges()` names, by field name, as `to_normalised`
+        reads them. By default the fields as they are (their ranges check
+        them); an effect with a wider valid region returns them checked to
+        lie in it, so that a value outside it raises that region's error."""
+        return {field: getattr(self, field) for field, _, _ in self._entries()}
+
+    def with_values(self, values: dict[str, Array]) -> "AbstractEffect":
+        """This effect with the physical `values` (by field name) that
+        `with_normalised` computed. By default through `eqx.tree_at`; an
+        effect whose constructor checks and types its fields builds itself
+        through it."""
+        names = list(values)
         return eqx.tree_at(
-            lambda m: [getattr(m, n) for n in names], self, values, is_leaf=None
+            lambda m: [getattr(m, n) for n in names],
+            self,
+            [values[n] for n in names],
+            is_leaf=None,
         )
 
     def param(self, name: str, dtype) -> Array:
@@ -226,121 +292,3 @@ class AbstractRangedEffect(AbstractEffect):
         `jax.jit`; `eqx.tree_at` or an optimiser may have moved it), cast to
         the signal's `dtype`."""
         return self.ranges()[name].check(name, getattr(self, name)).astype(dtype)
-
-
-# More channels than this, and more than `TIME_FIRST_RATIO` times the samples,
-# is audio laid out time first, `(time, channels)` (as `soundfile` reads it),
-# not `(channels, time)`: no effect here is meant for hundreds of channels
-# of a few samples each.
-MAX_CHANNELS = 64
-TIME_FIRST_RATIO = 8
-
-
-def signal(x: ArrayLike) -> Array:
-    """A real signal `x` of shape `(time,)` or `(channels, time)`.
-
-    A `(channels, time)` signal with more than 64 channels and more than 8
-    times as many channels as samples raises `ValueError`: it is audio laid
-    out `(time, channels)`, which would otherwise run as thousands of
-    channels of a few samples each (pass `x.T`). An empty signal passes."""
-    x = real_array("x", x)
-    if x.ndim not in (1, 2):
-        raise ValueError(
-            "`x` must be one mono signal of shape (time,) or a multichannel signal "
-            f"of shape (channels, time), got shape {x.shape}. Batch several "
-            "signals with `jax.vmap`."
-        )
-    if x.ndim == 2 and x.shape[1] > 0:
-        channels, time = x.shape
-        if channels > MAX_CHANNELS and channels > TIME_FIRST_RATIO * time:
-            raise ValueError(
-                "`x` must be laid out (channels, time), got shape "
-                f"{x.shape}: {channels} channels of {time} samples each looks like "
-                "audio laid out (time, channels), as soundfile reads it. Pass "
-                "`x.T`."
-            )
-    return x
-
-
-def stereo(x: ArrayLike) -> Array:
-    """A signal for a stereo effect: `(time,)` (mono, sent to both channels)
-    or `(2, time)`, returned as `(2, time)`."""
-    x = signal(x)
-    if x.ndim == 1:
-        return jnp.stack([x, x])
-    if x.shape[0] != 2:
-        raise ValueError(
-            "`x` must be mono (time,) or stereo (2, time) for a stereo effect, got "
-            f"shape {x.shape}."
-        )
-    return x
-
-
-def _is_shape(s: Any) -> bool:
-    return isinstance(s, tuple) and all(isinstance(n, int) for n in s)
-
-
-def check_state(zi: Any, shapes: Any, x: Array) -> None:
-    """Raise `ValueError` unless the state `zi` (a pytree of arrays, or
-    `None`) has the structure of `shapes` (a pytree of one channel's state
-    shapes, tuples of ints) and each of its arrays the shape given there,
-    with a leading channel axis when `x` is `(channels, time)`. The message
-    names the entry of `zi`, the shape expected and the shape given."""
-    if zi is None:
-        return
-    flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_shape)
-    paths = ["zi" + jax.tree_util.keystr(path) for path, _ in flat]
-    expected = [shape for _, shape in flat]
-    lead = x.shape[:-1]
-    try:
-        given = treedef.flatten_up_to(zi)
-    except (TypeError, ValueError):
-        want = jax.tree.unflatten(treedef, [lead + s for s in expected])
-        raise ValueError(
-            f"`zi` must be this effect's state, of shapes {want} for `x` of shape "
-            f"{x.shape}, got {jax.tree.map(np.shape, zi)}."
-        ) from None
-    for path, shape, value in zip(paths, expected, given, strict=True):
-        if value is not None and np.shape(value) != lead + shape:
-            raise ValueError(
-                f"`{path}` must have shape {lead + shape} for `x` of shape "
-                f"{x.shape}, got shape {np.shape(value)}."
-            )
-
-
-def per_channel(
-    mono: Callable[[Array, Any], tuple[Array, Any]],
-    x: Array,
-    zi: Any,
-    shapes: Any,
-) -> tuple[Array, Any]:
-    """Apply `mono(x, zi) -> (y, zf)` (one channel `(time,)`; `zi=None` is
-    silence) to `x` of shape `(time,)`, or to each row of `(channels, time)`
-    with the state's leaves stacked along a leading channel axis. `shapes`
-    are one channel's state shapes (see `check_state`), checked first."""
-    check_state(zi, shapes, x)
-    if x.ndim == 1:
-        return mono(x, zi)
-    return jax.vmap(mono, in_axes=(0, None if zi is None else 0))(x, zi)
-
-
-def state_leaf(name: str, value: ArrayLike | None, shape: tuple, dtype) -> Array:
-    """One array of an effect's state: zeros of `shape` if `value` is None,
-    else `value` cast to `dtype`, whose shape must be `shape`."""
-    if value is None:
-        return jnp.zeros(shape, dtype)
-    value = real_array(name, value)
-    if value.shape != shape:
-        raise ValueError(f"`{name}` must have shape {shape}, got shape {value.shape}.")
-    return value.astype(dtype)
-
-
-def output(y: Array, zf: Any, return_zf: bool) -> Array | tuple[Array, Any]:
-    """`(y, zf)` if `return_zf`, else `y`."""
-    return (y, zf) if return_zf else y
-
-
-def no_state(zi: Any) -> None:
-    """A stateless effect takes `zi=None`."""
-    if zi is not None:
-        raise ValueError("This effect has no state: pass `zi=None`.")

@@ -1,4 +1,4 @@
-"""Private input checks shared by the filter ops."""
+"""Private input checks shared by the ops, the effects, the filters and the rest."""
 
 import equinox as eqx
 import jax
@@ -7,8 +7,8 @@ import numpy as np
 from jax import Array, lax
 from jaxtyping import ArrayLike
 
-from .._errors import error_if
-from .._misc import as_inexact
+from ._errors import error_if
+from ._misc import as_inexact
 
 
 def unsupported_dtype(dtype: np.dtype) -> str | None:
