@@ -379,22 +379,22 @@ def fit(
             DeprecationWarning,
             stacklevel=2,
         )
-    run = _fit(
+    run = fit_solution(
         pred,
         data,
         key,
-        optimizer,
-        steps,
-        batch_size,
-        t_range,
-        progress,
-        chunk_size,
-        ema,
-        opt_state,
-        checkpoint_dir,
-        checkpoint_every,
-        mesh,
-        nonfinite,
+        optimizer=optimizer,
+        steps=steps,
+        batch_size=batch_size,
+        t_range=t_range,
+        progress=progress,
+        chunk_size=chunk_size,
+        ema=ema,
+        opt_state=opt_state,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        mesh=mesh,
+        nonfinite=nonfinite,
     )
     if return_state:
         return run.pred, run.losses, run.state
@@ -468,42 +468,6 @@ def fit_solution(
 
     A [`retrax.diffusion.TrainSolution`][].
     """
-    return _fit(
-        pred,
-        data,
-        key,
-        optimizer,
-        steps,
-        batch_size,
-        t_range,
-        progress,
-        chunk_size,
-        ema,
-        opt_state,
-        checkpoint_dir,
-        checkpoint_every,
-        mesh,
-        nonfinite,
-    )
-
-
-def _fit(
-    pred,
-    data,
-    key,
-    optimizer,
-    steps,
-    batch_size,
-    t_range,
-    progress,
-    chunk_size,
-    ema,
-    opt_state,
-    checkpoint_dir,
-    checkpoint_every,
-    mesh,
-    nonfinite,
-):
     if isinstance(mesh, Mesh) and _spans_processes(mesh):
         # first, before any check that could raise on some processes only
         # and leave the others waiting in a collective
@@ -778,8 +742,8 @@ def _fit(
             "finite (`nonfinite='skip'`): their updates were not applied, and the "
             "parameters are those of the last finite step.",
             RuntimeWarning,
-            # the user's call of `fit` or `fit_solution`
-            stacklevel=3,
+            # the call of `fit_solution` (for `fit`, its own call of it)
+            stacklevel=2,
         )
     losses = jnp.concatenate(history)
     state = TrainState(params, opt, average, end, key, ema)
