@@ -21,7 +21,9 @@ Its rules, as JAX's documentation on defining primitives describes:
   compiled C++ loop called through the XLA FFI (`retrax._native`,
   `allpole.cc`) that advances the batch's signals together in SIMD lanes;
   everywhere else (other devices, or without the compiled library) the
-  `lax.scan` of the same recursion;
+  `lax.scan` of the same recursion (the impl, both lowerings and the
+  kernel's partitioning over a sharded batch are
+  `_kernel_lowering.register_lowerings`);
 - batching: the batch goes to the kernel as its leading axis, whichever
   axis `vmap` maps (nested maps merge into one batch axis);
 - JVP: the tangent is the same primitive driven by
@@ -45,39 +47,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax._src import dispatch as _dispatch  # no public hook for this yet
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
 from .. import _native
-from .._errors import varying_axes as _varying_axes
+from ._allpole_lags import lag_drive, lagged
 from ._kernel_lowering import (
+    KERNEL_DTYPES,
+    TANGENT_UNROLL,
     batch_in_front,
-    batch_partitioned,
-    partitioned_program,
+    register_lowerings,
+    sharded_like,
+    varying_like,
 )
-
-
-# Measured on a 2-core x86 CPU (order 2, T=44,100, float32): the forward scan
-# is fastest at unroll 2 both unbatched and under `vmap`; the tangent scan,
-# which reverse mode transposes into the adjoint filter, at unroll 1.
-DEFAULT_UNROLL = 2
-TANGENT_UNROLL = 1
-
-_KERNEL_DTYPES = tuple(
-    np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128)
-)
-
-
-def _varying_like(init, *args):
-    """`init` marked as varying over every manual mesh axis that `args` vary over.
-
-    Inside `shard_map`, a scan's carry (and every operand of the primitive)
-    must vary over the same mesh axes as its output.
-    """
-    want = frozenset().union(*(_varying_axes(a) for a in args))
-    missing = tuple(sorted(want - _varying_axes(init)))
-    return lax.pcast(init, missing, to="varying") if missing else init
 
 
 allpole_p = Primitive("allpole_recurrence")
@@ -87,7 +69,7 @@ def allpole_recurrence(a, u, zi, *, adjoint: bool = False, unroll: int = 2):
     """Bind `allpole_p` (see the module docstring); order 0 is the identity."""
     if zi.shape[-1] == 0:
         return u
-    a, u, zi = (_varying_like(v, a, u, zi) for v in (a, u, zi))
+    a, u, zi = (varying_like(v, a, u, zi) for v in (a, u, zi))
     return allpole_p.bind(a, u, zi, adjoint=bool(adjoint), unroll=int(unroll))
 
 
@@ -115,16 +97,6 @@ def _abstract_eval(a, u, zi, *, adjoint, unroll):
 allpole_p.def_abstract_eval(_abstract_eval)
 
 
-@functools.cache
-def _compiled(adjoint: bool, unroll: int):
-    return jax.jit(
-        lambda a, u, zi: allpole_p.bind(a, u, zi, adjoint=adjoint, unroll=unroll)
-    )
-
-
-allpole_p.def_impl(lambda a, u, zi, **params: _compiled(**params)(a, u, zi))
-
-
 # ---------------------------------------------------------------- the scan
 
 
@@ -143,7 +115,7 @@ def shifted(a):
 def scan_allpole(a, u, zi, unroll, reverse=False):
     """The forward recursion of one signal as a `lax.scan` (`reverse`: run
     from the last sample to the first, the state being the next outputs)."""
-    zi = _varying_like(zi, a, u)
+    zi = varying_like(zi, a, u)
     order = zi.shape[0]
     carry0 = tuple(zi[k] for k in range(order))
 
@@ -171,16 +143,6 @@ def scan_allpole(a, u, zi, unroll, reverse=False):
     return y
 
 
-def _sharded_like(x, u):
-    """`x` (batch axis first) with the batch sharding of `u` under an explicit
-    mesh, by broadcasting it against zeros of `u`'s batch."""
-    spec = jax.typeof(u).sharding.spec
-    if not u.shape[-1] or not spec or spec[0] is None:  # nothing to align
-        return x
-    zeros = jnp.zeros_like(u[:, :1])
-    return x + zeros.reshape(zeros.shape[:1] + (1,) * (x.ndim - 1))
-
-
 def scan_allpole_batch(a, u, zi, unroll, adjoint=False):
     """The recursion of a batch `u` of shape `(B, T)`, stepping along time on
     the operands as they are laid out (batch-major): each step reads its
@@ -204,7 +166,7 @@ def scan_allpole_batch(a, u, zi, unroll, adjoint=False):
         carry0 = tuple(jnp.zeros_like(zi[:, k]) for k in range(order))
     else:
         carry0 = tuple(zi[:, k] for k in range(order))
-    carry0 = tuple(_varying_like(c, a, u) for c in carry0)
+    carry0 = tuple(varying_like(c, a, u) for c in carry0)
 
     def body(i, state):
         y, carry = state
@@ -226,7 +188,7 @@ def scan_allpole_batch(a, u, zi, unroll, adjoint=False):
         y = lax.dynamic_update_index_in_dim(y, v, t, axis=1)
         return y, carry
 
-    y0 = _varying_like(jnp.zeros_like(u), a, u)
+    y0 = varying_like(jnp.zeros_like(u), a, u)
     y, _ = lax.fori_loop(0, length, body, (y0, carry0), unroll=unroll)
     return y
 
@@ -239,7 +201,7 @@ def _scan(a, u, zi, *, adjoint, unroll, batch_major=False):
         # `vmap` under an explicit mesh, and the batch-major step's
         # arithmetic, need the operands' batch axes sharded alike; the
         # batching rule broadcasts unbatched ones unsharded.
-        a, zi = _sharded_like(a, u), _sharded_like(zi, u)
+        a, zi = sharded_like(a, u), sharded_like(zi, u)
         if batch_major:
             return scan_allpole_batch(a, u, zi, unroll, adjoint=adjoint)
     if adjoint and _per_sample(a, u):
@@ -253,7 +215,7 @@ def _scan(a, u, zi, *, adjoint, unroll, batch_major=False):
 # ---------------------------------------------------------------- lowering
 
 
-def _kernel_call(a, u, zi, *, adjoint):
+def _kernel_call(a, u, zi, *, adjoint, unroll):
     """The compiled kernel on operands with a batch axis in front: `u` of
     shape `(B, T)`, handed over as they are, in the user's batch-major
     layout, which the kernel reads in register tiles. Transposing a batch
@@ -264,68 +226,34 @@ def _kernel_call(a, u, zi, *, adjoint):
     (`batch_major` false); its bytes are the same in both layouts, so it
     keeps the default one (a layout of its own made XLA copy it on the way
     to and from the lags kernel)."""
+    del unroll
     call = jax.ffi.ffi_call(_native.ALLPOLE, jax.ShapeDtypeStruct(u.shape, u.dtype))
     return call(a, u, zi, adjoint=adjoint, batch_major=u.shape[0] > 1)
 
 
-def _allpole_rule(ranks):
+def _allpole_rule(ranks, **params):
+    del params
     return ("b t k" if ranks[0] == 3 else "b k") + ", b t, b k -> b t"
 
 
-@functools.cache
-def _partitioned(adjoint: bool):
-    def call(a, u, zi):  # positional only: custom_partitioning binds no keywords
-        return _kernel_call(a, u, zi, adjoint=adjoint)
-
-    return batch_partitioned(call, _allpole_rule)
-
-
-def _kernel(a, u, zi, *, adjoint, partitioned):
-    if u.ndim == 1:  # one signal: a batch of one, without sharding to keep
-        out = _kernel_call(a[None], u[None], zi[None], adjoint=adjoint)
-        return out[0]
-    if partitioned:
-        return _partitioned(adjoint)(a, u, zi)
-    return _kernel_call(a, u, zi, adjoint=adjoint)
-
-
-def _kernel_lowering(ctx, a, u, zi, *, adjoint, unroll):
-    del unroll
-    rule = mlir.lower_fun(
-        functools.partial(
-            _kernel, adjoint=adjoint, partitioned=partitioned_program(ctx)
-        ),
-        multiple_results=False,
-    )
-    return rule(ctx, a, u, zi)
-
-
-_scan_lowering = mlir.lower_fun(_scan, multiple_results=False)
-# On the CPU a batch steps through its own layout: the time-major copies that
-# `vmap` of the scan makes cost more time and memory than strided reads of a
-# few signals (order 2, T = 44,100, float32, B = 8: 0.45 against 1.4 ms
-# forward, 2.0 against 4.0 to 8.7 ms gradient on a loaded 2-core x86 CPU; 29
-# against 81 MiB of XLA temporaries for the gradient at
-# T = 441,000). Other platforms keep the time-major scan (not measured there:
-# its reads coalesce on a GPU, strided ones may not).
-_cpu_scan_lowering = mlir.lower_fun(
-    functools.partial(_scan, batch_major=True), multiple_results=False
+register_lowerings(
+    allpole_p,
+    scan=_scan,
+    kernel_call=_kernel_call,
+    rule=_allpole_rule,
+    kernel="allpole",
+    dtypes=KERNEL_DTYPES,
+    signal=1,
+    signal_rank=1,
+    # On the CPU a batch steps through its own layout: the time-major copies
+    # that `vmap` of the scan makes cost more time and memory than strided
+    # reads of a few signals (order 2, T = 44,100, float32, B = 8: 0.45
+    # against 1.4 ms forward, 2.0 against 4.0 to 8.7 ms gradient on a loaded
+    # 2-core x86 CPU; 29 against 81 MiB of XLA temporaries for the gradient
+    # at T = 441,000). Other platforms keep the time-major scan (not
+    # measured there: its reads coalesce on a GPU, strided ones may not).
+    cpu_scan=functools.partial(_scan, batch_major=True),
 )
-
-
-def _cpu_lowering(ctx, a, u, zi, *, adjoint, unroll):
-    if ctx.avals_in[1].dtype in _KERNEL_DTYPES:
-        if _native.available("allpole"):
-            return _kernel_lowering(ctx, a, u, zi, adjoint=adjoint, unroll=unroll)
-        _native.warn_if_missing()
-    return _cpu_scan_lowering(ctx, a, u, zi, adjoint=adjoint, unroll=unroll)
-
-
-mlir.register_lowering(allpole_p, _scan_lowering)
-# The CPU lowering may partition the kernel's batch over the program's
-# devices (`custom_partitioning`), which needs them known while lowering.
-_dispatch.prim_requires_devices_during_lowering.add(allpole_p)
-mlir.register_lowering(allpole_p, _cpu_lowering, platform="cpu")
 
 
 # ---------------------------------------------------------------- batching
@@ -344,31 +272,11 @@ batching.primitive_batchers[allpole_p] = _batch
 # ---------------------------------------------------------------- JVP
 
 
-def lagged(values, state, k, adjoint):
-    """`values` delayed by k + 1 steps (forward: $y_{t-k-1}$ with the state
-    before the start) or advanced (adjoint: $w_{s+k+1}$ with the state past
-    the end), along the last axis."""
-    order = state.shape[-1]
-    length = values.shape[-1]
-    if length:
-        # With an explicit mesh the operands of a concatenation must be
-        # sharded alike: give the (possibly replicated) state the batch
-        # sharding of the values by broadcasting it against them.
-        state = state + jnp.zeros_like(values[..., :1])
-    if adjoint:
-        full = jnp.concatenate([values, state], axis=-1)
-        return full[..., k + 1 : k + 1 + length]
-    full = jnp.concatenate([state[..., ::-1], values], axis=-1)
-    return full[..., order - k - 1 : order - k - 1 + length]
-
-
 def _coefficient_drive(da, out, zi, adjoint):
     """The tangent's drive from the coefficients' tangent `da`:
     $-\\sum_k \\dot a_{t,k} y_{t-k-1}$ (forward) or
     $-\\sum_k \\dot a_{s+k+1,k} w_{s+k+1}$ (adjoint)."""
     if da.ndim == out.ndim + 1:  # per sample: see `_allpole_lags`
-        from ._allpole_lags import lag_drive
-
         return lag_drive(da, out, zi, adjoint=adjoint)
     drive = jnp.zeros_like(out)
     for k in range(zi.shape[-1]):

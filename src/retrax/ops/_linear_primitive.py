@@ -25,7 +25,8 @@ Its rules, as for `allpole_p` (`_allpole_primitive`):
   `linear.cc`) that reads the operands in their own layout and advances
   independent chains (channels, or signals) together in SIMD lanes;
   everywhere else (other devices, or without the compiled library) the
-  `lax.scan` of the same recursion;
+  `lax.scan` of the same recursion (through
+  `_kernel_lowering.register_lowerings`, as for `allpole_p`);
 - batching: the batch goes to the kernel as its leading axis, whichever
   axis `vmap` maps (nested maps merge into one batch axis);
 - JVP: the tangent is the same primitive driven by
@@ -43,26 +44,22 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
-from jax._src import dispatch as _dispatch  # no public hook for this yet
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
 from .. import _native
-from ._allpole_primitive import TANGENT_UNROLL, _varying_like
 from ._kernel_lowering import (
+    KERNEL_DTYPES,
+    TANGENT_UNROLL,
     batch_in_front,
-    batch_partitioned,
-    partitioned_program,
+    register_lowerings,
+    sharded_like,
+    varying_like,
 )
 
 
 STRUCTURES = ("diagonal", "dense")
-
-_KERNEL_DTYPES = tuple(
-    np.dtype(d) for d in (np.float32, np.float64, np.complex64, np.complex128)
-)
 
 linear_p = Primitive("state_recurrence")
 
@@ -73,7 +70,7 @@ def state_recurrence(
     """Bind `linear_p` (see the module docstring)."""
     if structure not in STRUCTURES:
         raise ValueError(f"state_recurrence: unknown structure {structure!r}")
-    a, u, zi = (_varying_like(v, a, u, zi) for v in (a, u, zi))
+    a, u, zi = (varying_like(v, a, u, zi) for v in (a, u, zi))
     return linear_p.bind(
         a, u, zi, structure=structure, adjoint=bool(adjoint), unroll=int(unroll)
     )
@@ -113,18 +110,6 @@ def _abstract_eval(a, u, zi, *, structure, adjoint, unroll):
 linear_p.def_abstract_eval(_abstract_eval)
 
 
-@functools.cache
-def _compiled(structure: str, adjoint: bool, unroll: int):
-    return jax.jit(
-        lambda a, u, zi: linear_p.bind(
-            a, u, zi, structure=structure, adjoint=adjoint, unroll=unroll
-        )
-    )
-
-
-linear_p.def_impl(lambda a, u, zi, **params: _compiled(**params)(a, u, zi))
-
-
 # ---------------------------------------------------------------- the scan
 
 
@@ -138,7 +123,7 @@ def _step_product(structure, m, h, transpose):
 def scan_linear(structure, a, u, zi, unroll, adjoint=False):
     """`linear_p` of one signal as a `lax.scan` (`adjoint`: the transposed
     recursion, from the last sample to the first)."""
-    zi = _varying_like(zi, a, u)
+    zi = varying_like(zi, a, u)
     if _per_sample(structure, a, u) and adjoint:
         # step s reads M_{s+1}, absent (zero) past the end
         a = jnp.concatenate([a[1:], jnp.zeros_like(a[:1])])
@@ -161,23 +146,13 @@ def scan_linear(structure, a, u, zi, unroll, adjoint=False):
     return h
 
 
-def _sharded_like(x, u):
-    """`x` (batch axis first) with the batch sharding of `u` under an explicit
-    mesh, by broadcasting it against zeros of `u`'s batch."""
-    spec = jax.typeof(u).sharding.spec
-    if not u.shape[1] or not spec or spec[0] is None:  # nothing to align
-        return x
-    zeros = jnp.zeros_like(u[:, :1, :1])
-    return x + zeros.reshape(zeros.shape[:1] + (1,) * (x.ndim - 1))
-
-
 def _scan(a, u, zi, *, structure, adjoint, unroll):
     """`linear_p` as a scan (per signal, `vmap`ped over a batch)."""
     run = functools.partial(scan_linear, structure, unroll=unroll, adjoint=adjoint)
     if u.ndim == 3:
         # `vmap` under an explicit mesh needs its operands' batch axes
         # sharded alike; the batching rule broadcasts unbatched ones unsharded.
-        a, zi = _sharded_like(a, u), _sharded_like(zi, u)
+        a, zi = sharded_like(a, u), sharded_like(zi, u)
         run = jax.vmap(run)
     return run(a, u, zi)
 
@@ -185,77 +160,32 @@ def _scan(a, u, zi, *, structure, adjoint, unroll):
 # ---------------------------------------------------------------- lowering
 
 
-def _kernel_call(a, u, zi, *, structure, adjoint):
+def _kernel_call(a, u, zi, *, structure, adjoint, unroll):
     """The compiled kernel on operands with a batch axis in front, in their
     own (row-major) layout: `u` of shape `(B, T, N)`."""
+    del unroll
     call = jax.ffi.ffi_call(_native.LINEAR, jax.ShapeDtypeStruct(u.shape, u.dtype))
     return call(a, u, zi, dense=structure == "dense", adjoint=adjoint)
 
 
-def _sharding_rule(structure):
-    def rule(ranks):
-        per_sample = ranks[0] == 2 + _matrix_rank(structure)
-        a = (
-            "b"
-            + (" t" if per_sample else "")
-            + " n"
-            + (" m" if structure == "dense" else "")
-        )
-        return f"{a}, b t n, b n -> b t n"
-
-    return rule
+def _sharding_rule(ranks, *, structure, adjoint, unroll):
+    del adjoint, unroll
+    per_sample = ranks[0] == 2 + _matrix_rank(structure)
+    dense = structure == "dense"
+    a = "b" + (" t" if per_sample else "") + " n" + (" m" if dense else "")
+    return f"{a}, b t n, b n -> b t n"
 
 
-@functools.cache
-def _partitioned(structure: str, adjoint: bool):
-    def call(a, u, zi):  # positional only: custom_partitioning binds no keywords
-        return _kernel_call(a, u, zi, structure=structure, adjoint=adjoint)
-
-    return batch_partitioned(call, _sharding_rule(structure))
-
-
-def _kernel(a, u, zi, *, structure, adjoint, partitioned):
-    if u.ndim == 2:  # one signal: a batch of one, without sharding to keep
-        out = _kernel_call(
-            a[None], u[None], zi[None], structure=structure, adjoint=adjoint
-        )
-        return out[0]
-    if partitioned:
-        return _partitioned(structure, adjoint)(a, u, zi)
-    return _kernel_call(a, u, zi, structure=structure, adjoint=adjoint)
-
-
-def _kernel_lowering(ctx, a, u, zi, *, structure, adjoint):
-    rule = mlir.lower_fun(
-        functools.partial(
-            _kernel,
-            structure=structure,
-            adjoint=adjoint,
-            partitioned=partitioned_program(ctx),
-        ),
-        multiple_results=False,
-    )
-    return rule(ctx, a, u, zi)
-
-
-_scan_lowering = mlir.lower_fun(_scan, multiple_results=False)
-
-
-def _cpu_lowering(ctx, a, u, zi, *, structure, adjoint, unroll):
-    if ctx.avals_in[1].dtype in _KERNEL_DTYPES:
-        if _native.available("linear"):
-            return _kernel_lowering(ctx, a, u, zi, structure=structure, adjoint=adjoint)
-        _native.warn_if_missing()
-    return _scan_lowering(
-        ctx, a, u, zi, structure=structure, adjoint=adjoint, unroll=unroll
-    )
-
-
-mlir.register_lowering(linear_p, _scan_lowering)
-# The CPU lowering may partition the kernel's batch over the program's
-# devices (`custom_partitioning`), which needs them known while lowering.
-_dispatch.prim_requires_devices_during_lowering.add(linear_p)
-mlir.register_lowering(linear_p, _cpu_lowering, platform="cpu")
+register_lowerings(
+    linear_p,
+    scan=_scan,
+    kernel_call=_kernel_call,
+    rule=_sharding_rule,
+    kernel="linear",
+    dtypes=KERNEL_DTYPES,
+    signal=1,
+    signal_rank=2,
+)
 
 
 # ---------------------------------------------------------------- batching

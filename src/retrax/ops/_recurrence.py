@@ -49,13 +49,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _allpole_lags as _allpole_lags  # registers the derivative's primitives
-from ._allpole_primitive import (
+from ._allpole_primitive import allpole_recurrence, scan_allpole as _scan_allpole
+from ._kernel_lowering import (
     DEFAULT_UNROLL as DEFAULT_UNROLL,
     TANGENT_UNROLL as TANGENT_UNROLL,
-    _varying_like as _varying_like,
-    allpole_recurrence,
-    scan_allpole as _scan_allpole,
+    varying_like,
 )
 from ._linear_primitive import scan_linear, state_recurrence
 
@@ -85,7 +83,7 @@ def _scan_delay_lines(delays, A, u, zi, unroll):
     rows = -(-length // block)
     u = jnp.pad(u, ((0, rows * block - length), (0, 0)))
     u = u.reshape(rows, block, u.shape[-1])
-    buf = _varying_like(zi[:, ::-1], A, u)
+    buf = varying_like(zi[:, ::-1], A, u)
 
     def step(buf, ut):
         reads = jnp.stack(
