@@ -1,7 +1,7 @@
 r"""The lagged products of the all-pole recursion's derivative, as a pair of
 primitives that transpose each other.
 
-The tangent of the all-pole recursion (`allpole_p`) with per-sample
+The tangent of the all-pole recursion (`_allpole_structure`) with per-sample
 coefficients is the same recursion driven by
 
 - forward: $d_t = -\sum_k \dot a_{t,k}\, y_{t-k-1}$, with $y_{-k-1} = z_k$;
@@ -22,7 +22,7 @@ both primitives' derivatives of every order) is the XLA expression, so the
 two primitives only change where the numbers are computed. The impl and
 lowerings come from `_kernel_lowering` (`register_lowerings` for
 `lag_outer_p`), and `lagged`, the shifted signals these products read, is
-shared with `allpole_p`'s JVP for constant coefficients.
+shared with the all-pole JVP for constant coefficients.
 
 Operands: the coefficients' tangent `da` (or the cotangent produced) of
 shape `(T, K)` or `(B, T, K)`, a signal (`out`, or `ct`) of shape `(T,)` or
@@ -39,6 +39,7 @@ from jax.interpreters import ad, batching, mlir
 from .. import _native
 from ._kernel_lowering import (
     KERNEL_DTYPES,
+    Kernel,
     batch_in_front,
     register_impl,
     register_lowerings,
@@ -213,13 +214,13 @@ def _outer_kernel_call(ct, out, zi, *, adjoint):
     return call(p, q, state)
 
 
-register_lowerings(
-    lag_outer_p,
-    scan=_outer,
-    kernel_call=_outer_kernel_call,
-    rule=lambda ranks, **params: "b t, b t, b k -> b t k",
-    kernel="allpole",
+_OUTER_KERNEL = Kernel(
+    name="allpole",
     dtypes=KERNEL_DTYPES,
-    signal=1,
+    call=_outer_kernel_call,
+    rule=lambda ranks: "b t, b t, b k -> b t k",
     signal_rank=1,
+)
+register_lowerings(
+    lag_outer_p, scan=_outer, kernel=lambda **params: _OUTER_KERNEL, signal=1
 )

@@ -45,14 +45,13 @@ from jax.interpreters import ad, batching
 from .. import _native
 from ._kernel_lowering import (
     DEFAULT_UNROLL,
+    Kernel,
     batch_in_front,
     register_lowerings,
     sharded_like,
     varying_like,
 )
 
-
-_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 ballistics_p = Primitive("ballistics")
 
@@ -134,16 +133,14 @@ def _sharding_rule(ranks):
     return f"b t, {coefficient}, {coefficient}, b -> b t"
 
 
-register_lowerings(
-    ballistics_p,
-    scan=_scan,
-    kernel_call=_kernel_call,
+_KERNEL = Kernel(
+    name="ballistics",
+    dtypes=(np.dtype(np.float32), np.dtype(np.float64)),
+    call=_kernel_call,
     rule=_sharding_rule,
-    kernel="ballistics",
-    dtypes=_KERNEL_DTYPES,
-    signal=0,
     signal_rank=1,
 )
+register_lowerings(ballistics_p, scan=_scan, kernel=lambda: _KERNEL, signal=0)
 
 
 # ---------------------------------------------------------------- batching

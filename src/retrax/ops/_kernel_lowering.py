@@ -1,10 +1,10 @@
 """The skeleton shared by the recurrence core's primitives and `ballistics`:
 impl, lowering, batching and the helpers their rules need.
 
-Each primitive (`_allpole_primitive.allpole_p`, `_linear_primitive.linear_p`
-for the diagonal and dense recursions, the all-pole derivative's
-`_allpole_lags.lag_outer_p`, and `_ballistics_primitive.ballistics_p`)
-supplies its own math, a `lax.scan` and a compiled kernel;
+Each primitive (`_linear_primitive.linear_p` for the all-pole, diagonal and
+dense recursions, the all-pole derivative's `_allpole_lags.lag_outer_p`, and
+`_ballistics_primitive.ballistics_p`) supplies its own math, a `lax.scan`
+and a compiled `Kernel` (for `linear_p`, one for each structure);
 `register_lowerings` gives it the rest:
 
 - impl: a call outside `jit` runs the primitive through a `jax.jit` cached
@@ -24,7 +24,9 @@ for which JAX has only a private hook: `requires_devices_during_lowering`
 is the one place retrax touches it.
 """
 
+import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -158,50 +160,61 @@ def register_impl(prim) -> None:
     prim.def_impl(lambda *args, **params: compiled(**params)(*args))
 
 
-def register_lowerings(
-    prim,
-    *,
-    scan,
-    kernel_call,
-    rule,
-    kernel: str,
-    dtypes,
-    signal: int,
-    signal_rank: int,
-    cpu_scan=None,
-):
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """A compiled kernel that lowers a primitive on the CPU.
+
+    **Fields:**
+
+    - `name`: its name in `retrax._native` (`available(name)`).
+    - `dtypes`: the dtypes of the primitive's signal operand it computes.
+    - `call`: `call(*operands, **params)` with the primitive's parameters, the
+      kernel on operands with a batch axis in front.
+    - `rule`: `rule(ranks)`, the Shardy rule of `call` from the operands'
+      ranks (see `batch_partitioned`).
+    - `signal_rank`: the rank of one signal (without the batch axis): a call
+      on one signal gets a batch of one.
+    """
+
+    name: str
+    dtypes: tuple[np.dtype, ...]
+    call: Callable
+    rule: Callable[[list[int]], str]
+    signal_rank: int
+
+
+def register_lowerings(prim, *, scan, kernel, signal: int, cpu_scan=None) -> None:
     """Register `prim`'s impl (`register_impl`) and lowerings.
 
     **Arguments:**
 
     - `scan`: `scan(*operands, **params)`, the primitive as XLA operations;
       its lowering on every platform.
-    - `kernel_call`: `kernel_call(*operands, **params)`, the compiled kernel
-      on operands with a batch axis in front.
-    - `rule`: `rule(ranks, **params)`, the Shardy rule of `kernel_call` from
-      the operands' ranks (see `batch_partitioned`).
-    - `kernel`: the kernel's name in `retrax._native` (`available(kernel)`).
-    - `dtypes`: the dtypes of operand `signal` the kernel computes.
-    - `signal`, `signal_rank`: the operand whose dtype picks the kernel and
-      whose batch sharding it keeps, and its rank for one signal (a lower
-      rank than the batched one: the kernel gets a batch of one).
+    - `kernel`: `kernel(**params)`, the `Kernel` that lowers the primitive
+      with these parameters on the CPU, for its dtypes, if `retrax._native`
+      has it (else a warning and the scan).
+    - `signal`: the operand whose dtype picks the kernel and whose batch
+      sharding the partitioned kernel keeps.
     - `cpu_scan`: the CPU's fallback where it differs from `scan`.
     """
     register_impl(prim)
 
     @functools.cache
     def partitioned(**params):
-        def call(*args):  # positional only: custom_partitioning binds no keywords
-            return kernel_call(*args, **params)
+        pieces = kernel(**params)
 
-        return batch_partitioned(call, functools.partial(rule, **params), signal=signal)
+        def call(*args):  # positional only: custom_partitioning binds no keywords
+            return pieces.call(*args, **params)
+
+        return batch_partitioned(call, pieces.rule, signal=signal)
 
     def run_kernel(*args, partitioned_over, **params):
-        if args[signal].ndim == signal_rank:  # one signal: no sharding to keep
-            return kernel_call(*(x[None] for x in args), **params)[0]
+        pieces = kernel(**params)
+        if args[signal].ndim == pieces.signal_rank:  # one signal: nothing to shard
+            return pieces.call(*(x[None] for x in args), **params)[0]
         if partitioned_over:
             return partitioned(**params)(*args)
-        return kernel_call(*args, **params)
+        return pieces.call(*args, **params)
 
     scan_lowering = mlir.lower_fun(scan, multiple_results=False)
     cpu_scan_lowering = (
@@ -211,8 +224,9 @@ def register_lowerings(
     )
 
     def cpu_lowering(ctx, *args, **params):
-        if ctx.avals_in[signal].dtype in dtypes:
-            if _native.available(kernel):
+        pieces = kernel(**params)
+        if ctx.avals_in[signal].dtype in pieces.dtypes:
+            if _native.available(pieces.name):
                 run = functools.partial(
                     run_kernel, partitioned_over=partitioned_program(ctx), **params
                 )

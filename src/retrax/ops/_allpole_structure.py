@@ -1,7 +1,7 @@
-r"""The all-pole recursion of the recurrence core as a JAX primitive.
+r"""The all-pole structure of the recurrence primitive (`_linear_primitive`).
 
-`allpole_p` computes, for one signal (`u` of shape `(T,)`) or a batch of
-them (`(B, T)`, under `vmap`),
+With `structure="allpole"`, `linear_p` computes, for one signal (`u` of
+shape `(T,)`) or a batch of them (`(B, T)`, under `vmap`),
 
 - `adjoint=False`: $y_t = u_t - \sum_k a_{t,k}\, y_{t-k-1}$ with
   $y_{-k-1} = z_k$, $t = 0, \dots, T-1$;
@@ -12,29 +12,20 @@ them (`(B, T)`, under `vmap`),
 with `a` per sample (`(T, K)`, or `(B, T, K)`) or constant (`(K,)`, or
 `(B, K)`) and the state `z` of shape `(K,)` (or `(B, K)`).
 
-Its rules, as JAX's documentation on defining primitives describes:
+Its pieces (`ALLPOLE`, see `_structure.Structure`):
 
-- abstract evaluation: the output is typed as `u` (its sharding and the mesh
-  axes it varies over inside `shard_map`, which `allpole_recurrence` makes
-  the same for every operand);
-- lowering: on the CPU, for float32, float64, complex64 and complex128, a
+- the kernel: on the CPU, for float32, float64, complex64 and complex128, a
   compiled C++ loop called through the XLA FFI (`retrax._native`,
   `allpole.cc`) that advances the batch's signals together in SIMD lanes;
   everywhere else (other devices, or without the compiled library) the
-  `lax.scan` of the same recursion (the impl, both lowerings and the
-  kernel's partitioning over a sharded batch are
-  `_kernel_lowering.register_lowerings`);
-- batching: the batch goes to the kernel as its leading axis, whichever
-  axis `vmap` maps (nested maps merge into one batch axis);
-- JVP: the tangent is the same primitive driven by
-  $\dot u_t - \sum_k \dot a_{t,k} y_{t-k-1}$ (or its adjoint counterpart;
-  for per-sample coefficients that product is `_allpole_lags.lag_drive_p`,
-  whose transpose, the coefficients' cotangent, is a compiled loop on the
-  CPU), and a symbolic zero tangent of `a` skips that term, so a derivative
-  with respect to `u` alone never forms the lagged outputs;
-- transpose: the forward recursion's transpose is the adjoint one and the
-  other way round, on the same kernel; the state's cotangent is a $K \times K$
-  read-out of the first (or last) $K$ cotangents.
+  `lax.scan` of the same recursion, which on the CPU steps a batch through
+  its own layout;
+- the JVP's drive: $-\sum_k \dot a_{t,k} y_{t-k-1}$ (or its adjoint
+  counterpart; for per-sample coefficients that product is
+  `_allpole_lags.lag_drive_p`, whose transpose, the coefficients'
+  cotangent, is a compiled loop on the CPU);
+- the transpose's state cotangent: a $K \times K$ read-out of the first
+  (or last) $K$ cotangents.
 
 So reverse mode runs one adjoint recursion backwards in time and stores the
 coefficients and the output, and forward mode, reverse mode and every higher
@@ -47,54 +38,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend.core import Primitive
-from jax.interpreters import ad, batching
 
 from .. import _native
 from ._allpole_lags import lag_drive, lagged
-from ._kernel_lowering import (
-    KERNEL_DTYPES,
-    TANGENT_UNROLL,
-    batch_in_front,
-    register_lowerings,
-    sharded_like,
-    varying_like,
-)
-
-
-allpole_p = Primitive("allpole_recurrence")
-
-
-def allpole_recurrence(a, u, zi, *, adjoint: bool = False, unroll: int = 2):
-    """Bind `allpole_p` (see the module docstring); order 0 is the identity."""
-    if zi.shape[-1] == 0:
-        return u
-    a, u, zi = (varying_like(v, a, u, zi) for v in (a, u, zi))
-    return allpole_p.bind(a, u, zi, adjoint=bool(adjoint), unroll=int(unroll))
+from ._kernel_lowering import KERNEL_DTYPES, Kernel, sharded_like, varying_like
+from ._structure import Structure
 
 
 def _per_sample(a, u) -> bool:
     return a.ndim == u.ndim + 1
-
-
-# ---------------------------------------------------------------- abstract eval
-
-
-def _abstract_eval(a, u, zi, *, adjoint, unroll):
-    del adjoint, unroll
-    if u.ndim not in (1, 2) or zi.ndim != u.ndim or a.ndim not in (u.ndim, u.ndim + 1):
-        raise ValueError(
-            f"allpole_recurrence: bad operand ranks a{a.shape}, u{u.shape}, "
-            f"zi{zi.shape}"
-        )
-    if not (a.dtype == u.dtype == zi.dtype):
-        raise TypeError(
-            f"allpole_recurrence: mixed dtypes {a.dtype}, {u.dtype}, {zi.dtype}"
-        )
-    return u.update(weak_type=False)
-
-
-allpole_p.def_abstract_eval(_abstract_eval)
 
 
 # ---------------------------------------------------------------- the scan
@@ -194,9 +146,9 @@ def scan_allpole_batch(a, u, zi, unroll, adjoint=False):
 
 
 def _scan(a, u, zi, *, adjoint, unroll, batch_major=False):
-    """`allpole_p` as a scan: per signal, `vmap`ped over a batch (time-major
-    copies of the operands), or with `batch_major` a batch stepped through
-    in its own layout (`scan_allpole_batch`)."""
+    """The all-pole recursion as a scan: per signal, `vmap`ped over a batch
+    (time-major copies of the operands), or with `batch_major` a batch
+    stepped through in its own layout (`scan_allpole_batch`)."""
     if u.ndim == 2:
         # `vmap` under an explicit mesh, and the batch-major step's
         # arithmetic, need the operands' batch axes sharded alike; the
@@ -212,10 +164,10 @@ def _scan(a, u, zi, *, adjoint, unroll, batch_major=False):
     return run(a, u, zi)
 
 
-# ---------------------------------------------------------------- lowering
+# ---------------------------------------------------------------- the kernel
 
 
-def _kernel_call(a, u, zi, *, adjoint, unroll):
+def _kernel_call(a, u, zi, *, structure, adjoint, unroll):
     """The compiled kernel on operands with a batch axis in front: `u` of
     shape `(B, T)`, handed over as they are, in the user's batch-major
     layout, which the kernel reads in register tiles. Transposing a batch
@@ -226,50 +178,16 @@ def _kernel_call(a, u, zi, *, adjoint, unroll):
     (`batch_major` false); its bytes are the same in both layouts, so it
     keeps the default one (a layout of its own made XLA copy it on the way
     to and from the lags kernel)."""
-    del unroll
+    del structure, unroll
     call = jax.ffi.ffi_call(_native.ALLPOLE, jax.ShapeDtypeStruct(u.shape, u.dtype))
     return call(a, u, zi, adjoint=adjoint, batch_major=u.shape[0] > 1)
 
 
-def _allpole_rule(ranks, **params):
-    del params
+def _allpole_rule(ranks):
     return ("b t k" if ranks[0] == 3 else "b k") + ", b t, b k -> b t"
 
 
-register_lowerings(
-    allpole_p,
-    scan=_scan,
-    kernel_call=_kernel_call,
-    rule=_allpole_rule,
-    kernel="allpole",
-    dtypes=KERNEL_DTYPES,
-    signal=1,
-    signal_rank=1,
-    # On the CPU a batch steps through its own layout: the time-major copies
-    # that `vmap` of the scan makes cost more time and memory than strided
-    # reads of a few signals (order 2, T = 44,100, float32, B = 8: 0.45
-    # against 1.4 ms forward, 2.0 against 4.0 to 8.7 ms gradient on a loaded
-    # 2-core x86 CPU; 29 against 81 MiB of XLA temporaries for the gradient
-    # at T = 441,000). Other platforms keep the time-major scan (not
-    # measured there: its reads coalesce on a GPU, strided ones may not).
-    cpu_scan=functools.partial(_scan, batch_major=True),
-)
-
-
-# ---------------------------------------------------------------- batching
-
-
-def _batch(args, dims, *, adjoint, unroll):
-    def bind(a, u, zi):
-        return allpole_recurrence(a, u, zi, adjoint=adjoint, unroll=unroll)
-
-    return batch_in_front(bind, args, dims, signal=1, signal_rank=1)
-
-
-batching.primitive_batchers[allpole_p] = _batch
-
-
-# ---------------------------------------------------------------- JVP
+# ---------------------------------------------------------------- JVP and transpose
 
 
 def _coefficient_drive(da, out, zi, adjoint):
@@ -284,30 +202,7 @@ def _coefficient_drive(da, out, zi, adjoint):
     return drive
 
 
-def _jvp(primals, tangents, *, adjoint, unroll):
-    a, u, zi = primals
-    da, du, dzi = tangents
-    out = allpole_recurrence(a, u, zi, adjoint=adjoint, unroll=unroll)
-    drive = None
-    if type(da) is not ad.Zero:
-        drive = _coefficient_drive(da, out, zi, adjoint)
-    if type(du) is not ad.Zero:
-        drive = du if drive is None else drive + du
-    if drive is None and type(dzi) is ad.Zero:
-        return out, ad.Zero.from_primal_value(out)
-    drive = jnp.zeros_like(u) if drive is None else drive
-    dzi = jnp.zeros_like(zi) if type(dzi) is ad.Zero else dzi
-    dout = allpole_recurrence(a, drive, dzi, adjoint=adjoint, unroll=TANGENT_UNROLL)
-    return out, dout
-
-
-ad.primitive_jvps[allpole_p] = _jvp
-
-
-# ---------------------------------------------------------------- transpose
-
-
-def _state_cotangent(a, ct, order, per_sample):
+def _readout(a, ct, order, per_sample):
     """$\\bar z_j = -\\sum_{t=0}^{K-1-j} a_{t,t+j}\\, \\bar u_t$: how the state
     enters the first K steps of the forward recursion, transposed."""
     n = min(order, ct.shape[-1])
@@ -323,31 +218,36 @@ def _state_cotangent(a, ct, order, per_sample):
     return -jnp.sum(coeffs * ct[..., None, :n], axis=-1)
 
 
-def _transpose(ct, a, u, zi, *, adjoint, unroll):
-    if ad.is_undefined_primal(a):
-        raise NotImplementedError(
-            "allpole_recurrence is not linear in its coefficients"
-        )
-    u_aval = u.aval if ad.is_undefined_primal(u) else jax.typeof(u)
-    zi_aval = zi.aval if ad.is_undefined_primal(zi) else jax.typeof(zi)
-    if type(ct) is ad.Zero:
-        ct_u = ad.Zero(u_aval) if ad.is_undefined_primal(u) else None
-        ct_zi = ad.Zero(zi_aval) if ad.is_undefined_primal(zi) else None
-        return None, ct_u, ct_zi
-    zeros = jnp.zeros(zi_aval.shape, zi_aval.dtype)
-    # The forward recursion's transpose is the adjoint one, and back.
-    ct_u = allpole_recurrence(a, ct, zeros, adjoint=not adjoint, unroll=unroll)
-    ct_zi = None
-    if ad.is_undefined_primal(zi):
-        order = zi_aval.shape[-1]
-        per_sample = a.ndim == u_aval.ndim + 1
-        if not adjoint:
-            ct_zi = _state_cotangent(a, ct_u, order, per_sample)
-        elif per_sample:  # the adjoint reads no state past the end
-            ct_zi = jnp.zeros(zi_aval.shape, zi_aval.dtype)
-        else:  # the state enters the last K steps: the same, time-reversed
-            ct_zi = _state_cotangent(a, ct_u[..., ::-1], order, False)
-    return None, (ct_u if ad.is_undefined_primal(u) else None), ct_zi
+def _state_cotangent(a, ct_u, zeros, *, adjoint, per_sample):
+    order = zeros.shape[-1]
+    if not adjoint:
+        return _readout(a, ct_u, order, per_sample)
+    if per_sample:  # the adjoint reads no state past the end
+        return zeros
+    # the state enters the last K steps: the same, time-reversed
+    return _readout(a, ct_u[..., ::-1], order, False)
 
 
-ad.primitive_transposes[allpole_p] = _transpose
+ALLPOLE = Structure(
+    name="allpole_recurrence",
+    signal_rank=1,
+    step_rank=1,
+    scan=_scan,
+    kernel=Kernel(
+        name="allpole",
+        dtypes=KERNEL_DTYPES,
+        call=_kernel_call,
+        rule=_allpole_rule,
+        signal_rank=1,
+    ),
+    coefficient_drive=_coefficient_drive,
+    state_cotangent=_state_cotangent,
+    # On the CPU a batch steps through its own layout: the time-major copies
+    # that `vmap` of the scan makes cost more time and memory than strided
+    # reads of a few signals (order 2, T = 44,100, float32, B = 8: 0.45
+    # against 1.4 ms forward, 2.0 against 4.0 to 8.7 ms gradient on a loaded
+    # 2-core x86 CPU; 29 against 81 MiB of XLA temporaries for the gradient
+    # at T = 441,000). Other platforms keep the time-major scan (not
+    # measured there: its reads coalesce on a GPU, strided ones may not).
+    cpu_scan=functools.partial(_scan, batch_major=True),
+)
