@@ -273,21 +273,23 @@ def copies_in(hlo: str, dims: str) -> list[str]:
 
 
 def allpole_eqns_in(jaxpr):
-    """Every equation of the all-pole recursion primitive in `jaxpr` (its
+    """Every all-pole equation of the linear recursion primitive in `jaxpr` (its
     `adjoint` parameter: the transposed recursion, run backwards in time),
     nested jaxprs included."""
-    from retrax.ops._allpole_primitive import allpole_p
+    from retrax.ops._linear_primitive import linear_p
 
-    return primitive_eqns_in(jaxpr, allpole_p)
+    eqns = primitive_eqns_in(jaxpr, linear_p)
+    return [eqn for eqn in eqns if eqn.params["structure"] == "allpole"]
 
 
 def linear_eqns_in(jaxpr):
-    """Every equation of the diagonal and dense recursion primitive in `jaxpr`
-    (its `adjoint` parameter: the transposed recursion, run backwards in
+    """Every diagonal or dense equation of the linear recursion primitive in
+    `jaxpr` (its `adjoint` parameter: the transposed recursion, run backwards in
     time), nested jaxprs included."""
     from retrax.ops._linear_primitive import linear_p
 
-    return primitive_eqns_in(jaxpr, linear_p)
+    eqns = primitive_eqns_in(jaxpr, linear_p)
+    return [eqn for eqn in eqns if eqn.params["structure"] != "allpole"]
 
 
 def scans_in(jaxpr):

@@ -51,19 +51,16 @@ from retrax.ops._allpole_lags import (
     lag_drive,
     lag_outer,
 )
-from retrax.ops._allpole_primitive import (
-    _scan as _primitive_scan,
-    allpole_p,
-    allpole_recurrence,
-)
+from retrax.ops._allpole_structure import ALLPOLE
 from retrax.ops._ballistics_primitive import ballistics_p, switched_loop
 from retrax.ops._linear_primitive import (
+    allpole_recurrence,
     linear_p,
-    scan_linear,
     state_recurrence,
 )
 from retrax.ops._recurrence import _recurrence, recurrence
 from retrax.ops._state_space import chunk_length
+from retrax.ops._state_structures import scan_linear
 
 
 REAL = (jnp.float32, jnp.float64)
@@ -421,16 +418,14 @@ def test_wide_batch_kernel_equals_the_scan(dtype, order):
             if _native.available("allpole"):
                 assert f"@{_native.ALLPOLE}(" in run.lower(a, u, zi).as_text()
             got = run(a, u, zi)
-            want = jax.jit(
-                functools.partial(_primitive_scan, adjoint=adjoint, unroll=1)
-            )(a, u, zi)
+            want = jax.jit(functools.partial(ALLPOLE.scan, adjoint=adjoint, unroll=1))(
+                a, u, zi
+            )
             scale = float(jnp.max(jnp.abs(want)))
             assert_close(got, want, rtol=0, atol=tol * scale)
             # the pure-JAX CPU lowering, stepping through the batch in place
             in_place = jax.jit(
-                functools.partial(
-                    _primitive_scan, adjoint=adjoint, unroll=2, batch_major=True
-                )
+                functools.partial(ALLPOLE.cpu_scan, adjoint=adjoint, unroll=2)
             )(a, u, zi)
             assert_close(in_place, want, rtol=0, atol=tol * scale)
 
@@ -468,7 +463,7 @@ def test_kernels_fill_outputs_past_the_huge_page_size():
     )
     for adjoint in (False, True):
         got = jax.jit(functools.partial(allpole_recurrence, adjoint=adjoint))(a, u, zi)
-        want = jax.jit(functools.partial(_primitive_scan, adjoint=adjoint, unroll=1))(
+        want = jax.jit(functools.partial(ALLPOLE.scan, adjoint=adjoint, unroll=1))(
             a, u, zi
         )
         assert_close(got, want, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(want))))
@@ -601,7 +596,7 @@ def _recurrences(jaxpr):
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "scan":
             found.append(eqn.params["reverse"])
-        elif eqn.primitive in (allpole_p, linear_p):
+        elif eqn.primitive is linear_p:
             found.append(eqn.params["adjoint"])
         elif eqn.primitive is ballistics_p:
             found.append(False)

@@ -855,7 +855,7 @@ def test_checks_do_not_copy_the_checked_signal():
     # a new buffer, a copy of the whole batch on every call. The checked op
     # compiles to as many batch copies as its unchecked recursion (none
     # with the kernel; the pure-JAX loop copies its initial buffer).
-    from retrax.ops._allpole_primitive import allpole_recurrence
+    from retrax.ops._linear_primitive import allpole_recurrence
 
     x = jnp.ones((8, 1_000), jnp.float32)
     a = jnp.broadcast_to(jnp.asarray([-0.5, 0.2], jnp.float32), (8, 1_000, 2))

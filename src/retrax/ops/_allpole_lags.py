@@ -1,7 +1,7 @@
 r"""The lagged products of the all-pole recursion's derivative, as a pair of
 primitives that transpose each other.
 
-The tangent of the all-pole recursion (`allpole_p`) with per-sample
+The tangent of the all-pole recursion (`_allpole_structure`) with per-sample
 coefficients is the same recursion driven by
 
 - forward: $d_t = -\sum_k \dot a_{t,k}\, y_{t-k-1}$, with $y_{-k-1} = z_k$;
@@ -19,7 +19,10 @@ scalar index arithmetic costing more than the recursion itself; on the CPU
 `lag_outer_p` runs a compiled loop instead (`allpole.cc`, for the dtypes of
 the recursion's kernel). Everything else (the drive, other devices and dtypes, and
 both primitives' derivatives of every order) is the XLA expression, so the
-two primitives only change where the numbers are computed.
+two primitives only change where the numbers are computed. The impl and
+lowerings come from `_kernel_lowering` (`register_lowerings` for
+`lag_outer_p`), and `lagged`, the shifted signals these products read, is
+shared with the all-pole JVP for constant coefficients.
 
 Operands: the coefficients' tangent `da` (or the cotangent produced) of
 shape `(T, K)` or `(B, T, K)`, a signal (`out`, or `ct`) of shape `(T,)` or
@@ -30,17 +33,36 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax._src import dispatch as _dispatch  # no public hook for this yet
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from .. import _native
-from ._allpole_primitive import _KERNEL_DTYPES, _varying_like, lagged
 from ._kernel_lowering import (
+    KERNEL_DTYPES,
+    Kernel,
     batch_in_front,
-    batch_partitioned,
-    partitioned_program,
+    register_impl,
+    register_lowerings,
+    varying_like,
 )
+
+
+def lagged(values, state, k, adjoint):
+    """`values` delayed by k + 1 steps (forward: $y_{t-k-1}$ with the state
+    before the start) or advanced (adjoint: $w_{s+k+1}$ with the state past
+    the end), along the last axis."""
+    order = state.shape[-1]
+    length = values.shape[-1]
+    if length:
+        # With an explicit mesh the operands of a concatenation must be
+        # sharded alike: give the (possibly replicated) state the batch
+        # sharding of the values by broadcasting it against them.
+        state = state + jnp.zeros_like(values[..., :1])
+    if adjoint:
+        full = jnp.concatenate([values, state], axis=-1)
+        return full[..., k + 1 : k + 1 + length]
+    full = jnp.concatenate([state[..., ::-1], values], axis=-1)
+    return full[..., order - k - 1 : order - k - 1 + length]
 
 
 def _advanced(values, k):
@@ -90,14 +112,7 @@ _REFERENCES = {}
 def _primitive(name, reference, abstract_eval):
     prim = Primitive(name)
     _REFERENCES[prim] = reference
-
-    @functools.cache
-    def compiled(adjoint):
-        return jax.jit(lambda *args: prim.bind(*args, adjoint=adjoint))
-
-    prim.def_impl(lambda *args, adjoint: compiled(adjoint)(*args))
     prim.def_abstract_eval(abstract_eval)
-    mlir.register_lowering(prim, mlir.lower_fun(reference, multiple_results=False))
 
     def jvp(primals, tangents, *, adjoint):
         # Bilinear in the first operand and the pair (signal, state).
@@ -131,17 +146,19 @@ def _outer_abstract_eval(ct, out, zi, *, adjoint):
 
 lag_drive_p = _primitive("allpole_lag_drive", _drive, _drive_abstract_eval)
 lag_outer_p = _primitive("allpole_lag_outer", _outer, _outer_abstract_eval)
+register_impl(lag_drive_p)
+mlir.register_lowering(lag_drive_p, mlir.lower_fun(_drive, multiple_results=False))
 
 
 def lag_drive(da, out, zi, *, adjoint: bool):
     """Bind `lag_drive_p` (see the module docstring)."""
-    da, out, zi = (_varying_like(v, da, out, zi) for v in (da, out, zi))
+    da, out, zi = (varying_like(v, da, out, zi) for v in (da, out, zi))
     return lag_drive_p.bind(da, out, zi, adjoint=bool(adjoint))
 
 
 def lag_outer(ct, out, zi, *, adjoint: bool):
     """Bind `lag_outer_p` (see the module docstring)."""
-    ct, out, zi = (_varying_like(v, ct, out, zi) for v in (ct, out, zi))
+    ct, out, zi = (varying_like(v, ct, out, zi) for v in (ct, out, zi))
     return lag_outer_p.bind(ct, out, zi, adjoint=bool(adjoint))
 
 
@@ -197,39 +214,13 @@ def _outer_kernel_call(ct, out, zi, *, adjoint):
     return call(p, q, state)
 
 
-@functools.cache
-def _outer_partitioned(adjoint: bool):
-    def call(ct, out, zi):  # positional only: custom_partitioning binds no keywords
-        return _outer_kernel_call(ct, out, zi, adjoint=adjoint)
-
-    return batch_partitioned(call, lambda ranks: "b t, b t, b k -> b t k")
-
-
-def _outer_kernel(ct, out, zi, *, adjoint, partitioned):
-    if ct.ndim == 1:
-        return _outer_kernel(
-            ct[None], out[None], zi[None], adjoint=adjoint, partitioned=False
-        )[0]
-    if partitioned:
-        return _outer_partitioned(adjoint)(ct, out, zi)
-    return _outer_kernel_call(ct, out, zi, adjoint=adjoint)
-
-
-def _outer_cpu_lowering(ctx, ct, out, zi, *, adjoint):
-    if ctx.avals_in[0].dtype in _KERNEL_DTYPES and _native.available("allpole"):
-        rule = mlir.lower_fun(
-            functools.partial(
-                _outer_kernel, adjoint=adjoint, partitioned=partitioned_program(ctx)
-            ),
-            multiple_results=False,
-        )
-        return rule(ctx, ct, out, zi)
-    return mlir.lower_fun(
-        functools.partial(_outer, adjoint=adjoint), multiple_results=False
-    )(ctx, ct, out, zi)
-
-
-# The CPU lowering may partition the kernel's batch over the program's
-# devices (`custom_partitioning`), which needs them known while lowering.
-_dispatch.prim_requires_devices_during_lowering.add(lag_outer_p)
-mlir.register_lowering(lag_outer_p, _outer_cpu_lowering, platform="cpu")
+_OUTER_KERNEL = Kernel(
+    name="allpole",
+    dtypes=KERNEL_DTYPES,
+    call=_outer_kernel_call,
+    rule=lambda ranks: "b t, b t, b k -> b t k",
+    signal_rank=1,
+)
+register_lowerings(
+    lag_outer_p, scan=_outer, kernel=lambda **params: _OUTER_KERNEL, signal=1
+)

@@ -20,8 +20,10 @@ Its rules, as JAX's documentation on defining primitives describes:
   batch's signals together in SIMD lanes, wrapped in `custom_partitioning`
   so that a batch sharded over devices stays sharded; everywhere else
   (other devices, or without the compiled library) the `lax.scan` of the
-  same recursion. On the CPU both give the same numbers, bit for bit: the
-  kernel rounds each step as XLA's optimised CPU code rounds the scan's
+  same recursion (registered by `_kernel_lowering.register_lowerings`, the
+  skeleton of the recurrence core's primitives). On the CPU both give the
+  same numbers, bit for bit: the kernel rounds each step as XLA's
+  optimised CPU code rounds the scan's
   `(1 - c) * y + c * x`, `fma(c, x, (1 - c) y)` (with its optimisations
   off, `jax_disable_most_optimizations`, XLA rounds the product and the sum
   apart, and the scan's last bits differ);
@@ -33,26 +35,23 @@ Its rules, as JAX's documentation on defining primitives describes:
   differentiating the primitive itself raises an error.
 """
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax._src import dispatch as _dispatch  # no public hook for this yet
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
 from .. import _native
-from ._allpole_primitive import DEFAULT_UNROLL, _sharded_like, _varying_like
 from ._kernel_lowering import (
+    DEFAULT_UNROLL,
+    Kernel,
     batch_in_front,
-    batch_partitioned,
-    partitioned_program,
+    register_lowerings,
+    sharded_like,
+    varying_like,
 )
 
-
-_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 ballistics_p = Primitive("ballistics")
 
@@ -61,7 +60,7 @@ def switched(x, at, rt, zi):
     """Bind `ballistics_p` (see the module docstring)."""
     if not x.shape[-1]:  # nothing to compute, and no kernel call to make
         return x
-    x, at, rt, zi = (_varying_like(v, x, at, rt, zi) for v in (x, at, rt, zi))
+    x, at, rt, zi = (varying_like(v, x, at, rt, zi) for v in (x, at, rt, zi))
     return ballistics_p.bind(x, at, rt, zi)
 
 
@@ -90,14 +89,6 @@ def _abstract_eval(x, at, rt, zi):
 ballistics_p.def_abstract_eval(_abstract_eval)
 
 
-@functools.cache
-def _compiled():
-    return jax.jit(ballistics_p.bind)
-
-
-ballistics_p.def_impl(lambda *args: _compiled()(*args))
-
-
 # ---------------------------------------------------------------- the scan
 
 
@@ -113,7 +104,7 @@ def switched_loop(x, at, rt, zi):
         return y, y
 
     xs = (x, at, rt) if at.ndim else x
-    zi = _varying_like(zi, x, at, rt)  # inside shard_map, vary like the signal
+    zi = varying_like(zi, x, at, rt)  # inside shard_map, vary like the signal
     return lax.scan(step, zi, xs, unroll=DEFAULT_UNROLL)[1]
 
 
@@ -123,7 +114,7 @@ def _scan(x, at, rt, zi):
         return switched_loop(x, at, rt, zi)
     # `vmap` under an explicit mesh needs its operands' batch axes sharded
     # alike; the batching rule broadcasts unbatched ones unsharded.
-    at, rt, zi = (_sharded_like(v, x) for v in (at, rt, zi))
+    at, rt, zi = (sharded_like(v, x) for v in (at, rt, zi))
     return jax.vmap(switched_loop)(x, at, rt, zi)
 
 
@@ -142,41 +133,14 @@ def _sharding_rule(ranks):
     return f"b t, {coefficient}, {coefficient}, b -> b t"
 
 
-_partitioned = batch_partitioned(_kernel_call, _sharding_rule, signal=0)
-
-
-def _kernel(x, at, rt, zi, *, partitioned):
-    if x.ndim == 1:  # one signal: a batch of one, without sharding to keep
-        return _kernel_call(x[None], at[None], rt[None], zi[None])[0]
-    if partitioned:
-        return _partitioned(x, at, rt, zi)
-    return _kernel_call(x, at, rt, zi)
-
-
-def _kernel_lowering(ctx, x, at, rt, zi):
-    rule = mlir.lower_fun(
-        functools.partial(_kernel, partitioned=partitioned_program(ctx)),
-        multiple_results=False,
-    )
-    return rule(ctx, x, at, rt, zi)
-
-
-_scan_lowering = mlir.lower_fun(_scan, multiple_results=False)
-
-
-def _cpu_lowering(ctx, x, at, rt, zi):
-    if ctx.avals_in[0].dtype in _KERNEL_DTYPES:
-        if _native.available("ballistics"):
-            return _kernel_lowering(ctx, x, at, rt, zi)
-        _native.warn_if_missing()
-    return _scan_lowering(ctx, x, at, rt, zi)
-
-
-mlir.register_lowering(ballistics_p, _scan_lowering)
-# The CPU lowering may partition the kernel's batch over the program's
-# devices (`custom_partitioning`), which needs them known while lowering.
-_dispatch.prim_requires_devices_during_lowering.add(ballistics_p)
-mlir.register_lowering(ballistics_p, _cpu_lowering, platform="cpu")
+_KERNEL = Kernel(
+    name="ballistics",
+    dtypes=(np.dtype(np.float32), np.dtype(np.float64)),
+    call=_kernel_call,
+    rule=_sharding_rule,
+    signal_rank=1,
+)
+register_lowerings(ballistics_p, scan=_scan, kernel=lambda: _KERNEL, signal=0)
 
 
 # ---------------------------------------------------------------- batching

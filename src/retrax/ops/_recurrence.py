@@ -16,11 +16,11 @@ with four static structures for the transition $M$:
   every line, output = $s$ of shape `(T, N)`. It steps over blocks of
   $L = \\min_i m_i$ samples, all of whose feedback reads lie in the state.
 
-The sequential all-pole recursion is a JAX primitive with its own rules and a
-compiled CPU kernel (`_allpole_primitive`), and so are the sequential diagonal
-and dense ones (`_linear_primitive`, one primitive with the structure as a
-static parameter): their derivatives run the same primitive, forward for the
-tangent and the transposed recursion backwards in time for the adjoint. For
+The sequential all-pole, diagonal and dense recursions are one JAX primitive
+with the structure as a static parameter, its own rules and compiled CPU
+kernels (`_linear_primitive`): their derivatives run the same primitive,
+forward for the tangent and the transposed recursion backwards in time for
+the adjoint. For
 `DelayLines` and the associative method, the derivative rule is a
 `jax.custom_jvp` whose tangent is the same recursion driven by the tangent
 input, $\\dot u_t + \\dot M(c_t) s_{t-1}$. JAX transposes
@@ -49,15 +49,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _allpole_lags as _allpole_lags  # registers the derivative's primitives
-from ._allpole_primitive import (
+from ._allpole_structure import scan_allpole as _scan_allpole
+from ._kernel_lowering import (
     DEFAULT_UNROLL as DEFAULT_UNROLL,
     TANGENT_UNROLL as TANGENT_UNROLL,
-    _varying_like as _varying_like,
-    allpole_recurrence,
-    scan_allpole as _scan_allpole,
+    varying_like,
 )
-from ._linear_primitive import scan_linear, state_recurrence
+from ._linear_primitive import allpole_recurrence, state_recurrence
+from ._state_structures import scan_linear
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +84,7 @@ def _scan_delay_lines(delays, A, u, zi, unroll):
     rows = -(-length // block)
     u = jnp.pad(u, ((0, rows * block - length), (0, 0)))
     u = u.reshape(rows, block, u.shape[-1])
-    buf = _varying_like(zi[:, ::-1], A, u)
+    buf = varying_like(zi[:, ::-1], A, u)
 
     def step(buf, ut):
         reads = jnp.stack(
@@ -224,9 +223,9 @@ def recurrence(
     `coeffs` is constant (no time axis) or per-sample (leading axis `T`), `u`
     has a leading time axis, and `zi` is the state before the first sample.
     `unroll` applies to the sequential method only. The sequential all-pole
-    recursion is the primitive of `_allpole_primitive`, the sequential
-    diagonal and dense ones that of `_linear_primitive` (compiled kernels on
-    the CPU); the others run `_recurrence`.
+    all-pole, diagonal and dense recursions are the primitive of
+    `_linear_primitive` (compiled kernels on the CPU); the others run
+    `_recurrence`.
     """
     check_method(method)
     if structure == "allpole" and method == "sequential":
