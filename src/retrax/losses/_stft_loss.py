@@ -180,6 +180,17 @@ class STFTLoss(eqx.Module):
       number of frequency bins) pairs the scales with the bins.
     - `output="full"` returns `STFTLossTerms` instead of the loss.
 
+    The phase term is ill-conditioned where a bin lies on the negative real
+    axis: a frame symmetric about its centre (the first frame, reflected,
+    when the window is centred on that sample: `win_length` of the parity of
+    `fft_size`, as at auraloss's defaults) has a real STFT up to rounding, and
+    the angle of its negative bins is $+\pi$ or $-\pi$ by the sign of that
+    rounding, which differs between FFT implementations (and between torch's
+    float32 and float64). Such bins make the phase term differ from auraloss
+    (its derivative does not, being the same on both sides); with an odd
+    `win_length` in an even `fft_size` no frame is symmetric and the term
+    agrees to rounding.
+
     auraloss 0.4.0's `scale="chroma"` raises `TypeError` at construction (it
     registers librosa's NumPy filterbank as a buffer); retrax computes what it
     would with that filterbank as a tensor.
