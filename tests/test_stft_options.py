@@ -36,6 +36,7 @@ def _params(losses):
 
 
 OPTIONS = {name: (cls, kw) for name, cls, kw, _ in reference.LOSSES}
+LOSSES = {name: (cls, kw) for name, cls, kw, _ in reference.LOSSES_2}
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +52,25 @@ def expected():
     return STORED["options"]
 
 
+@pytest.fixture(scope="module")
+def expected_losses():
+    """As `expected`, for auraloss's other STFT losses."""
+    for case, (pred, target) in CASES.items():
+        prints = STORED["fingerprints"][case]
+        np.testing.assert_allclose(reference.fingerprint(pred), prints["pred"])
+        np.testing.assert_allclose(reference.fingerprint(target), prints["target"])
+    if HAVE_AURALOSS:
+        return reference.auraloss_values(CASES, reference.LOSSES_2)
+    return STORED["losses"]
+
+
 def make_retrax(cls, kwargs):
-    return getattr(rl, cls)(**reference.retrax_kwargs(kwargs))
+    kwargs = reference.retrax_kwargs(kwargs)
+    if cls == "RandomResolutionSTFTLoss":
+        # the drawn set auraloss is evaluated at
+        loss = rl.RandomResolutionSTFTLoss(**reference.RANDOM_SETTINGS, **kwargs)
+        return loss.loss_at(reference.RANDOM_RESOLUTIONS)
+    return getattr(rl, cls)(**kwargs)
 
 
 def flat(out) -> np.ndarray:
@@ -205,3 +223,118 @@ def test_bad_option_settings_raise_naming_the_argument(settings, name):
 def test_bad_windows_sequence():
     with pytest.raises(ValueError, match="window"):
         rl.MultiResolutionSTFTLoss((64, 32), (16, 8), (64, 32), window=("hann_window",))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name, case", _params(reference.LOSSES_2))
+def test_losses_equal_auraloss(expected_losses, name, case, dtype):
+    check_value(make_retrax(*LOSSES[name]), name, case, expected_losses, dtype)
+
+
+@pytest.mark.parametrize("name, case", _params(reference.LOSSES_2))
+def test_losses_gradient_equals_auraloss_float64(expected_losses, name, case):
+    check_grad(make_retrax(*LOSSES[name]), name, case, expected_losses)
+
+
+def test_mel_and_chroma_losses_are_scaled_stft_losses():
+    pred, target = CASES["stereo"]
+    mel = rl.MelSTFTLoss(16000, 128, 32, 100, n_mels=20, w_phs=0.1)
+    want = rl.STFTLoss(
+        128, 32, 100, w_phs=0.1, scale="mel", n_bins=20, sample_rate=16000
+    )
+    np.testing.assert_allclose(mel(pred, target), want(pred, target), rtol=1e-14)
+    chroma = rl.ChromaSTFTLoss(16000, 128, 32, 100, w_lin_mag=0.5)
+    want = rl.STFTLoss(
+        128, 32, 100, w_lin_mag=0.5, scale="chroma", n_bins=12, sample_rate=16000
+    )
+    np.testing.assert_allclose(
+        jax.jit(chroma)(pred, target), want(pred, target), rtol=1e-14
+    )
+    with pytest.raises((ValueError, TypeError), match="n_bins"):
+        rl.MelSTFTLoss(16000, 64, 16, 64, n_mels=65)
+    with pytest.raises((ValueError, TypeError), match="sample_rate"):
+        rl.ChromaSTFTLoss(0.0)
+
+
+def test_sum_and_difference_shapes_and_vmap():
+    loss = rl.SumAndDifferenceSTFTLoss((128, 64), (32, 16), (100, 64), w_diff=0.5)
+    pred, target = CASES["batch"]
+    np.testing.assert_allclose(
+        loss(pred[0], target[0]), loss(pred[:1], target[:1]), rtol=1e-14
+    )
+    per_example = jax.jit(jax.vmap(loss))(pred, target)
+    np.testing.assert_allclose(per_example[1], loss(pred[1], target[1]), rtol=1e-12)
+    full = rl.SumAndDifferenceSTFTLoss(
+        (128, 64), (32, 16), (100, 64), w_diff=0.5, output="full"
+    )(pred, target)
+    np.testing.assert_allclose(
+        full.loss, (full.sum_loss + 0.5 * full.diff_loss) / 2, rtol=1e-14
+    )
+    with pytest.raises(ValueError, match="stereo"):
+        loss(pred[:, :1], target[:, :1])
+    with pytest.raises(ValueError, match="stereo"):
+        loss(pred[0, 0], target[0, 0])
+    with pytest.raises((ValueError, TypeError), match="w_sum"):
+        rl.SumAndDifferenceSTFTLoss((64,), (16,), (64,), w_sum=-1.0)
+    with pytest.raises((ValueError, TypeError), match="output"):
+        rl.SumAndDifferenceSTFTLoss((64,), (16,), (64,), output="both")
+
+
+def test_random_resolutions_follow_auraloss_sampling():
+    loss = rl.RandomResolutionSTFTLoss(
+        resolutions=4,
+        min_fft_size=16,
+        max_fft_size=512,
+        min_hop_size=0.25,
+        windows=("hann_window", "kaiser_window"),
+    )
+    seen_ffts, seen_fractions, seen_windows = set(), set(), set()
+    for seed in range(40):
+        drawn = loss.draw(jax.random.key(seed))
+        assert len(drawn.resolutions) == 4
+        for r in drawn.resolutions:
+            assert r.fft_size in (16, 32, 64, 128, 256)  # 512 is never drawn
+            assert int(r.fft_size * 0.25) <= r.hop_size <= r.fft_size
+            seen_ffts.add(r.fft_size)
+            seen_fractions.add(r.win_length / r.fft_size)
+            seen_windows.add(r.window)
+    assert seen_ffts == {16, 32, 64, 128, 256}
+    assert seen_fractions == {1.0, 0.5, 0.25}
+    assert seen_windows == {"hann_window", "kaiser_window"}
+    # the same key, the same resolutions; the call is the drawn loss
+    key = jax.random.key(7)
+    assert loss.draw(key) == loss.draw(key)
+    pred, target = CASES["stereo"]
+    np.testing.assert_allclose(
+        loss(pred, target, key=key),
+        jax.jit(loss.draw(key))(pred, target),
+        rtol=1e-13,
+    )
+    grad = jax.grad(lambda p: loss(p, target, key=key))(pred)
+    assert np.all(np.isfinite(grad))
+
+
+def test_random_resolution_bad_settings_and_traced_key():
+    loss = rl.RandomResolutionSTFTLoss(min_fft_size=16, max_fft_size=512)
+    pred, target = CASES["mono"]
+    with pytest.raises(TypeError, match="key"):
+        jax.jit(lambda k: loss(pred, target, key=k))(jax.random.key(0))
+    with pytest.raises(ValueError, match="max_fft_size"):
+        rl.RandomResolutionSTFTLoss(max_fft_size=2048)(
+            pred, target, key=jax.random.key(0)
+        )
+    cases = [
+        (dict(resolutions=0), "resolutions"),
+        (dict(min_fft_size=64, max_fft_size=100), "max_fft_size"),
+        (dict(min_hop_size=0.0), "min_hop_size"),
+        (dict(min_hop_size=0.5, max_hop_size=0.2), "max_hop_size"),
+        (dict(min_hop_size=0.01), "min_hop_size"),
+        (dict(windows=("hann_window", "gaussian_window")), "windows"),
+        (dict(windows=()), "windows"),
+        (dict(scale="mel", sample_rate=16000, n_mels=32), "n_mels"),
+        (dict(scale="mel", n_mels=8), "sample_rate"),
+        (dict(w_phs=-1.0), "w_phs"),
+    ]
+    for settings, name in cases:
+        with pytest.raises((ValueError, TypeError), match=name):
+            rl.RandomResolutionSTFTLoss(**settings)

@@ -21,7 +21,17 @@ from ._octave import (
     octave_filterbank as octave_filterbank,
 )
 from ._octave_loss import OctaveBandEnergyLoss as OctaveBandEnergyLoss
+from ._random_resolution import RandomResolutionSTFTLoss as RandomResolutionSTFTLoss
+from ._scaled_stft_loss import (
+    AbstractScaledSTFTLoss as AbstractScaledSTFTLoss,
+    ChromaSTFTLoss as ChromaSTFTLoss,
+    MelSTFTLoss as MelSTFTLoss,
+)
 from ._stft_loss import STFTLoss as STFTLoss, STFTLossTerms as STFTLossTerms
+from ._sum_difference import (
+    SumAndDifferenceSTFTLoss as SumAndDifferenceSTFTLoss,
+    SumAndDifferenceTerms as SumAndDifferenceTerms,
+)
 from ._time_domain import (
     AbstractTimeDomainLoss as AbstractTimeDomainLoss,
     DCLoss as DCLoss,
