@@ -338,3 +338,30 @@ def test_random_resolution_bad_settings_and_traced_key():
     for settings, name in cases:
         with pytest.raises((ValueError, TypeError), match=name):
             rl.RandomResolutionSTFTLoss(**settings)
+
+
+@pytest.mark.float32
+@pytest.mark.parametrize(
+    "group, name, case",
+    [
+        ("options", "everything full", "mono"),
+        ("options", "MR options", "batch"),
+        ("losses", "SumAndDifferenceSTFTLoss full", "batch"),
+        ("losses", "ChromaSTFTLoss", "batch"),
+    ],
+)
+def test_float32_process_matches_auraloss(group, name, case):
+    # With x64 off, as users run: float64 NumPy input becomes float32.
+    settings = OPTIONS if group == "options" else LOSSES
+    if HAVE_AURALOSS:
+        entry = [e for e in reference.LOSSES + reference.LOSSES_2 if e[0] == name]
+        want = reference.auraloss_values(CASES, entry)["float32"][name][case]
+    else:
+        want = STORED[group]["float32"][name][case]
+    loss = jax.jit(make_retrax(*settings[name]))
+    pred, target = CASES[case]
+    out = flat(loss(pred, target))
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    grad = jax.grad(lambda p: first(loss(p, target)))(pred)
+    assert grad.dtype == jnp.float32 and np.all(np.isfinite(grad))
