@@ -133,7 +133,10 @@ class MultiResolutionSTFTLoss(eqx.Module):
 
     def unchecked_terms(self, pred: jax.Array, target: jax.Array) -> STFTLossTerms:
         """The loss and the resolutions' terms without `__call__`'s checks."""
-        terms = [r.unchecked_terms(pred, target) for r in self.resolutions]
+        # every resolution shares `perceptual_weighting` and `sample_rate`
+        weighted = self.resolutions[0].weighted
+        pred, target = weighted(pred), weighted(target)
+        terms = [r.weighted_terms(pred, target) for r in self.resolutions]
         stacked = jax.tree.map(lambda *t: jnp.stack(t), *terms)
         return STFTLossTerms(
             jnp.sum(stacked.loss) / len(terms),

@@ -350,8 +350,14 @@ class STFTLoss(eqx.Module):
         """The loss and its terms without `__call__`'s checks, for signals
         already checked (as `MultiResolutionSTFTLoss` does once for all its
         resolutions)."""
-        pred_spec = self.spectrum(self.weighted(pred))
-        target_spec = self.spectrum(self.weighted(target))
+        return self.weighted_terms(self.weighted(pred), self.weighted(target))
+
+    def weighted_terms(self, pred: jax.Array, target: jax.Array) -> STFTLossTerms:
+        """`unchecked_terms` of signals already passed through `weighted`
+        (so that `MultiResolutionSTFTLoss` A-weights once for all its
+        resolutions)."""
+        pred_spec = self.spectrum(pred)
+        target_spec = self.spectrum(target)
         x = clamped_magnitude(pred_spec, self.eps)
         y = clamped_magnitude(target_spec, self.eps)
         bank = self.filterbank()
