@@ -2,6 +2,7 @@
 log-cosh, SNR and SDR), mel and fractional-octave band energies, and energy
 decay curves of impulse responses."""
 
+from ._chroma import chroma_filterbank as chroma_filterbank
 from ._edc import (
     EnergyDecayLoss as EnergyDecayLoss,
     energy_decay_curve as energy_decay_curve,
@@ -20,7 +21,17 @@ from ._octave import (
     octave_filterbank as octave_filterbank,
 )
 from ._octave_loss import OctaveBandEnergyLoss as OctaveBandEnergyLoss
-from ._stft_loss import STFTLoss as STFTLoss
+from ._random_resolution import RandomResolutionSTFTLoss as RandomResolutionSTFTLoss
+from ._scaled_stft_loss import (
+    AbstractScaledSTFTLoss as AbstractScaledSTFTLoss,
+    ChromaSTFTLoss as ChromaSTFTLoss,
+    MelSTFTLoss as MelSTFTLoss,
+)
+from ._stft_loss import STFTLoss as STFTLoss, STFTLossTerms as STFTLossTerms
+from ._sum_difference import (
+    SumAndDifferenceSTFTLoss as SumAndDifferenceSTFTLoss,
+    SumAndDifferenceTerms as SumAndDifferenceTerms,
+)
 from ._time_domain import (
     AbstractTimeDomainLoss as AbstractTimeDomainLoss,
     DCLoss as DCLoss,

@@ -3,11 +3,21 @@
 from collections.abc import Sequence
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from ._stft import Window
-from ._stft_loss import Distance, Reduction, STFTLoss, Weight, check_signals
+from ._stft_loss import (
+    Distance,
+    Output,
+    Reduction,
+    Scale,
+    STFTLoss,
+    STFTLossTerms,
+    Weight,
+    check_signals,
+)
 
 
 class MultiResolutionSTFTLoss(eqx.Module):
@@ -28,12 +38,19 @@ class MultiResolutionSTFTLoss(eqx.Module):
 
     - `fft_sizes`, `hop_sizes`, `win_lengths`: one entry per resolution, the
       same number of each (see `STFTLoss`).
-    - `window`, `w_sc`, `w_log_mag`, `w_lin_mag`, `eps`, `reduction`,
-      `mag_distance`: shared by every resolution (see `STFTLoss`).
+    - `window`: one window for every resolution, or one per resolution (see
+      `STFTLoss`).
+    - `w_sc`, `w_log_mag`, `w_lin_mag`, `eps`, `reduction`, `mag_distance`,
+      `w_phs`, `sample_rate`, `scale`, `n_bins`, `perceptual_weighting`,
+      `scale_invariance`: shared by every resolution (see `STFTLoss`: the
+      phase term, mel or chroma bands, A-weighting and the scale-invariant
+      target of auraloss).
+    - `output`: `"loss"` (a scalar) or `"full"`: `STFTLossTerms` whose terms
+      have one entry per resolution, as auraloss's lists.
 
-    Invalid settings raise `ValueError` naming the argument. auraloss's
-    phase term, mel/chroma scaling, A-weighting and scale invariance are not
-    provided.
+    The arguments after `mag_distance` are in a different position than in
+    auraloss: pass them by keyword. Invalid settings raise `ValueError` naming
+    the argument.
     """
 
     resolutions: tuple[STFTLoss, ...]
@@ -43,13 +60,20 @@ class MultiResolutionSTFTLoss(eqx.Module):
         fft_sizes: Sequence[int] = (1024, 2048, 512),
         hop_sizes: Sequence[int] = (120, 240, 50),
         win_lengths: Sequence[int] = (600, 1200, 240),
-        window: Window = "hann_window",
+        window: Window | Sequence[Window] = "hann_window",
         w_sc: Weight = 1.0,
         w_log_mag: Weight = 1.0,
         w_lin_mag: Weight = 0.0,
         eps: Weight = 1e-8,
         reduction: Reduction = "mean",
         mag_distance: Distance = "L1",
+        w_phs: Weight = 0.0,
+        sample_rate: float | int | None = None,
+        scale: Scale | None = None,
+        n_bins: int | None = None,
+        perceptual_weighting: bool = False,
+        scale_invariance: bool = False,
+        output: Output = "loss",
     ):
         fft_sizes, hop_sizes, win_lengths = (
             tuple(fft_sizes),
@@ -64,20 +88,37 @@ class MultiResolutionSTFTLoss(eqx.Module):
             )
         if not fft_sizes:
             raise ValueError("`fft_sizes` must name at least one resolution.")
+        windows = (
+            (window,) * len(fft_sizes) if isinstance(window, str) else tuple(window)
+        )
+        if len(windows) != len(fft_sizes):
+            raise ValueError(
+                "`window` must be one window or one per resolution, got "
+                f"{len(windows)} windows for {len(fft_sizes)} resolutions."
+            )
         self.resolutions = tuple(
             STFTLoss(
                 fft_size=f,
                 hop_size=h,
                 win_length=w,
-                window=window,
+                window=win,
                 w_sc=w_sc,
                 w_log_mag=w_log_mag,
                 w_lin_mag=w_lin_mag,
                 eps=eps,
                 reduction=reduction,
                 mag_distance=mag_distance,
+                w_phs=w_phs,
+                sample_rate=sample_rate,
+                scale=scale,
+                n_bins=n_bins,
+                perceptual_weighting=perceptual_weighting,
+                scale_invariance=scale_invariance,
+                output=output,
             )
-            for f, h, w in zip(fft_sizes, hop_sizes, win_lengths, strict=True)
+            for f, h, w, win in zip(
+                fft_sizes, hop_sizes, win_lengths, windows, strict=True
+            )
         )
 
     @property
@@ -85,9 +126,29 @@ class MultiResolutionSTFTLoss(eqx.Module):
         """The FFT size of each resolution."""
         return tuple(r.fft_size for r in self.resolutions)
 
+    @property
+    def output(self) -> Output:
+        """`"loss"` or `"full"`, as every resolution's."""
+        return self.resolutions[0].output
+
+    def unchecked_terms(self, pred: jax.Array, target: jax.Array) -> STFTLossTerms:
+        """The loss and the resolutions' terms without `__call__`'s checks."""
+        # every resolution shares `perceptual_weighting` and `sample_rate`
+        weighted = self.resolutions[0].weighted
+        pred, target = weighted(pred), weighted(target)
+        terms = [r.weighted_terms(pred, target) for r in self.resolutions]
+        stacked = jax.tree.map(lambda *t: jnp.stack(t), *terms)
+        return STFTLossTerms(
+            jnp.sum(stacked.loss) / len(terms),
+            stacked.sc_mag,
+            stacked.log_mag,
+            stacked.lin_mag,
+            stacked.phs,
+        )
+
     def __call__(
         self, pred: Real[ArrayLike, "..."], target: Real[ArrayLike, "..."]
-    ) -> Float[Array, ""]:
+    ) -> Float[Array, ""] | STFTLossTerms:
         """The loss of `pred` against `target`.
 
         **Arguments:**
@@ -98,14 +159,15 @@ class MultiResolutionSTFTLoss(eqx.Module):
 
         **Returns:**
 
-        A scalar in the signals' promoted float dtype. Mismatched shapes, too
-        short or non-finite signals raise an error naming the argument; a
-        dtype other than float32 or float64 (float16, bfloat16: XLA's FFT
-        has no such transform) raises `TypeError` naming it.
+        A scalar in the signals' promoted float dtype (`STFTLossTerms` with
+        `output="full"`). Mismatched shapes, too short or non-finite signals
+        raise an error naming the argument; a dtype other than float32 or
+        float64 (float16, bfloat16: XLA's FFT has no such transform) raises
+        `TypeError` naming it.
         """
         pred, target = check_signals(pred, target, max(self.fft_sizes))
-        losses = [r.unchecked_loss(pred, target) for r in self.resolutions]
-        return jnp.sum(jnp.stack(losses)) / len(losses)
+        terms = self.unchecked_terms(pred, target)
+        return terms if self.output == "full" else terms.loss
 
 
 def multi_resolution_stft_loss(

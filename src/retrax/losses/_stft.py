@@ -7,8 +7,22 @@ import jax.numpy as jnp
 import numpy as np
 
 
-Window = Literal["hann_window", "hamming_window", "blackman_window", "bartlett_window"]
-WINDOWS = ("hann_window", "hamming_window", "blackman_window", "bartlett_window")
+Window = Literal[
+    "hann_window",
+    "hamming_window",
+    "blackman_window",
+    "bartlett_window",
+    "kaiser_window",
+]
+WINDOWS = (
+    "hann_window",
+    "hamming_window",
+    "blackman_window",
+    "bartlett_window",
+    "kaiser_window",
+)
+# torch.kaiser_window's default shape parameter.
+KAISER_BETA = 12.0
 
 
 def analysis_window(name: str, win_length: int, fft_size: int) -> np.ndarray:
@@ -26,16 +40,17 @@ def analysis_window(name: str, win_length: int, fft_size: int) -> np.ndarray:
         w = 0.42 - 0.5 * np.cos(phase) + 0.08 * np.cos(2 * phase)
     elif name == "bartlett_window":
         w = 1.0 - np.abs(2.0 * n / win_length - 1.0)
+    elif name == "kaiser_window":
+        # periodic: the symmetric window one sample longer, less its last
+        w = np.kaiser(win_length + 1, KAISER_BETA)[:-1]
     else:
         raise ValueError(f"`window` must be one of {WINDOWS}, got {name!r}.")
     left = (fft_size - win_length) // 2
     return np.pad(w, (left, fft_size - win_length - left))
 
 
-def stft_power(
-    x: jax.Array, fft_size: int, hop_size: int, window: np.ndarray
-) -> jax.Array:
-    """`|STFT(x)|^2` over the last axis, `(..., frames, fft_size // 2 + 1)`.
+def stft(x: jax.Array, fft_size: int, hop_size: int, window: np.ndarray) -> jax.Array:
+    """The complex STFT of `x` over its last axis, `(..., frames, fft_size // 2 + 1)`.
 
     The frames are those of `torch.stft(..., center=True, pad_mode="reflect")`:
     the signal is reflected by `fft_size // 2` samples at both ends and frame
@@ -47,15 +62,27 @@ def stft_power(
     n_frames = 1 + (padded.shape[-1] - fft_size) // hop_size
     index = np.arange(n_frames)[:, None] * hop_size + np.arange(fft_size)[None, :]
     frames = padded[..., index] * jnp.asarray(window, x.dtype)
-    spectrum = jnp.fft.rfft(frames, axis=-1)
+    return jnp.fft.rfft(frames, axis=-1)
+
+
+def stft_power(
+    x: jax.Array, fft_size: int, hop_size: int, window: np.ndarray
+) -> jax.Array:
+    """`|STFT(x)|^2`, `(..., frames, fft_size // 2 + 1)`, with `stft`'s frames."""
+    spectrum = stft(x, fft_size, hop_size, window)
     return jnp.real(spectrum) ** 2 + jnp.imag(spectrum) ** 2
+
+
+def clamped_magnitude(spectrum: jax.Array, eps: float | jax.Array) -> jax.Array:
+    """`sqrt(max(|spectrum|^2, eps))` in the spectrum's real dtype. The clamp
+    at `eps` keeps the logarithm and its derivative finite in silent bins."""
+    power = jnp.real(spectrum) ** 2 + jnp.imag(spectrum) ** 2
+    return jnp.sqrt(jnp.maximum(power, jnp.asarray(eps, power.dtype)))
 
 
 def stft_magnitude(
     x: jax.Array, fft_size: int, hop_size: int, window: np.ndarray, eps: float
 ) -> jax.Array:
-    """`sqrt(max(|STFT(x)|^2, eps))`, `(..., frames, bins)`, with `stft_power`'s
-    frames. The clamp at `eps` keeps the logarithm and its derivative finite
-    in silent bins."""
-    power = stft_power(x, fft_size, hop_size, window)
-    return jnp.sqrt(jnp.maximum(power, jnp.asarray(eps, x.dtype)))
+    """`sqrt(max(|STFT(x)|^2, eps))`, `(..., frames, bins)`, with `stft`'s
+    frames."""
+    return clamped_magnitude(stft(x, fft_size, hop_size, window), eps)

@@ -5,17 +5,24 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._errors import error_if
 from .._float_dtypes import check_float_dtype
 from .._misc import as_inexact, check_positive_int, check_value, result_dtype
-from ._stft import WINDOWS, Window, analysis_window, stft_magnitude
+from .._validate import check_rate
+from ._a_weighting import a_weighting_taps, fir_same
+from ._chroma import chroma_filterbank
+from ._mel import mel_filterbank
+from ._stft import WINDOWS, Window, analysis_window, clamped_magnitude, stft
 
 
 Weight = float | int | Real[Array, ""]
 Reduction = Literal["mean", "sum"]
 Distance = Literal["L1", "L2"]
+Scale = Literal["mel", "chroma"]
+Output = Literal["loss", "full"]
 
 
 def check_weight(name: str, value: Weight) -> Weight:
@@ -113,6 +120,31 @@ def _cast(w: Weight, x: jax.Array) -> jax.Array:
     return jnp.asarray(w).astype(x.dtype)
 
 
+class STFTLossTerms(eqx.Module):
+    """The loss and its terms, as auraloss's `output="full"` returns them.
+
+    A term whose weight is zero is not computed and is 0 here (as in
+    auraloss). The terms are unweighted; `loss` is their weighted sum
+    (`STFTLoss`) or the mean of the resolutions' losses
+    (`MultiResolutionSTFTLoss`, whose terms have one entry per resolution,
+    shape `(resolutions,)`, as auraloss's lists do).
+
+    **Fields:**
+
+    - `loss`: the loss, a scalar.
+    - `sc_mag`: the spectral convergence.
+    - `log_mag`: the log-magnitude distance.
+    - `lin_mag`: the linear-magnitude distance.
+    - `phs`: the phase term.
+    """
+
+    loss: Float[Array, ""]
+    sc_mag: Float[Array, "*resolutions"]
+    log_mag: Float[Array, "*resolutions"]
+    lin_mag: Float[Array, "*resolutions"]
+    phs: Float[Array, "*resolutions"]
+
+
 class STFTLoss(eqx.Module):
     r"""The spectral loss at one STFT resolution, as auraloss's `STFTLoss`.
 
@@ -120,13 +152,48 @@ class STFTLoss(eqx.Module):
     ($|\mathrm{STFT}|$ clamped below at $\sqrt{\varepsilon}$), the loss is
 
     $$w_{sc} \frac{\lVert Y - X \rVert_F}{\lVert Y \rVert_F}
-    + w_{log} \, d(\log X, \log Y) + w_{lin} \, d(X, Y)$$
+    + w_{log} \, d(\log X, \log Y) + w_{lin} \, d(X, Y)
+    + w_{phs} \, \overline{(\angle X - \angle Y)^2}$$
 
-    (spectral convergence, Arik et al. 2018, and the log- and linear-magnitude
-    distances), where $d$ is the mean (or sum, `reduction="sum"`) of the
+    (spectral convergence, Arik et al. 2018, the log- and linear-magnitude
+    distances, and the mean squared difference of the STFTs' phases in
+    $(-\pi, \pi]$), where $d$ is the mean (or sum, `reduction="sum"`) of the
     absolute (`"L1"`) or squared (`"L2"`) differences. The STFT is
     `torch.stft`'s: periodic window of `win_length` samples centred in
     `fft_size`, the signal reflected by `fft_size // 2` samples at both ends.
+
+    auraloss's options, in the order it applies them:
+
+    - `perceptual_weighting=True` first filters both signals with auraloss's
+      A-weighting FIR (101 taps fitted to the IEC A-weighting curve at
+      `sample_rate`, applied as a zero-padded correlation that keeps the
+      length).
+    - `scale="mel"` or `"chroma"` maps the magnitudes (after the clamp) to
+      `n_bins` bands with librosa's filterbank (`mel_filterbank`,
+      `chroma_filterbank` at `sample_rate`, `fft_size`); the phase term
+      stays on the STFT bins.
+    - `scale_invariance=True` replaces $Y$ by $\alpha Y$ with
+      $\alpha = \langle X, Y \rangle / \lVert Y \rVert_F^2$ computed per
+      signal (each channel of each example; the derivative flows through
+      $\alpha$). auraloss 0.4.0 broadcasts its $\alpha$ correctly only for a
+      single signal: with several it raises, or (when their number equals the
+      number of frequency bins) pairs the scales with the bins.
+    - `output="full"` returns `STFTLossTerms` instead of the loss.
+
+    The phase term is ill-conditioned where a bin lies on the negative real
+    axis: a frame symmetric about its centre (the first frame, reflected,
+    when the window is centred on that sample: `win_length` of the parity of
+    `fft_size`, as at auraloss's defaults) has a real STFT up to rounding, and
+    the angle of its negative bins is $+\pi$ or $-\pi$ by the sign of that
+    rounding, which differs between FFT implementations (and between torch's
+    float32 and float64). Such bins make the phase term differ from auraloss
+    (its derivative does not, being the same on both sides); with an odd
+    `win_length` in an even `fft_size` no frame is symmetric and the term
+    agrees to rounding.
+
+    auraloss 0.4.0's `scale="chroma"` raises `TypeError` at construction (it
+    registers librosa's NumPy filterbank as a buffer); retrax computes what it
+    would with that filterbank as a tensor.
 
     Signals are `(time,)`, `(channels, time)` or `(batch, channels, time)`; as
     in auraloss the norms and means run over the whole input, so the loss of
@@ -138,13 +205,25 @@ class STFTLoss(eqx.Module):
     - `fft_size`: FFT length in samples, a positive integer.
     - `hop_size`: hop between frames in samples, a positive integer.
     - `win_length`: window length in samples, in `[1, fft_size]`.
-    - `window`: `"hann_window"`, `"hamming_window"`, `"blackman_window"` or
-      `"bartlett_window"` (torch's periodic windows).
-    - `w_sc`, `w_log_mag`, `w_lin_mag`: weights of the three terms, >= 0.
+    - `window`: `"hann_window"`, `"hamming_window"`, `"blackman_window"`,
+      `"bartlett_window"` or `"kaiser_window"` (torch's periodic windows; the
+      Kaiser window with torch's $\beta = 12$).
+    - `w_sc`, `w_log_mag`, `w_lin_mag`: weights of the magnitude terms, >= 0.
     - `eps`: the clamp of the squared magnitude, > 0.
     - `reduction`: `"mean"` or `"sum"` for the magnitude distances.
     - `mag_distance`: `"L1"` or `"L2"`.
+    - `w_phs`: weight of the phase term, >= 0.
+    - `sample_rate`: the sample rate in Hz, needed by `scale` and
+      `perceptual_weighting` (`None` otherwise).
+    - `scale`: `None`, `"mel"` or `"chroma"`.
+    - `n_bins`: the number of mel or chroma bands, in `[1, fft_size]`, needed
+      by `scale`.
+    - `perceptual_weighting`: A-weight both signals first.
+    - `scale_invariance`: compare with the optimally scaled target.
+    - `output`: `"loss"` (a scalar) or `"full"` (`STFTLossTerms`).
 
+    The arguments after `mag_distance` are in a different position than in
+    auraloss (whose `w_phs` follows `w_lin_mag`): pass them by keyword.
     Invalid settings raise `ValueError` naming the argument.
     """
 
@@ -158,6 +237,13 @@ class STFTLoss(eqx.Module):
     eps: Weight
     reduction: Reduction = eqx.field(static=True)
     mag_distance: Distance = eqx.field(static=True)
+    w_phs: Weight
+    sample_rate: float | None = eqx.field(static=True)
+    scale: Scale | None = eqx.field(static=True)
+    n_bins: int | None = eqx.field(static=True)
+    perceptual_weighting: bool = eqx.field(static=True)
+    scale_invariance: bool = eqx.field(static=True)
+    output: Output = eqx.field(static=True)
 
     def __init__(
         self,
@@ -171,6 +257,13 @@ class STFTLoss(eqx.Module):
         eps: Weight = 1e-8,
         reduction: Reduction = "mean",
         mag_distance: Distance = "L1",
+        w_phs: Weight = 0.0,
+        sample_rate: float | int | None = None,
+        scale: Scale | None = None,
+        n_bins: int | None = None,
+        perceptual_weighting: bool = False,
+        scale_invariance: bool = False,
+        output: Output = "loss",
     ):
         check_positive_int("fft_size", fft_size)
         check_positive_int("hop_size", hop_size)
@@ -182,6 +275,28 @@ class STFTLoss(eqx.Module):
         check_choice("window", window, WINDOWS)
         check_choice("reduction", reduction, ("mean", "sum"))
         check_choice("mag_distance", mag_distance, ("L1", "L2"))
+        check_choice("output", output, ("loss", "full"))
+        if scale is not None:
+            check_choice("scale", scale, ("mel", "chroma"))
+            if sample_rate is None:
+                raise ValueError(f"`sample_rate` must be given with `scale={scale!r}`.")
+            if n_bins is None:
+                raise ValueError(f"`n_bins` must be given with `scale={scale!r}`.")
+            check_positive_int("n_bins", n_bins)
+            if n_bins > fft_size:
+                raise ValueError(
+                    f"`n_bins` ({n_bins}) must not exceed `fft_size` ({fft_size})."
+                )
+        for name, flag in (
+            ("perceptual_weighting", perceptual_weighting),
+            ("scale_invariance", scale_invariance),
+        ):
+            if not isinstance(flag, bool | np.bool_):
+                raise ValueError(f"`{name}` must be True or False, got {flag!r}.")
+        if perceptual_weighting and sample_rate is None:
+            raise ValueError(
+                "`sample_rate` must be given with `perceptual_weighting=True`."
+            )
         self.fft_size = fft_size
         self.hop_size = hop_size
         self.win_length = win_length
@@ -192,34 +307,101 @@ class STFTLoss(eqx.Module):
         self.eps = check_eps(eps)
         self.reduction = reduction
         self.mag_distance = mag_distance
+        self.w_phs = check_weight("w_phs", w_phs)
+        self.sample_rate = (
+            None if sample_rate is None else check_rate("sample_rate", sample_rate)
+        )
+        self.scale = scale
+        self.n_bins = n_bins
+        self.perceptual_weighting = bool(perceptual_weighting)
+        self.scale_invariance = bool(scale_invariance)
+        self.output = output
+
+    def filterbank(self) -> np.ndarray | None:
+        """The mel or chroma filterbank of `scale`, `(n_bins, fft_size // 2 +
+        1)` in float64, or `None` without `scale`."""
+        if self.scale is None:
+            return None
+        assert self.sample_rate is not None and self.n_bins is not None
+        make = mel_filterbank if self.scale == "mel" else chroma_filterbank
+        return make(self.sample_rate, self.fft_size, self.n_bins)
+
+    def weighted(self, x: jax.Array) -> jax.Array:
+        """`x` A-weighted along its last axis if `perceptual_weighting`, else
+        `x`."""
+        if not self.perceptual_weighting:
+            return x
+        assert self.sample_rate is not None
+        return fir_same(x, a_weighting_taps(self.sample_rate))
+
+    def spectrum(self, x: jax.Array) -> jax.Array:
+        """The complex STFT of (weighted) signals `x`, `(..., frames,
+        fft_size // 2 + 1)`."""
+        window = analysis_window(self.window, self.win_length, self.fft_size)
+        return stft(x, self.fft_size, self.hop_size, window)
 
     def magnitudes(self, x: jax.Array) -> jax.Array:
         """The clamped magnitude spectrogram of checked signals `x`,
-        `(..., frames, fft_size // 2 + 1)`."""
-        window = analysis_window(self.window, self.win_length, self.fft_size)
-        return stft_magnitude(x, self.fft_size, self.hop_size, window, self.eps)
+        `(..., frames, fft_size // 2 + 1)` (before `scale` and
+        `perceptual_weighting`)."""
+        return clamped_magnitude(self.spectrum(x), self.eps)
 
-    def unchecked_loss(self, pred: jax.Array, target: jax.Array) -> jax.Array:
-        """The loss without `__call__`'s checks, for signals already checked
-        (as `MultiResolutionSTFTLoss` does once for all its resolutions)."""
-        x = self.magnitudes(pred)
-        y = self.magnitudes(target)
-        total = jnp.zeros((), x.dtype)
+    def unchecked_terms(self, pred: jax.Array, target: jax.Array) -> STFTLossTerms:
+        """The loss and its terms without `__call__`'s checks, for signals
+        already checked (as `MultiResolutionSTFTLoss` does once for all its
+        resolutions)."""
+        return self.weighted_terms(self.weighted(pred), self.weighted(target))
+
+    def weighted_terms(self, pred: jax.Array, target: jax.Array) -> STFTLossTerms:
+        """`unchecked_terms` of signals already passed through `weighted`
+        (so that `MultiResolutionSTFTLoss` A-weights once for all its
+        resolutions)."""
+        pred_spec = self.spectrum(pred)
+        target_spec = self.spectrum(target)
+        x = clamped_magnitude(pred_spec, self.eps)
+        y = clamped_magnitude(target_spec, self.eps)
+        bank = self.filterbank()
+        if bank is not None:
+            bank_t = jnp.asarray(bank.T, x.dtype)
+            x = jnp.matmul(x, bank_t, precision="highest")
+            y = jnp.matmul(y, bank_t, precision="highest")
+        if self.scale_invariance:
+            alpha = jnp.sum(x * y, axis=(-2, -1), keepdims=True) / jnp.sum(
+                y * y, axis=(-2, -1), keepdims=True
+            )
+            y = y * alpha
+        zero = jnp.zeros((), x.dtype)
+        sc_mag = log_mag = lin_mag = phs = zero
         if not _is_zero(self.w_sc):
-            total = total + _cast(self.w_sc, x) * (_norm(y - x) / _norm(y))
+            sc_mag = _norm(y - x) / _norm(y)
         if not _is_zero(self.w_log_mag):
             log_mag = _distance(
                 jnp.log(x), jnp.log(y), self.mag_distance, self.reduction
             )
-            total = total + _cast(self.w_log_mag, x) * log_mag
         if not _is_zero(self.w_lin_mag):
             lin_mag = _distance(x, y, self.mag_distance, self.reduction)
-            total = total + _cast(self.w_lin_mag, x) * lin_mag
-        return total
+        if not _is_zero(self.w_phs):
+            d = jnp.angle(pred_spec) - jnp.angle(target_spec)
+            phs = jnp.mean(d * d)
+        total = zero
+        for w, term in (
+            (self.w_sc, sc_mag),
+            (self.w_log_mag, log_mag),
+            (self.w_lin_mag, lin_mag),
+            (self.w_phs, phs),
+        ):
+            if not _is_zero(w):
+                total = total + _cast(w, x) * term
+        return STFTLossTerms(total, sc_mag, log_mag, lin_mag, phs)
+
+    def unchecked_loss(self, pred: jax.Array, target: jax.Array) -> jax.Array:
+        """The loss (a scalar, whatever `output`) without `__call__`'s
+        checks."""
+        return self.unchecked_terms(pred, target).loss
 
     def __call__(
         self, pred: Real[ArrayLike, "..."], target: Real[ArrayLike, "..."]
-    ) -> Float[Array, ""]:
+    ) -> Float[Array, ""] | STFTLossTerms:
         """The loss of `pred` against `target`.
 
         **Arguments:**
@@ -230,10 +412,12 @@ class STFTLoss(eqx.Module):
 
         **Returns:**
 
-        A scalar in the signals' promoted float dtype. Mismatched shapes, too
-        short or non-finite signals raise an error naming the argument; a
-        dtype other than float32 or float64 (float16, bfloat16: XLA's FFT
-        has no such transform) raises `TypeError` naming it.
+        A scalar in the signals' promoted float dtype (`STFTLossTerms` with
+        `output="full"`). Mismatched shapes, too short or non-finite signals
+        raise an error naming the argument; a dtype other than float32 or
+        float64 (float16, bfloat16: XLA's FFT has no such transform) raises
+        `TypeError` naming it.
         """
         pred, target = check_signals(pred, target, self.fft_size)
-        return self.unchecked_loss(pred, target)
+        terms = self.unchecked_terms(pred, target)
+        return terms if self.output == "full" else terms.loss
