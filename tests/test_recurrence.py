@@ -430,6 +430,36 @@ def test_wide_batch_kernel_equals_the_scan(dtype, order):
             assert_close(in_place, want, rtol=0, atol=tol * scale)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_one_signal_kernel_equals_the_scan_for_every_order(dtype):
+    # One signal runs the kernel's single-signal loop, its lags in registers
+    # for orders 1 to 8 (each order its own compiled loop) and in memory past
+    # them: forward and adjoint, constant and per-sample coefficients, against
+    # the scan.
+    length = 301
+    tol = 1e-5 if dtype == jnp.float32 else 1e-12
+    for order in range(1, 10):
+        rng = np.random.default_rng(70 + order)
+        u = _random(rng, (length,), dtype)
+        zi = _random(rng, (order,), dtype)
+        constant = jnp.asarray(stable_poly(rng, order, 0.95), dtype)
+        # per-sample coefficients that stay near the stable ones, so that
+        # float32 compares a bounded signal rather than rounding amplified by
+        # growth
+        wobble = 1 + 0.01 * jnp.asarray(rng.standard_normal((length, 1)), dtype)
+        for a in (constant, constant * wobble):
+            for adjoint in (False, True):
+                run = jax.jit(functools.partial(allpole_recurrence, adjoint=adjoint))
+                if _native.available("allpole"):
+                    assert f"@{_native.ALLPOLE}(" in run.lower(a, u, zi).as_text()
+                got = run(a, u, zi)
+                want = jax.jit(
+                    functools.partial(ALLPOLE.scan, adjoint=adjoint, unroll=1)
+                )(a, u, zi)
+                scale = float(jnp.max(jnp.abs(want)))
+                assert_close(got, want, rtol=0, atol=tol * scale)
+
+
 @pytest.mark.skipif(
     not _native.available("allpole"), reason="the compiled kernel's lowering"
 )

@@ -230,6 +230,20 @@ inline __attribute__((always_inline)) void Batch(const T* a, const T* u,
 #undef RETRAX_GROUPS
 }
 
+// One signal (or a time-major batch) of order 3 to 8, its lags held in
+// registers: with the order known only at run time they live in memory, and
+// every sample waits on storing and reloading them (order 4, T = 44,100,
+// float32, one signal: 0.68 against 0.08 ms on a 2-core x86 CPU).
+template <typename T, int K, bool per_sample, bool adjoint>
+inline __attribute__((always_inline)) void Singles(const T* a, const T* u,
+                                                   const T* zi, T* y,
+                                                   int64_t length,
+                                                   int64_t batch) {
+  for (int64_t first = 0; first < batch; ++first) {
+    Group<T, K, 1, per_sample, adjoint>(a, u, zi, y, length, batch, first, K);
+  }
+}
+
 template <typename T, bool per_sample, bool adjoint>
 inline __attribute__((always_inline)) void ByOrder(const T* a, const T* u,
                                                    const T* zi, T* y,
@@ -237,6 +251,22 @@ inline __attribute__((always_inline)) void ByOrder(const T* a, const T* u,
                                                    int64_t batch,
                                                    int64_t order,
                                                    bool batch_major) {
+  if (!(batch_major && batch > 1)) {
+    switch (order) {
+#define RETRAX_SINGLES(K)                                                 \
+  case K:                                                                 \
+    return Singles<T, K, per_sample, adjoint>(a, u, zi, y, length, batch);
+      RETRAX_SINGLES(3)
+      RETRAX_SINGLES(4)
+      RETRAX_SINGLES(5)
+      RETRAX_SINGLES(6)
+      RETRAX_SINGLES(7)
+      RETRAX_SINGLES(8)
+#undef RETRAX_SINGLES
+      default:
+        break;
+    }
+  }
   switch (order) {
     case 1:
       return Batch<T, 1, per_sample, adjoint>(a, u, zi, y, length, batch, 1,
