@@ -1,6 +1,7 @@
-"""dasp-pytorch's compressor and stereo bus, by their definitions: against
-dasp-pytorch 0.0.1 (directly when installed, else stored values) in float64
-and float32, their gradients, transformations and bad input."""
+"""dasp-pytorch's compressor, stereo bus, widener and panner, by their
+definitions: against dasp-pytorch 0.0.1 (directly when installed, else
+stored values) in float64 and float32, their gradients, transformations and
+bad input."""
 
 import importlib.util
 import json
@@ -25,6 +26,7 @@ reference = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(reference)
 COMP = reference.compressor_cases()
 BUS = reference.bus_cases()
+STEREO = reference.stereo_cases()
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +34,10 @@ def expected():
     """dasp's values: computed now if dasp-pytorch is installed, otherwise
     the stored ones, after checking they belong to these inputs."""
     if importlib.util.find_spec("dasp_pytorch") is not None:
-        return reference.dasp_values(COMP, BUS)
+        return reference.dasp_values(COMP, BUS, STEREO)
     stored = json.loads((DATA / "dasp_reference.json").read_text())
-    prints = reference.input_fingerprints(COMP, BUS)
-    for kind in ("compressor", "bus"):
+    prints = reference.input_fingerprints(COMP, BUS, STEREO)
+    for kind in ("compressor", "bus", "stereo"):
         for case, want in prints[kind].items():
             np.testing.assert_allclose(want, stored["fingerprints"][kind][case])
     return stored["values"]
@@ -269,3 +271,78 @@ def test_stereo_bus_gradient_and_bad_input():
         fx.stereo_bus(jnp.ones((2, 3, 8)), jnp.zeros(2))
     with pytest.raises(ValueError, match="send_db"):
         fx.stereo_bus(jnp.ones((3, 2, 8)), jnp.zeros(2))
+
+
+@pytest.mark.parametrize("case", list(STEREO))
+def test_widener_and_panner_equal_dasp(expected, case):
+    x, mono = STEREO[case]["x"], STEREO[case]["mono"]
+    widener = fx.DaspStereoWidener(STEREO[case]["width"])
+    panner = fx.DaspStereoPanner(STEREO[case]["pan"])
+    for dtype, rtol in ((np.float64, 1e-12), (np.float32, 1e-5)):
+        key = np.dtype(dtype).name
+        y = jax.jit(lambda e, x: e(x))(widener, x.astype(dtype))
+        assert y.shape == (2, x.shape[-1]) and y.dtype == dtype
+        assert_close(np.ravel(y), expected["widener"][case][key], rtol=rtol)
+        y = jax.jit(lambda e, x: e(x))(panner, mono.astype(dtype))
+        assert y.shape == (2, mono.shape[-1]) and y.dtype == dtype
+        assert_close(np.ravel(y), expected["panner"][case][key], rtol=rtol)
+
+
+def test_dasp_widener_is_a_gain_and_retrax_widener_where_that_reaches():
+    x = jnp.asarray(STEREO["2: 0.500"]["x"])
+    for w in (0.0, 0.2, 0.5, 2 / 3):
+        dasp = fx.DaspStereoWidener(w)(x)
+        ours = 2 * (1 - w) * fx.StereoWidener(w / (1 - w))(x)
+        assert_close(dasp, ours, rtol=1e-14)
+    assert_close(fx.DaspStereoWidener(0.5)(x), x, rtol=1e-15)
+
+
+def test_dasp_panner_law_and_gradients():
+    mono = jnp.asarray(STEREO["0: 0.000"]["mono"])
+    # the hard ends are the sine law's; the centre is -4.5 dB
+    assert_close(fx.DaspStereoPanner(0.0)(mono), fx.StereoPanner(-1.0)(mono))
+    assert_close(fx.DaspStereoPanner(1.0)(mono), fx.StereoPanner(1.0)(mono), 1e-15)
+    centre = fx.DaspStereoPanner(0.5)(jnp.ones(1))
+    np.testing.assert_allclose(20 * np.log10(centre), -4.515, atol=1e-3)
+    # derivatives in the pan, at the ends too (where dasp's square root of 0
+    # gives NaN): against central differences of the definition
+    for pan in (0.0, 0.3, 1.0):
+        grad = jax.jacfwd(lambda p: fx.DaspStereoPanner(p)(jnp.ones(1))[:, 0])(
+            jnp.asarray(pan)
+        )
+        assert np.isfinite(grad).all()
+
+        def law(p):
+            t = p * np.pi / 2
+            left = (np.pi / 2 - t) * (2 / np.pi) * np.cos(t)
+            right = t * (2 / np.pi) * np.sin(t)
+            return np.sqrt(np.maximum([left, right], 0))
+
+        h = 1e-6
+        lo, hi = max(pan - h, 0.0), min(pan + h, 1.0)
+        np.testing.assert_allclose(grad, (law(hi) - law(lo)) / (hi - lo), atol=1e-5)
+    jax.test_util.check_grads(
+        lambda p: fx.DaspStereoPanner(p)(mono), (jnp.asarray(0.3),), order=2
+    )
+    jax.test_util.check_grads(
+        lambda w, x: fx.DaspStereoWidener(w)(x),
+        (jnp.asarray(0.3), jnp.asarray(STEREO["0: 0.000"]["x"][:, :8])),
+        order=2,
+    )
+
+
+def test_dasp_stereo_bad_input_raises():
+    with pytest.raises(ValueError, match="width"):
+        fx.DaspStereoWidener(1.5)
+    with pytest.raises(ValueError, match="pan"):
+        fx.DaspStereoPanner(-0.1)
+    with pytest.raises(ValueError, match="mono"):
+        fx.DaspStereoPanner()(jnp.ones((2, 8)))
+    with pytest.raises(ValueError, match="stereo"):
+        fx.DaspStereoWidener()(jnp.ones((3, 8)))
+    moved = eqx.tree_at(lambda e: e.pan, fx.DaspStereoPanner(), jnp.asarray(2.0))
+    with pytest.raises(Exception, match="pan"):
+        jax.jit(lambda e: e(jnp.ones(8)))(moved)
+    p = fx.DaspStereoPanner(0.25)
+    np.testing.assert_allclose(p.to_normalised(), [0.25])
+    assert fx.DaspStereoWidener.from_normalised(jnp.asarray([0.75])).width == 0.75

@@ -1,15 +1,18 @@
-"""Reference values of dasp-pytorch's compressor and stereo bus for the tests.
+"""Reference values of dasp-pytorch's compressor, stereo bus, widener and
+panner for the tests.
 
-`tests/test_dasp.py` compares `retrax.effects.DaspCompressor` and
-`retrax.effects.stereo_bus` with dasp-pytorch 0.0.1 directly when it is
+`tests/test_dasp.py` compares `retrax.effects.DaspCompressor`,
+`retrax.effects.stereo_bus`, `retrax.effects.DaspStereoWidener` and
+`retrax.effects.DaspStereoPanner` with dasp-pytorch 0.0.1 directly when it is
 importable, and otherwise with the values this script stored in
 `dasp_reference.json`. Regenerate them with a Python that has numpy, torch
 and dasp-pytorch installed:
 
     python tests/data/dasp_reference.py
 
-The signals and parameters come from `compressor_cases()` and `bus_cases()`
-below (seeded numpy, imported by the test too): the compressor's parameters
+The signals and parameters come from `compressor_cases()`, `bus_cases()` and
+`stereo_cases()` below (seeded numpy, imported by the test too): the
+compressor's parameters
 are drawn uniformly over dasp's `modules.Compressor` ranges (`RANGES`, checked
 against dasp's when it is importable), plus both ends of the ranges. The JSON
 records a fingerprint of each case's inputs so that the test can check that
@@ -25,6 +28,8 @@ import numpy as np
 
 SEED = 20261204
 LENGTH = 512
+# the widener and the panner work sample by sample: a few samples suffice
+STEREO_LENGTH = 64
 PATH = pathlib.Path(__file__).with_name("dasp_reference.json")
 # dasp's `modules.Compressor(sample_rate).param_ranges`, in its order
 RANGES = {
@@ -83,6 +88,22 @@ def bus_cases() -> dict[str, dict]:
     return cases
 
 
+def stereo_cases() -> dict[str, dict]:
+    """`{case: {"x": (2, time), "width": value, "mono": (time,), "pan":
+    value}}`, float64: widths and pans drawn over [0, 1], and both ends."""
+    rng = np.random.default_rng(SEED + 3)
+    values = [0.0, 1.0, 0.5, *rng.uniform(0.0, 1.0, 5)]
+    cases = {}
+    for k, value in enumerate(values):
+        cases[f"{k}: {value:.3f}"] = {
+            "x": 0.5 * rng.standard_normal((2, STEREO_LENGTH)),
+            "width": float(value),
+            "mono": 0.5 * rng.standard_normal(STEREO_LENGTH),
+            "pan": float(value),
+        }
+    return cases
+
+
 def fingerprint(x) -> list[float]:
     """A few numbers that change when the values change."""
     flat = np.asarray(x, np.float64).ravel()
@@ -101,14 +122,19 @@ def _stored(y: np.ndarray) -> list[float]:
     return [float(f"{v:.{digits}g}") for v in np.ravel(y).tolist()]
 
 
-def dasp_values(comp_cases, bus) -> dict:
+def dasp_values(comp_cases, bus, stereo) -> dict:
     """dasp-pytorch's outputs (float32 and float64) and float64 gradients."""
     import dasp_pytorch
     import torch
-    from dasp_pytorch.functional import compressor, stereo_bus
+    from dasp_pytorch.functional import (
+        compressor,
+        stereo_bus,
+        stereo_panner,
+        stereo_widener,
+    )
 
     assert dasp_pytorch.Compressor(44_100).param_ranges == RANGES
-    out: dict = {"compressor": {}, "bus": {}}
+    out: dict = {"compressor": {}, "bus": {}, "widener": {}, "panner": {}}
     for name, case in comp_cases.items():
         entry: dict = {}
         for dtype in (torch.float32, torch.float64):
@@ -145,10 +171,22 @@ def dasp_values(comp_cases, bus) -> dict:
             key = str(dtype).removeprefix("torch.")
             entry[key] = _stored(y[0].numpy())
         out["bus"][name] = entry
+    for name, case in stereo.items():
+        widener, panner = {}, {}
+        for dtype in (torch.float32, torch.float64):
+            key = str(dtype).removeprefix("torch.")
+            x = torch.tensor(case["x"][None], dtype=dtype)
+            width = torch.tensor([case["width"]], dtype=dtype)
+            widener[key] = _stored(stereo_widener(x, 44_100, width)[0].numpy())
+            # one track: (batch, tracks, time) -> (batch, 2, tracks, time)
+            mono = torch.tensor(case["mono"][None, None], dtype=dtype)
+            pan = torch.tensor([case["pan"]], dtype=dtype)
+            panner[key] = _stored(stereo_panner(mono, 44_100, pan)[0, :, 0].numpy())
+        out["widener"][name], out["panner"][name] = widener, panner
     return out
 
 
-def input_fingerprints(comp_cases, bus) -> dict:
+def input_fingerprints(comp_cases, bus, stereo) -> dict:
     """The inputs' fingerprints, by case."""
     return {
         "compressor": {
@@ -159,15 +197,19 @@ def input_fingerprints(comp_cases, bus) -> dict:
             name: fingerprint(case["x"]) + fingerprint(case["send_db"])
             for name, case in bus.items()
         },
+        "stereo": {
+            name: fingerprint(case["x"]) + fingerprint(case["mono"]) + [case["pan"]]
+            for name, case in stereo.items()
+        },
     }
 
 
 if __name__ == "__main__":
-    comp_cases, bus = compressor_cases(), bus_cases()
+    comp_cases, bus, stereo = compressor_cases(), bus_cases(), stereo_cases()
     data = {
         "dasp-pytorch": "0.0.1",
-        "fingerprints": input_fingerprints(comp_cases, bus),
-        "values": dasp_values(comp_cases, bus),
+        "fingerprints": input_fingerprints(comp_cases, bus, stereo),
+        "values": dasp_values(comp_cases, bus, stereo),
     }
     PATH.write_text(json.dumps(data) + "\n")
     print(f"wrote {PATH}")

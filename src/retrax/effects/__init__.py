@@ -17,6 +17,8 @@ from ..filters import (
 from ._chain import Chain as Chain
 from ._chorus import Chorus as Chorus
 from ._dasp_compressor import DaspCompressor as DaspCompressor
+from ._dasp_panner import DaspStereoPanner as DaspStereoPanner
+from ._dasp_widener import DaspStereoWidener as DaspStereoWidener
 from ._delay import Delay as Delay
 from ._distortion import Distortion as Distortion
 from ._fdn_reverb import FDNReverb as FDNReverb
