@@ -16,6 +16,9 @@ from ..filters import (
 )
 from ._chain import Chain as Chain
 from ._chorus import Chorus as Chorus
+from ._dasp_compressor import DaspCompressor as DaspCompressor
+from ._dasp_panner import DaspStereoPanner as DaspStereoPanner
+from ._dasp_widener import DaspStereoWidener as DaspStereoWidener
 from ._delay import Delay as Delay
 from ._distortion import Distortion as Distortion
 from ._fdn_reverb import FDNReverb as FDNReverb
@@ -25,4 +28,5 @@ from ._gain import Gain as Gain
 from ._noise_reverb import NoiseShapedReverb as NoiseShapedReverb
 from ._panner import StereoPanner as StereoPanner
 from ._ping_pong import PingPongDelay as PingPongDelay
+from ._stereo_bus import stereo_bus as stereo_bus
 from ._widener import StereoWidener as StereoWidener

@@ -102,7 +102,11 @@ class Compressor(AbstractRangedEffect):
     the detector's running mean power, the smoothed gain before the first
     sample (scalars, or `(channels,)`) and the last $D$ input samples, oldest
     first (`(D,)`, or `(channels, D)`), by default `(0, 1, zeros)`; entries
-    may be `None` for their defaults."""
+    may be `None` for their defaults.
+
+    dasp-pytorch's `compressor` is another definition (a summed side-chain,
+    $|x|$ in dB, attack-only smoothing of the gain in dB): it is
+    [`DaspCompressor`][retrax.effects.DaspCompressor]."""
 
     threshold_db: Float[Array, ""]
     ratio: Float[Array, ""]
