@@ -39,7 +39,7 @@ class AbstractChannel(eqx.Module):
 
     @abc.abstractmethod
     def query(
-        self, name: str, size: int, dtype, lam_eff: Float[Array, ""]
+        self, name: str, size: int, dtype, lam_eff: Float[Array, ""], check=True
     ) -> tuple[Float[Array, " size"], Float[Array, " size"]]:
         r"""The channel's block of `(z0, rho)`.
 
@@ -51,6 +51,11 @@ class AbstractChannel(eqx.Module):
         - `lam_eff`: the relation's $\lambda_{\mathrm{eff}}$ (see
           [`retrax.relations.AbstractImplicitRelation.effective_lambda`][]),
           which converts a precision in data units into a stiffness.
+        - `check`: whether to check the values (finite, positive precisions),
+          raising a message that names the channel. Without the check a bad
+          value passes through to the query, whose solve reports it per query
+          (`RESULTS.invalid_query`; see [`retrax.relations.implicit_infer`][]
+          with `throw=False`).
 
         **Returns:**
 
@@ -72,13 +77,14 @@ class Observed(AbstractChannel):
     def clamped(self) -> bool:
         return True
 
-    def query(self, name, size, dtype, lam_eff):
+    def query(self, name, size, dtype, lam_eff, check=True):
         value = _block(name, "value", self.value, size, dtype)
-        value = error_if(
-            value,
-            jnp.any(~jnp.isfinite(value)),
-            f"the observed value of channel {name!r} must be finite.",
-        )
+        if check:
+            value = error_if(
+                value,
+                jnp.any(~jnp.isfinite(value)),
+                f"the observed value of channel {name!r} must be finite.",
+            )
         return value, jnp.full((size,), jnp.inf, dtype)
 
 
@@ -108,21 +114,29 @@ class Unobserved(AbstractChannel):
     def clamped(self) -> bool:
         return False
 
-    def query(self, name, size, dtype, lam_eff):
+    def query(self, name, size, dtype, lam_eff, check=True):
         value = _block(name, "value", self.value, size, dtype)
         precision = _block(name, "precision", self.precision, size, dtype)
-        value = error_if(
-            value,
-            jnp.any(~jnp.isfinite(value)),
-            f"the value of the unobserved channel {name!r} must be finite.",
-        )
-        precision = error_if(
-            precision,
-            jnp.any(~(precision > 0) | ~jnp.isfinite(precision)),
-            f"the precision of the unobserved channel {name!r} must be positive "
-            "and finite (use Observed for a hard clamp, Latent for none).",
-        )
-        return value, jnp.sqrt(lam_eff.astype(dtype) * precision)
+        if check:
+            value = error_if(
+                value,
+                jnp.any(~jnp.isfinite(value)),
+                f"the value of the unobserved channel {name!r} must be finite.",
+            )
+            precision = error_if(
+                precision,
+                jnp.any(~(precision > 0) | ~jnp.isfinite(precision)),
+                f"the precision of the unobserved channel {name!r} must be "
+                "positive and finite (use Observed for a hard clamp, Latent for "
+                "none).",
+            )
+        # A precision that is not positive and finite (unchecked) gives a NaN
+        # stiffness, which the query reports, rather than a free or a clamped
+        # coordinate.
+        valid = (precision > 0) & jnp.isfinite(precision)
+        safe = jnp.where(valid, precision, jnp.ones((), dtype))
+        rho = jnp.sqrt(lam_eff.astype(dtype) * safe)
+        return value, jnp.where(valid, rho, jnp.asarray(jnp.nan, dtype))
 
 
 class Latent(AbstractChannel):
@@ -140,11 +154,12 @@ class Latent(AbstractChannel):
     def clamped(self) -> bool:
         return False
 
-    def query(self, name, size, dtype, lam_eff):
+    def query(self, name, size, dtype, lam_eff, check=True):
         start = _block(name, "start", self.start, size, dtype)
-        start = error_if(
-            start,
-            jnp.any(~jnp.isfinite(start)),
-            f"the start of the latent channel {name!r} must be finite.",
-        )
+        if check:
+            start = error_if(
+                start,
+                jnp.any(~jnp.isfinite(start)),
+                f"the start of the latent channel {name!r} must be finite.",
+            )
         return start, jnp.zeros((size,), dtype)

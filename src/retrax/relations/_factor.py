@@ -186,7 +186,7 @@ class Factor(AbstractImplicitRelation):
                 )
 
     def query(
-        self, marks: Mapping[str, AbstractChannel], dtype=None
+        self, marks: Mapping[str, AbstractChannel], dtype=None, *, check: bool = True
     ) -> tuple[Float[Array, " n"], Float[Array, " n"]]:
         """The query vectors `(z0, rho)` of marked channels.
 
@@ -198,6 +198,12 @@ class Factor(AbstractImplicitRelation):
           (starting at 0).
         - `dtype`: the query's dtype, a real floating dtype (a `TypeError`
           otherwise); JAX's default float by default.
+        - `check`: whether every mark's values are checked here (finite values
+          and starts, positive finite precisions), raising a message that names
+          the channel. Unchecked, a bad value enters `z0` or `rho` as a
+          non-finite number (a bad precision as a NaN stiffness), which
+          [`retrax.relations.implicit_infer`][] reports per query with
+          `throw=False`.
 
         **Returns:**
 
@@ -210,7 +216,7 @@ class Factor(AbstractImplicitRelation):
         z0, rho = [], []
         for name, size in self.channels:
             mark = marks.get(name, Latent())
-            v, r = mark.query(name, size, dtype, lam_eff)
+            v, r = mark.query(name, size, dtype, lam_eff, check)
             z0.append(v)
             rho.append(r)
         return jnp.concatenate(z0), jnp.concatenate(rho)
@@ -307,7 +313,9 @@ def factor_infer(
     # checked here too, before the solve's own annotations see them
     check_tol(kwargs.get("tol"))
     check_positive_int("max_steps", kwargs.get("max_steps", 1))
-    z0, rho = factor.query(marks, dtype)
+    # With `throw=False` a bad mark is the query's failure, not the batch's:
+    # it is left to `implicit_infer`, which reports it in `result`.
+    z0, rho = factor.query(marks, dtype, check=kwargs.get("throw", True))
     return implicit_infer(factor, z0, rho, **kwargs)
 
 

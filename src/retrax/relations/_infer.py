@@ -8,12 +8,12 @@ import jax
 import jax.numpy as jnp
 import lineax as lx
 import optimistix as optx
-from jaxtyping import Array, ArrayLike, Float, PyTree
+from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
 from .._errors import error_if, filter_jit
 from .._misc import check_positive_int, check_tol
 from .._solution import AbstractSolution, throw_if_failed
-from ..diffusion._never_silent import nan_unless, never_silent
+from ..diffusion._never_silent import nan_derivatives_unless, nan_unless, never_silent
 from ..diffusion._solution import RESULTS, ImplicitSolution
 from ._abstract_relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
 from ._solver import GuardedNewton
@@ -43,7 +43,7 @@ def default_tol(dtype) -> float:
     return 1e-9 if jnp.finfo(dtype).bits >= 64 else 1e-5
 
 
-def _check_query(model, z0, rho, z_init):
+def _query_shapes(model, z0, rho, z_init):
     if not isinstance(model, AbstractImplicitRelation):
         raise TypeError(
             "`model` must be a relation (an AbstractImplicitRelation such as "
@@ -54,6 +54,42 @@ def _check_query(model, z0, rho, z_init):
     rho = model.check_point("rho", rho).astype(dtype)
     z_init = z0 if z_init is None else model.check_point("z_init", z_init)
     z_init = z_init.astype(dtype)
+    return z0, rho, z_init
+
+
+def _invalid_query(z0, rho, z_init) -> Bool[Array, ""]:
+    """Whether a query's values fail the checks of `_check_query`."""
+    clamped = clamp_mask(rho)
+    return (
+        jnp.any(jnp.isnan(rho) | (rho < 0))
+        | jnp.all(clamped)
+        | jnp.any(~jnp.isfinite(z0))
+        | jnp.any(~jnp.isfinite(z_init) & ~clamped)
+    )
+
+
+def _screen_query(model, z0, rho, z_init, throw):
+    """The query checked (`throw`), or with its bad values replaced.
+
+    With `throw=False` a query whose values are not valid is not an error but
+    this query's failure: the returned flag `bad` marks it, and its values are
+    replaced by a harmless query (every coordinate free, starting at 0), so that
+    its solve stops as quickly as a good one and, under `vmap`, cannot hold the
+    other queries' loop; the caller reports it as `RESULTS.invalid_query` with
+    a NaN answer.
+    """
+    if throw:
+        z0, rho, z_init = _check_query(model, z0, rho, z_init)
+        return z0, rho, z_init, jnp.asarray(False)
+    z0, rho, z_init = _query_shapes(model, z0, rho, z_init)
+    bad = _invalid_query(z0, rho, z_init)
+    zero = jnp.zeros((), z0.dtype)
+    z0, rho, z_init = (jnp.where(bad, zero, v) for v in (z0, rho, z_init))
+    return z0, rho, z_init, bad
+
+
+def _check_query(model, z0, rho, z_init):
+    z0, rho, z_init = _query_shapes(model, z0, rho, z_init)
     rho = error_if(
         rho,
         jnp.any(jnp.isnan(rho) | (rho < 0)),
@@ -153,7 +189,21 @@ def implicit_infer(
       the free block is then positive definite).
     - `off_data_tol`: the `clamp_load` beyond which the solution is flagged
       `off_data` (see [`retrax.diffusion.ImplicitSolution`][]).
-    - `throw`: whether a solve that did not converge raises.
+    - `throw`: whether a solve that did not converge, or a query that is not
+      valid, raises.
+
+    A query that is not valid (a non-finite `z0` or `z_init` entry where it
+    is read, a NaN or negative `rho`, every coordinate clamped) raises with a
+    message that names the check when `throw=True`; with `throw=False` it is
+    that query's failure only: `result = RESULTS.invalid_query`, a NaN `z`,
+    `residual` and `clamp_load`, NaN derivatives, and nothing solved. Under
+    `jax.vmap` every other query of the batch is then answered as it would
+    be without it. With `throw=True` a failed query in a `vmap` batch raises
+    for the whole batch (equinox's run-time errors are raised once per
+    program), with the failed check's message; a vmapped query does not know
+    its index in the batch, so the message cannot name it: to find the
+    failed queries, solve with `throw=False` and read
+    `jnp.flatnonzero(sol.result != RESULTS.successful)`.
 
     **Returns:**
 
@@ -189,7 +239,8 @@ def _infer(
 ):
     tol = check_tol(tol)
     check_positive_int("max_steps", max_steps)
-    z0, rho, z_init = _check_query(model, z0, rho, z_init)
+    given = (z0, rho, z_init)
+    z0, rho, z_init, bad = _screen_query(model, z0, rho, z_init, throw)
     if symmetric is None:
         symmetric = model.conservative
     elif symmetric and not model.conservative:
@@ -223,8 +274,8 @@ def _infer(
         tags=tags,
     )
     state = sol.state
-    converged = state.converged
-    stable = state.stable
+    converged = state.converged & ~bad
+    stable = state.stable & ~bad
     result = RESULTS.where(
         sol.result == optx.RESULTS.successful,
         RESULTS.successful,
@@ -232,7 +283,12 @@ def _infer(
             converged & ~stable, RESULTS.unstable_root, RESULTS.promote(sol.result)
         ),
     )
-    z = never_silent(sol.value, (model, z0, rho), converged)
+    result = RESULTS.where(bad, RESULTS.invalid_query, result)
+    value = jnp.where(bad, jnp.asarray(jnp.nan, dtype), sol.value)
+    z = never_silent(value, (model, z0, rho), converged)
+    if not throw:
+        # the replaced inputs carry no derivative: NaN from the given ones
+        z = nan_derivatives_unless(z, given, ~bad)
     # Recomputed from the answer rather than read off the solver's state (whose
     # tangent is zero): a function of `z`, `z0`, `rho` and the model, so its
     # derivatives are those of the residual at the answer.
@@ -242,7 +298,7 @@ def _infer(
     load = jnp.abs(model.prior_field(jax.lax.stop_gradient(z)))
     unit = model.field_unit(dtype)
     load = jnp.where(clamped & (unit != 0), load / jnp.where(unit != 0, unit, 1), 0)
-    clamp_load = jnp.max(load)
+    clamp_load = jnp.where(bad, jnp.asarray(jnp.nan, dtype), jnp.max(load))
     steps = jnp.asarray(sol.stats["num_steps"])
     out = ImplicitSolution(
         z=z,
