@@ -62,6 +62,15 @@ class AbstractChannel(eqx.Module):
         A tuple `(z0, rho)` of two `(size,)` vectors.
         """
 
+    def coupling(
+        self, name: str, size: int, dtype, lam_eff: Float[Array, ""], check=True
+    ) -> Float[Array, "size size"] | None:
+        r"""The channel's block of the query's coupling matrix: the stiffness
+        between its coordinates beyond the diagonal `rho**2` (see
+        [`retrax.relations.implicit_infer`][]); `None` (the default) for a
+        channel without one. Arguments as in `query`."""
+        return None
+
 
 class Observed(AbstractChannel):
     """A channel known exactly: a hard clamp (`rho = inf`).
@@ -103,8 +112,19 @@ class Unobserved(AbstractChannel):
 
     - `value`: the mean of the evidence, a scalar or a vector of the
       channel's size.
-    - `precision`: its precision (inverse variance), positive and finite, a
-      scalar or a vector of the channel's size.
+    - `precision`: its precision: an inverse variance, positive and finite,
+      as a scalar or a vector of the channel's size (independent
+      coordinates); or a full precision matrix of shape `(size, size)`,
+      symmetric positive semi-definite and finite, such as the `precision`
+      of a factor's Gaussian message
+      ([`retrax.relations.factor_messages`][]) fed back as evidence. A
+      matrix adds $\tfrac12 (z - \mathrm{value})^\top P (z -
+      \mathrm{value})$: its diagonal becomes the stiffnesses `rho` and the
+      rest the query's coupling matrix (see
+      [`retrax.relations.Factor.query_coupled`][]). Symmetry and
+      semi-definiteness are checked to $\sqrt{\epsilon}\max|P|$ (the
+      dtype's machine epsilon), and the matrix is then symmetrised. A matrix
+      whose diagonal is 0 somewhere (a zero row) leaves that coordinate free.
     """
 
     value: Float[ArrayLike, "..."]
@@ -114,8 +134,55 @@ class Unobserved(AbstractChannel):
     def clamped(self) -> bool:
         return False
 
+    @property
+    def full(self) -> bool:
+        """Whether the precision is a matrix (else a scalar or a vector)."""
+        return jnp.ndim(self.precision) == 2
+
+    def _matrix(self, name, size, dtype, check):
+        p = as_state(f"{name}.precision", self.precision).astype(dtype)
+        if p.shape != (size, size):
+            raise ValueError(
+                f"channel {name!r} has size {size}; its precision matrix must "
+                f"have shape ({size}, {size}), got shape {p.shape}."
+            )
+        finite = jnp.all(jnp.isfinite(p))
+        safe = jnp.where(finite, p, 0)
+        tol = jnp.sqrt(jnp.finfo(dtype).eps) * jnp.max(jnp.abs(safe))
+        symmetric = jnp.all(jnp.abs(safe - safe.T) <= tol)
+        sym = 0.5 * (safe + safe.T)
+        semidefinite = jnp.linalg.eigvalsh(sym)[0] >= -tol
+        valid = finite & symmetric & semidefinite
+        if check:
+            sym = error_if(
+                sym,
+                ~valid,
+                f"the `precision` of the unobserved channel {name!r} must be "
+                "finite, symmetric and positive semi-definite (checked to "
+                "sqrt(eps) * max|precision|). A factor message's precision "
+                "need not be semi-definite: combine it with a prior first.",
+            )
+        return sym, valid
+
+    def coupling(self, name, size, dtype, lam_eff, check=True):
+        if not self.full:
+            return None
+        sym, valid = self._matrix(name, size, dtype, check)
+        off = sym - jnp.diag(jnp.diag(sym))
+        return jnp.where(valid, lam_eff.astype(dtype) * off, 0)
+
     def query(self, name, size, dtype, lam_eff, check=True):
         value = _block(name, "value", self.value, size, dtype)
+        if self.full:
+            if check:
+                value = error_if(
+                    value,
+                    jnp.any(~jnp.isfinite(value)),
+                    f"the value of the unobserved channel {name!r} must be finite.",
+                )
+            sym, valid = self._matrix(name, size, dtype, check)
+            rho = jnp.sqrt(lam_eff.astype(dtype) * jnp.maximum(jnp.diag(sym), 0))
+            return value, jnp.where(valid, rho, jnp.asarray(jnp.nan, dtype))
         precision = _block(name, "precision", self.precision, size, dtype)
         if check:
             value = error_if(
