@@ -440,7 +440,8 @@ def implicit_pullback(
 
     - `model`: the implicit field the query was solved with.
     - `sol`: the query's solution.
-    - `z0`, `rho`: the query.
+    - `z0`, `rho`: the query, solved without a `coupling` matrix (for a
+      coupled query, differentiate `implicit_infer` with `jax.grad`).
     - `zbar`: the cotangent of the answer `sol.z`, shape `(n,)`.
     - `throw`: whether a singular Jacobian raises (otherwise NaN).
     - `return_result`: deprecated: read the result code from the returned
