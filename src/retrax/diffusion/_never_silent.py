@@ -65,3 +65,37 @@ def never_silent(z, inputs, converged):
         for x in leaves
     )
     return _gate(z, one) + _gate(total, nan)
+
+
+@jax.custom_jvp
+def _tangent_total(x):
+    return _zero_of(x)
+
+
+def _zero_of(x):
+    # zero, computed from `x` so that it is batched wherever `x` is (as its
+    # tangent is)
+    return 0 * jnp.sum(jnp.where(jnp.isfinite(x), x, 0))
+
+
+@_tangent_total.defjvp
+def _tangent_total_jvp(primals, tangents):
+    (x,) = primals
+    (tx,) = tangents
+    return _zero_of(x), jnp.sum(tx)
+
+
+def nan_derivatives_unless(z: Array, inputs: PyTree, ok: Bool[Array, ""]) -> Array:
+    """`z`, whose derivatives with respect to every inexact leaf of `inputs`
+    are NaN unless `ok` (and unchanged where `ok`).
+
+    Unlike `never_silent` the inputs may hold non-finite values (the
+    derivative with respect to a NaN input is NaN too): for a query that was
+    not valid, whose inputs were replaced before the solve.
+    """
+    dtype = z.dtype
+    leaves = [x for x in jax.tree.leaves(inputs) if eqx.is_inexact_array(x)]
+    if not leaves:
+        return z
+    total = sum(_tangent_total(x).astype(dtype) for x in leaves)
+    return z + _gate(total, _factor(ok, dtype) - 1)

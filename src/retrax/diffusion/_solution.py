@@ -23,6 +23,15 @@ class RESULTS(optx.RESULTS):  # pyright: ignore
         "objective, usually an input too large for the dtype). The result is not "
         "a proximal point; its derivatives are NaN."
     )
+    invalid_query = (
+        "The query is not valid: an entry of `z0` (a clamp, a soft target or a "
+        "start: an observed or unobserved channel's value, a latent channel's "
+        "start) or of `z_init` is NaN or infinite, a stiffness in `rho` is NaN "
+        "or negative (an unobserved channel's precision not positive and "
+        "finite), or every coordinate is clamped. Nothing was solved; the "
+        "answer is NaN. Rerun the query with `throw=True` for a message that "
+        "names the failed check."
+    )
     nonfinite_iterate = (
         "An iterate of the run became non-finite (NaN or inf): the gradient it "
         "followed was not finite there (a data term, e.g. RED-Diff's "

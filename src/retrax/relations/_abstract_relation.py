@@ -16,6 +16,18 @@ def clamp_mask(rho: Float[Array, " n"]) -> Bool[Array, " n"]:
     return jnp.isposinf(rho)
 
 
+def coupling_term(
+    coupling: Float[Array, "n n"] | None,
+    clamped: Bool[Array, " n"],
+    diff: Float[Array, " n"],
+) -> Float[Array, " n"] | float:
+    """`coupling @ diff` between non-clamped coordinates (0 without coupling)."""
+    if coupling is None:
+        return 0.0
+    both = ~clamped[:, None] & ~clamped[None, :]
+    return jnp.where(both, coupling, 0) @ jnp.where(clamped, 0, diff)
+
+
 def soft_stiffness(rho: Float[Array, " n"]) -> Float[Array, " n"]:
     r"""$\rho_i^2$ on the non-clamped coordinates and 0 on clamped ones.
 
@@ -114,6 +126,7 @@ class AbstractImplicitRelation(eqx.Module):
         z: Float[ArrayLike, " n"],
         z0: Float[ArrayLike, " n"],
         rho: Float[ArrayLike, " n"],
+        coupling: Float[ArrayLike, "n n"] | None = None,
     ) -> Float[Array, " n"]:
         r"""The residual of a query, whose roots are the query's answers.
 
@@ -121,7 +134,11 @@ class AbstractImplicitRelation(eqx.Module):
         $\rho_i = \infty$ clamps $z_i = z_{0,i}$ (row $z_i - z_{0,i}$), a large
         finite $\rho_i$ is a soft input, a small one an anchor that selects a
         branch, and $\rho_i = 0$ leaves $z_i$ free. On the non-clamped
-        coordinates $F$ the residual is $g(z) + \rho^2 (z - z_0)$. The clamp
+        coordinates $F$ the residual is $g(z) + \rho^2 (z - z_0)$, plus
+        $K_{FF}(z - z_0)_F$ with a `coupling` matrix $K$ (the off-diagonal
+        stiffness of a full precision, see [`retrax.relations.Unobserved`][]):
+        the gradient of $\tfrac12 (z - z_0)^\top(\mathrm{diag}(\rho^2) +
+        K)(z - z_0)$ over the free coordinates. The clamp
         pattern is data: every query has the same `n`-vector residual, so
         queries with different patterns share one compiled program and one
         `vmap`.
@@ -131,6 +148,9 @@ class AbstractImplicitRelation(eqx.Module):
         - `z`: the point, shape `(n,)`.
         - `z0`: the query values, shape `(n,)`.
         - `rho`: the stiffnesses, shape `(n,)`, in $[0, \infty]$.
+        - `coupling`: `None`, or a symmetric `(n, n)` matrix $K$ of stiffness
+          between coordinates (its rows and columns on clamped coordinates
+          are ignored).
 
         **Returns:**
 
@@ -142,4 +162,7 @@ class AbstractImplicitRelation(eqx.Module):
         clamped = clamp_mask(rho)
         diff = z - z0
         free_rows = self.prior_field(z) + soft_stiffness(rho) * diff
+        if coupling is not None:
+            coupling = jnp.asarray(coupling, z.dtype)
+            free_rows = free_rows + coupling_term(coupling, clamped, diff)
         return jnp.where(clamped, diff, free_rows)

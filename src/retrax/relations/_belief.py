@@ -27,6 +27,8 @@ def implicit_laplace(
     model: AbstractImplicitRelation,
     sol: ImplicitSolution,
     rho: Float[ArrayLike, " n"],
+    *,
+    coupling: Float[ArrayLike, "n n"] | None = None,
 ) -> Float[Array, "n n"]:
     r"""The Laplace covariance of a query's answer.
 
@@ -36,7 +38,8 @@ def implicit_laplace(
     near a stable answer $-\nabla^2\log p \approx
     \mathrm{sym}(J_{FF})/\lambda_{\mathrm{eff}}$ and the covariance of the
     free coordinates is $\lambda_{\mathrm{eff}}\,\mathrm{sym}(J_{FF})^{-1}$,
-    where $J_{FF}$ includes the soft inputs' $\rho_F^2$ (their evidence).
+    where $J_{FF}$ includes the soft inputs' $\rho_F^2$ (their evidence) and
+    the query's `coupling` (the off-diagonal part of a full precision).
     Clamped coordinates are known exactly: their rows and columns are 0.
 
     **Arguments:**
@@ -44,6 +47,8 @@ def implicit_laplace(
     - `model`: the implicit field the query was solved with.
     - `sol`: the query's solution.
     - `rho`: the query's stiffnesses.
+    - `coupling`: the query's coupling matrix, if it had one (see
+      [`retrax.relations.implicit_infer`][]).
 
     **Returns:**
 
@@ -54,8 +59,10 @@ def implicit_laplace(
     rho = model.check_point("rho", rho).astype(dtype)
     clamped = clamp_mask(rho)
     jac = model.prior_jacobian(z) + jnp.diag(soft_stiffness(rho))
-    sym = 0.5 * (jac + jac.T)
     both = ~clamped[:, None] & ~clamped[None, :]
+    if coupling is not None:
+        jac = jac + jnp.where(both, jnp.asarray(coupling, dtype), 0)
+    sym = 0.5 * (jac + jac.T)
     mat = jnp.where(both, sym, 0) + jnp.diag(clamped.astype(dtype))
     cov = jnp.linalg.inv(mat) * _effective_lambda(model, dtype)
     cov = jnp.where(both, cov, 0)
@@ -107,6 +114,8 @@ def laplace_belief(
     sol: ImplicitSolution,
     rho: Float[ArrayLike, " n"],
     coords: Sequence[int] | ArrayLike | None = None,
+    *,
+    coupling: Float[ArrayLike, "n n"] | None = None,
 ) -> LaplaceBelief:
     """Package an answer and its [`retrax.relations.implicit_laplace`][] covariance.
 
@@ -118,6 +127,8 @@ def laplace_belief(
     - `coords`: the coordinates to keep (the marginal belief over them, in
       their order); all by default. For a [`retrax.relations.Factor`][],
       `factor.coords(name, ...)` gives a channel's coordinates.
+    - `coupling`: the query's coupling matrix, if it had one (see
+      [`retrax.relations.implicit_infer`][]).
 
     **Returns:**
 
@@ -125,7 +136,9 @@ def laplace_belief(
     """
     rho = model.check_point("rho", rho).astype(sol.z.dtype)
     belief = LaplaceBelief(
-        mean=sol.z, cov=implicit_laplace(model, sol, rho), free=~clamp_mask(rho)
+        mean=sol.z,
+        cov=implicit_laplace(model, sol, rho, coupling=coupling),
+        free=~clamp_mask(rho),
     )
     return belief if coords is None else belief.marginal(coords)
 

@@ -39,7 +39,7 @@ class AbstractChannel(eqx.Module):
 
     @abc.abstractmethod
     def query(
-        self, name: str, size: int, dtype, lam_eff: Float[Array, ""]
+        self, name: str, size: int, dtype, lam_eff: Float[Array, ""], check=True
     ) -> tuple[Float[Array, " size"], Float[Array, " size"]]:
         r"""The channel's block of `(z0, rho)`.
 
@@ -51,11 +51,25 @@ class AbstractChannel(eqx.Module):
         - `lam_eff`: the relation's $\lambda_{\mathrm{eff}}$ (see
           [`retrax.relations.AbstractImplicitRelation.effective_lambda`][]),
           which converts a precision in data units into a stiffness.
+        - `check`: whether to check the values (finite, positive precisions),
+          raising a message that names the channel. Without the check a bad
+          value passes through to the query, whose solve reports it per query
+          (`RESULTS.invalid_query`; see [`retrax.relations.implicit_infer`][]
+          with `throw=False`).
 
         **Returns:**
 
         A tuple `(z0, rho)` of two `(size,)` vectors.
         """
+
+    def coupling(
+        self, name: str, size: int, dtype, lam_eff: Float[Array, ""], check=True
+    ) -> Float[Array, "size size"] | None:
+        r"""The channel's block of the query's coupling matrix: the stiffness
+        between its coordinates beyond the diagonal `rho**2` (see
+        [`retrax.relations.implicit_infer`][]); `None` (the default) for a
+        channel without one. Arguments as in `query`."""
+        return None
 
 
 class Observed(AbstractChannel):
@@ -72,13 +86,14 @@ class Observed(AbstractChannel):
     def clamped(self) -> bool:
         return True
 
-    def query(self, name, size, dtype, lam_eff):
+    def query(self, name, size, dtype, lam_eff, check=True):
         value = _block(name, "value", self.value, size, dtype)
-        value = error_if(
-            value,
-            jnp.any(~jnp.isfinite(value)),
-            f"the observed value of channel {name!r} must be finite.",
-        )
+        if check:
+            value = error_if(
+                value,
+                jnp.any(~jnp.isfinite(value)),
+                f"the observed value of channel {name!r} must be finite.",
+            )
         return value, jnp.full((size,), jnp.inf, dtype)
 
 
@@ -97,8 +112,19 @@ class Unobserved(AbstractChannel):
 
     - `value`: the mean of the evidence, a scalar or a vector of the
       channel's size.
-    - `precision`: its precision (inverse variance), positive and finite, a
-      scalar or a vector of the channel's size.
+    - `precision`: its precision: an inverse variance, positive and finite,
+      as a scalar or a vector of the channel's size (independent
+      coordinates); or a full precision matrix of shape `(size, size)`,
+      symmetric positive semi-definite and finite, such as the `precision`
+      of a factor's Gaussian message
+      ([`retrax.relations.factor_messages`][]) fed back as evidence. A
+      matrix adds $\tfrac12 (z - \mathrm{value})^\top P (z -
+      \mathrm{value})$: its diagonal becomes the stiffnesses `rho` and the
+      rest the query's coupling matrix (see
+      [`retrax.relations.Factor.query_coupled`][]). Symmetry and
+      semi-definiteness are checked to $\sqrt{\epsilon}\max|P|$ (the
+      dtype's machine epsilon), and the matrix is then symmetrised. A matrix
+      whose diagonal is 0 somewhere (a zero row) leaves that coordinate free.
     """
 
     value: Float[ArrayLike, "..."]
@@ -108,21 +134,76 @@ class Unobserved(AbstractChannel):
     def clamped(self) -> bool:
         return False
 
-    def query(self, name, size, dtype, lam_eff):
+    @property
+    def full(self) -> bool:
+        """Whether the precision is a matrix (else a scalar or a vector)."""
+        return jnp.ndim(self.precision) == 2
+
+    def _matrix(self, name, size, dtype, check):
+        p = as_state(f"{name}.precision", self.precision).astype(dtype)
+        if p.shape != (size, size):
+            raise ValueError(
+                f"channel {name!r} has size {size}; its precision matrix must "
+                f"have shape ({size}, {size}), got shape {p.shape}."
+            )
+        finite = jnp.all(jnp.isfinite(p))
+        safe = jnp.where(finite, p, 0)
+        tol = jnp.sqrt(jnp.finfo(dtype).eps) * jnp.max(jnp.abs(safe))
+        symmetric = jnp.all(jnp.abs(safe - safe.T) <= tol)
+        sym = 0.5 * (safe + safe.T)
+        semidefinite = jnp.linalg.eigvalsh(sym)[0] >= -tol
+        valid = finite & symmetric & semidefinite
+        if check:
+            sym = error_if(
+                sym,
+                ~valid,
+                f"the `precision` of the unobserved channel {name!r} must be "
+                "finite, symmetric and positive semi-definite (checked to "
+                "sqrt(eps) * max|precision|). A factor message's precision "
+                "need not be semi-definite: combine it with a prior first.",
+            )
+        return sym, valid
+
+    def coupling(self, name, size, dtype, lam_eff, check=True):
+        if not self.full:
+            return None
+        sym, valid = self._matrix(name, size, dtype, check)
+        off = sym - jnp.diag(jnp.diag(sym))
+        return jnp.where(valid, lam_eff.astype(dtype) * off, 0)
+
+    def query(self, name, size, dtype, lam_eff, check=True):
         value = _block(name, "value", self.value, size, dtype)
+        if self.full:
+            if check:
+                value = error_if(
+                    value,
+                    jnp.any(~jnp.isfinite(value)),
+                    f"the value of the unobserved channel {name!r} must be finite.",
+                )
+            sym, valid = self._matrix(name, size, dtype, check)
+            rho = jnp.sqrt(lam_eff.astype(dtype) * jnp.maximum(jnp.diag(sym), 0))
+            return value, jnp.where(valid, rho, jnp.asarray(jnp.nan, dtype))
         precision = _block(name, "precision", self.precision, size, dtype)
-        value = error_if(
-            value,
-            jnp.any(~jnp.isfinite(value)),
-            f"the value of the unobserved channel {name!r} must be finite.",
-        )
-        precision = error_if(
-            precision,
-            jnp.any(~(precision > 0) | ~jnp.isfinite(precision)),
-            f"the precision of the unobserved channel {name!r} must be positive "
-            "and finite (use Observed for a hard clamp, Latent for none).",
-        )
-        return value, jnp.sqrt(lam_eff.astype(dtype) * precision)
+        if check:
+            value = error_if(
+                value,
+                jnp.any(~jnp.isfinite(value)),
+                f"the value of the unobserved channel {name!r} must be finite.",
+            )
+            precision = error_if(
+                precision,
+                jnp.any(~(precision > 0) | ~jnp.isfinite(precision)),
+                f"the precision of the unobserved channel {name!r} must be "
+                "positive and finite (use Observed for a hard clamp, Latent for "
+                "none).",
+            )
+        # A precision that is not positive and finite (unchecked) gives a NaN
+        # stiffness, which the query reports, rather than a free or a clamped
+        # coordinate.
+        valid = (precision > 0) & jnp.isfinite(precision)
+        safe = jnp.where(valid, precision, jnp.ones((), dtype))
+        rho = jnp.sqrt(lam_eff.astype(dtype) * safe)
+        return value, jnp.where(valid, rho, jnp.asarray(jnp.nan, dtype))
 
 
 class Latent(AbstractChannel):
@@ -140,11 +221,12 @@ class Latent(AbstractChannel):
     def clamped(self) -> bool:
         return False
 
-    def query(self, name, size, dtype, lam_eff):
+    def query(self, name, size, dtype, lam_eff, check=True):
         start = _block(name, "start", self.start, size, dtype)
-        start = error_if(
-            start,
-            jnp.any(~jnp.isfinite(start)),
-            f"the start of the latent channel {name!r} must be finite.",
-        )
+        if check:
+            start = error_if(
+                start,
+                jnp.any(~jnp.isfinite(start)),
+                f"the start of the latent channel {name!r} must be finite.",
+            )
         return start, jnp.zeros((size,), dtype)

@@ -186,7 +186,7 @@ class Factor(AbstractImplicitRelation):
                 )
 
     def query(
-        self, marks: Mapping[str, AbstractChannel], dtype=None
+        self, marks: Mapping[str, AbstractChannel], dtype=None, *, check: bool = True
     ) -> tuple[Float[Array, " n"], Float[Array, " n"]]:
         """The query vectors `(z0, rho)` of marked channels.
 
@@ -198,22 +198,76 @@ class Factor(AbstractImplicitRelation):
           (starting at 0).
         - `dtype`: the query's dtype, a real floating dtype (a `TypeError`
           otherwise); JAX's default float by default.
+        - `check`: whether every mark's values are checked here (finite values
+          and starts, positive finite precisions), raising a message that names
+          the channel. Unchecked, a bad value enters `z0` or `rho` as a
+          non-finite number (a bad precision as a NaN stiffness), which
+          [`retrax.relations.implicit_infer`][] reports per query with
+          `throw=False`.
 
         **Returns:**
 
         A tuple `(z0, rho)` of `(n,)` vectors for
         [`retrax.relations.implicit_infer`][].
         """
+        z0, rho, blocks = self._query(marks, dtype, check)
+        if blocks:
+            raise ValueError(
+                f"the channels {sorted(blocks)} have a precision matrix, whose "
+                "off-diagonal stiffness `(z0, rho)` cannot hold: use "
+                "`factor.query_coupled(marks)` and pass its `coupling` to "
+                "`implicit_infer`, or query with `factor_infer`."
+            )
+        return z0, rho
+
+    def query_coupled(
+        self, marks: Mapping[str, AbstractChannel], dtype=None, *, check: bool = True
+    ) -> tuple[Float[Array, " n"], Float[Array, " n"], Float[Array, "n n"] | None]:
+        r"""The query vectors `(z0, rho)` and the coupling matrix of marked
+        channels.
+
+        As [`retrax.relations.Factor.query`][], and also for
+        [`retrax.relations.Unobserved`][] channels with a precision matrix
+        $P$: `rho` holds $\sqrt{\lambda_{\mathrm{eff}} P_{ii}}$ and the
+        coupling matrix $\lambda_{\mathrm{eff}}(P - \mathrm{diag}(P))$ on
+        the channel's block (0 elsewhere), so that the query adds
+        $\tfrac12\,(z - v)^\top P (z - v)$ in data units, as a vector
+        precision does on the diagonal. For the `coupling` of
+        [`retrax.relations.implicit_infer`][] and
+        [`retrax.relations.laplace_belief`][].
+
+        **Arguments:**
+
+        - `marks`, `dtype`, `check`: as in [`retrax.relations.Factor.query`][].
+
+        **Returns:**
+
+        A tuple `(z0, rho, coupling)`: two `(n,)` vectors and an `(n, n)`
+        matrix, or `None` when no channel has a precision matrix.
+        """
+        z0, rho, blocks = self._query(marks, dtype, check)
+        if not blocks:
+            return z0, rho, None
+        coupling = jnp.zeros((self.dim, self.dim), z0.dtype)
+        for name, block in blocks.items():
+            r = self.ranges[name]
+            coupling = coupling.at[r.start : r.stop, r.start : r.stop].set(block)
+        return z0, rho, coupling
+
+    def _query(self, marks, dtype, check):
         self._check_marks(marks)
         dtype = query_dtype(dtype)
         lam_eff = self.effective_lambda(dtype)
-        z0, rho = [], []
+        z0, rho, blocks = [], [], {}
         for name, size in self.channels:
             mark = marks.get(name, Latent())
-            v, r = mark.query(name, size, dtype, lam_eff)
+            v, r = mark.query(name, size, dtype, lam_eff, check)
             z0.append(v)
             rho.append(r)
-        return jnp.concatenate(z0), jnp.concatenate(rho)
+            block = mark.coupling(name, size, dtype, lam_eff, check)
+            if block is not None:
+                blocks[name] = block
+        return jnp.concatenate(z0), jnp.concatenate(rho), blocks
 
     def coords(self, *names: str) -> tuple[int, ...]:
         """The joint coordinates of the named channels, in the order given.
@@ -307,8 +361,12 @@ def factor_infer(
     # checked here too, before the solve's own annotations see them
     check_tol(kwargs.get("tol"))
     check_positive_int("max_steps", kwargs.get("max_steps", 1))
-    z0, rho = factor.query(marks, dtype)
-    return implicit_infer(factor, z0, rho, **kwargs)
+    # With `throw=False` a bad mark is the query's failure, not the batch's:
+    # it is left to `implicit_infer`, which reports it in `result`.
+    z0, rho, coupling = factor.query_coupled(
+        marks, dtype, check=kwargs.get("throw", True)
+    )
+    return implicit_infer(factor, z0, rho, coupling=coupling, **kwargs)
 
 
 def factor_pullback(
@@ -342,6 +400,9 @@ def factor_pullback(
       `(n,)` vector.
     - `throw`: whether a singular adjoint system raises (otherwise NaN).
 
+    Marks with a precision matrix are refused (a `ValueError`): `jax.grad`
+    through `factor_infer` differentiates them.
+
     **Returns:**
 
     A tuple `(factor_bar, marks_bar)`: a pytree shaped like `factor` with the
@@ -352,6 +413,13 @@ def factor_pullback(
     if not isinstance(factor, Factor):
         raise TypeError(f"`factor` must be a Factor, got {type(factor).__name__}.")
     dtype = sol.z.dtype
+    if factor.query_coupled(marks, dtype)[2] is not None:
+        raise ValueError(
+            "`factor_pullback` takes marks with scalar or vector precisions "
+            "only; a precision matrix's cotangent has no explicit formula here. "
+            "Differentiate `factor_infer` with `jax.grad` instead (its "
+            "derivatives come by the implicit function theorem)."
+        )
     if isinstance(zbar, Mapping):
         zbar = factor.join({k: jnp.asarray(v, dtype) for k, v in zbar.items()}).astype(
             dtype

@@ -8,20 +8,25 @@ import jax
 import jax.numpy as jnp
 import lineax as lx
 import optimistix as optx
-from jaxtyping import Array, ArrayLike, Float, PyTree
+from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
 from .._errors import error_if, filter_jit
 from .._misc import check_positive_int, check_tol
 from .._solution import AbstractSolution, throw_if_failed
-from ..diffusion._never_silent import nan_unless, never_silent
+from ..diffusion._never_silent import nan_derivatives_unless, nan_unless, never_silent
 from ..diffusion._solution import RESULTS, ImplicitSolution
-from ._abstract_relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
+from ._abstract_relation import (
+    AbstractImplicitRelation,
+    clamp_mask,
+    coupling_term,
+    soft_stiffness,
+)
 from ._solver import GuardedNewton
 
 
 def _query_residual(y, args):
-    model, z0, rho = args
-    return model.implicit_residual(y, z0, rho)
+    model, z0, rho, coupling = args
+    return model.implicit_residual(y, z0, rho, coupling)
 
 
 def _symmetric_residual(y, args):
@@ -29,12 +34,14 @@ def _symmetric_residual(y, args):
     # every iterate (the solver never moves clamped coordinates off z0_C), but
     # the Jacobian is then blockdiag(I, J_FF), symmetric when the field is a
     # gradient, and the clamped inputs' cotangent J_FC^T mu flows through z0.
-    model, z0, rho = args
+    model, z0, rho, coupling = args
     clamped = clamp_mask(rho)
     diff = y - z0
     free_rows = (
         model.prior_field(jnp.where(clamped, z0, y)) + soft_stiffness(rho) * diff
     )
+    if coupling is not None:
+        free_rows = free_rows + coupling_term(coupling, clamped, diff)
     return jnp.where(clamped, diff, free_rows)
 
 
@@ -43,7 +50,7 @@ def default_tol(dtype) -> float:
     return 1e-9 if jnp.finfo(dtype).bits >= 64 else 1e-5
 
 
-def _check_query(model, z0, rho, z_init):
+def _query_shapes(model, z0, rho, z_init):
     if not isinstance(model, AbstractImplicitRelation):
         raise TypeError(
             "`model` must be a relation (an AbstractImplicitRelation such as "
@@ -54,6 +61,81 @@ def _check_query(model, z0, rho, z_init):
     rho = model.check_point("rho", rho).astype(dtype)
     z_init = z0 if z_init is None else model.check_point("z_init", z_init)
     z_init = z_init.astype(dtype)
+    return z0, rho, z_init
+
+
+def _check_coupling(model, coupling, dtype):
+    """A coupling matrix's shape and dtype (`None` passes)."""
+    if coupling is None:
+        return None
+    coupling = jnp.asarray(coupling)
+    if not jnp.issubdtype(coupling.dtype, jnp.floating):
+        raise TypeError(f"`coupling` must be a real matrix, got {coupling.dtype}.")
+    n = model.dim
+    if coupling.shape != (n, n):
+        raise ValueError(
+            f"`coupling` must be an ({n}, {n}) matrix (the relation's joint "
+            f"dimension), got shape {coupling.shape}."
+        )
+    return coupling.astype(dtype)
+
+
+def _bad_coupling(coupling, rho) -> Bool[Array, ""]:
+    if coupling is None:
+        return jnp.asarray(False)
+    clamped = clamp_mask(rho)
+    both = ~clamped[:, None] & ~clamped[None, :]
+    k = jnp.where(both, coupling, 0)
+    finite = jnp.all(jnp.isfinite(k))
+    safe = jnp.where(finite, k, 0)
+    tol = jnp.sqrt(jnp.finfo(k.dtype).eps) * jnp.max(jnp.abs(safe))
+    return ~finite | jnp.any(jnp.abs(safe - safe.T) > tol)
+
+
+def _invalid_query(z0, rho, z_init) -> Bool[Array, ""]:
+    """Whether a query's values fail the checks of `_check_query`."""
+    clamped = clamp_mask(rho)
+    return (
+        jnp.any(jnp.isnan(rho) | (rho < 0))
+        | jnp.all(clamped)
+        | jnp.any(~jnp.isfinite(z0))
+        | jnp.any(~jnp.isfinite(z_init) & ~clamped)
+    )
+
+
+def _screen_query(model, z0, rho, z_init, throw, coupling=None):
+    """The query checked (`throw`), or with its bad values replaced.
+
+    With `throw=False` a query whose values are not valid is not an error but
+    this query's failure: the returned flag `bad` marks it, and its values are
+    replaced by a harmless query (every coordinate free, starting at 0), so that
+    its solve stops as quickly as a good one and, under `vmap`, cannot hold the
+    other queries' loop; the caller reports it as `RESULTS.invalid_query` with
+    a NaN answer.
+    """
+    if throw:
+        z0, rho, z_init = _check_query(model, z0, rho, z_init)
+        coupling = _check_coupling(model, coupling, z0.dtype)
+        if coupling is not None:
+            coupling = error_if(
+                coupling,
+                _bad_coupling(coupling, rho),
+                "`coupling` must be finite and symmetric on the coordinates "
+                "that are not clamped.",
+            )
+        return z0, rho, z_init, coupling, jnp.asarray(False)
+    z0, rho, z_init = _query_shapes(model, z0, rho, z_init)
+    coupling = _check_coupling(model, coupling, z0.dtype)
+    bad = _invalid_query(z0, rho, z_init) | _bad_coupling(coupling, rho)
+    zero = jnp.zeros((), z0.dtype)
+    z0, rho, z_init = (jnp.where(bad, zero, v) for v in (z0, rho, z_init))
+    if coupling is not None:
+        coupling = jnp.where(bad, zero, coupling)
+    return z0, rho, z_init, coupling, bad
+
+
+def _check_query(model, z0, rho, z_init):
+    z0, rho, z_init = _query_shapes(model, z0, rho, z_init)
     rho = error_if(
         rho,
         jnp.any(jnp.isnan(rho) | (rho < 0)),
@@ -106,6 +188,7 @@ def implicit_infer(
     symmetric: bool | None = None,
     off_data_tol: float = 3.0,
     throw: bool = True,
+    coupling: Float[ArrayLike, "n n"] | None = None,
 ) -> ImplicitSolution:
     r"""Answer a query: the stable root of the clamped residual nearest the start.
 
@@ -153,7 +236,30 @@ def implicit_infer(
       the free block is then positive definite).
     - `off_data_tol`: the `clamp_load` beyond which the solution is flagged
       `off_data` (see [`retrax.diffusion.ImplicitSolution`][]).
-    - `throw`: whether a solve that did not converge raises.
+    - `throw`: whether a solve that did not converge, or a query that is not
+      valid, raises.
+    - `coupling`: `None`, or a symmetric `(n, n)` matrix $K$ of stiffness
+      between non-clamped coordinates, added to the residual's free rows as
+      $K(z - z_0)$ (see
+      [`retrax.relations.AbstractImplicitRelation.implicit_residual`][]): the
+      off-diagonal part of a full precision, as
+      [`retrax.relations.Factor.query_coupled`][] builds it from an
+      [`retrax.relations.Unobserved`][] channel with a precision matrix. Its
+      rows and columns on clamped coordinates are ignored; derivatives with
+      respect to it come by the implicit function theorem like the others.
+
+    A query that is not valid (a non-finite `z0` or `z_init` entry where it
+    is read, a NaN or negative `rho`, every coordinate clamped) raises with a
+    message that names the check when `throw=True`; with `throw=False` it is
+    that query's failure only: `result = RESULTS.invalid_query`, a NaN `z`,
+    `residual` and `clamp_load`, NaN derivatives, and nothing solved. Under
+    `jax.vmap` every other query of the batch is then answered as it would
+    be without it. With `throw=True` a failed query in a `vmap` batch raises
+    for the whole batch (equinox's run-time errors are raised once per
+    program), with the failed check's message; a vmapped query does not know
+    its index in the batch, so the message cannot name it: to find the
+    failed queries, solve with `throw=False` and read
+    `jnp.flatnonzero(sol.result != RESULTS.successful)`.
 
     **Returns:**
 
@@ -171,6 +277,7 @@ def implicit_infer(
         throw,
         symmetric,
         off_data_tol,
+        coupling,
     )
 
 
@@ -186,10 +293,14 @@ def _infer(
     throw,
     symmetric=None,
     off_data_tol=3.0,
+    coupling=None,
 ):
     tol = check_tol(tol)
     check_positive_int("max_steps", max_steps)
-    z0, rho, z_init = _check_query(model, z0, rho, z_init)
+    given = (z0, rho, z_init, coupling)
+    z0, rho, z_init, coupling, bad = _screen_query(
+        model, z0, rho, z_init, throw, coupling
+    )
     if symmetric is None:
         symmetric = model.conservative
     elif symmetric and not model.conservative:
@@ -215,7 +326,7 @@ def _infer(
         fn,
         _solver(tol, matrix_free, dtype),
         y0,
-        args=(model, z0, rho),
+        args=(model, z0, rho, coupling),
         options={"fixed": clamped, "keep_last": True},
         max_steps=max_steps,
         adjoint=optx.ImplicitAdjoint(linear_solver=adjoint_solver),
@@ -223,8 +334,8 @@ def _infer(
         tags=tags,
     )
     state = sol.state
-    converged = state.converged
-    stable = state.stable
+    converged = state.converged & ~bad
+    stable = state.stable & ~bad
     result = RESULTS.where(
         sol.result == optx.RESULTS.successful,
         RESULTS.successful,
@@ -232,17 +343,22 @@ def _infer(
             converged & ~stable, RESULTS.unstable_root, RESULTS.promote(sol.result)
         ),
     )
-    z = never_silent(sol.value, (model, z0, rho), converged)
+    result = RESULTS.where(bad, RESULTS.invalid_query, result)
+    value = jnp.where(bad, jnp.asarray(jnp.nan, dtype), sol.value)
+    z = never_silent(value, (model, z0, rho, coupling), converged)
+    if not throw:
+        # the replaced inputs carry no derivative: NaN from the given ones
+        z = nan_derivatives_unless(z, given, ~bad)
     # Recomputed from the answer rather than read off the solver's state (whose
     # tangent is zero): a function of `z`, `z0`, `rho` and the model, so its
     # derivatives are those of the residual at the answer.
-    residual = model.implicit_residual(z, z0, rho)
+    residual = model.implicit_residual(z, z0, rho, coupling)
     residual = jnp.where(clamped, jnp.zeros((), dtype), residual)
     # What the hard clamps hold against, in noise standard deviations.
     load = jnp.abs(model.prior_field(jax.lax.stop_gradient(z)))
     unit = model.field_unit(dtype)
     load = jnp.where(clamped & (unit != 0), load / jnp.where(unit != 0, unit, 1), 0)
-    clamp_load = jnp.max(load)
+    clamp_load = jnp.where(bad, jnp.asarray(jnp.nan, dtype), jnp.max(load))
     steps = jnp.asarray(sol.stats["num_steps"])
     out = ImplicitSolution(
         z=z,
@@ -324,7 +440,8 @@ def implicit_pullback(
 
     - `model`: the implicit field the query was solved with.
     - `sol`: the query's solution.
-    - `z0`, `rho`: the query.
+    - `z0`, `rho`: the query, solved without a `coupling` matrix (for a
+      coupled query, differentiate `implicit_infer` with `jax.grad`).
     - `zbar`: the cotangent of the answer `sol.z`, shape `(n,)`.
     - `throw`: whether a singular Jacobian raises (otherwise NaN).
     - `return_result`: deprecated: read the result code from the returned

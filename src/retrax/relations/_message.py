@@ -22,7 +22,8 @@ def channel_anchor(
     r"""The Gaussian evidence a query puts on one channel.
 
     $N(\mathrm{value}, \mathrm{precision}^{-1})$ in canonical form for an
-    [`retrax.relations.Unobserved`][] channel (diagonal precision), and the
+    [`retrax.relations.Unobserved`][] channel (its precision, diagonal or a
+    matrix), and the
     flat (zero) Gaussian for a [`retrax.relations.Latent`][] one.
 
     **Arguments:**
@@ -36,7 +37,7 @@ def channel_anchor(
 
     A [`retrax.relations.CanonicalGaussian`][] over the channel's block.
     """
-    z0, rho = factor.query(marks, dtype)
+    z0, rho, coupling = factor.query_coupled(marks, dtype)
     mark = marks.get(name)
     if mark is not None and mark.clamped:
         raise ValueError(
@@ -44,8 +45,11 @@ def channel_anchor(
         )
     idx = np.asarray(factor.coords(name))
     lam_eff = factor.effective_lambda(z0.dtype)
-    precision = soft_stiffness(rho[idx]) / lam_eff
-    return CanonicalGaussian(info=precision * z0[idx], precision=jnp.diag(precision))
+    diagonal = soft_stiffness(rho[idx]) / lam_eff
+    if coupling is None:
+        return CanonicalGaussian(info=diagonal * z0[idx], precision=jnp.diag(diagonal))
+    precision = jnp.diag(diagonal) + coupling[np.ix_(idx, idx)] / lam_eff
+    return CanonicalGaussian(info=precision @ z0[idx], precision=precision)
 
 
 @filter_jit
@@ -92,8 +96,8 @@ def factor_messages(
         return factor.split(sol.z)
     if kind != "gaussian":
         raise ValueError(f"`kind` must be 'gaussian' or 'point', got {kind!r}.")
-    _, rho = factor.query(marks, dtype)
-    joint = laplace_belief(factor, sol, rho)
+    _, rho, coupling = factor.query_coupled(marks, dtype)
+    joint = laplace_belief(factor, sol, rho, coupling=coupling)
     out = {}
     for name, _ in factor.channels:
         mark = marks.get(name)

@@ -1,0 +1,237 @@
+"""Queries in batches fail one by one, and full precisions as evidence."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import retrax.diffusion as rd
+import retrax.relations as rr
+from helpers import raises_eagerly_and_under_jit
+
+
+SCHED = rd.VPSDE()
+
+
+def ring_factor():
+    """A ring of 48 Gaussian lumps (a closed-form predictor) over x and y."""
+    ang = 2 * np.pi * np.arange(48) / 48
+    means = jnp.asarray(np.stack([np.cos(ang), np.sin(ang)], 1))
+    mix = rd.GaussianMixtureEps(SCHED, means, jnp.asarray(0.05))
+    nodes = rd.field_nodes(jax.random.key(0), 2, samples=8)
+    return rr.Factor(rr.ImplicitDiffusion(mix, nodes), {"x": 1, "y": 1})
+
+
+def batch(factor, xs, starts, precisions, throw=False):
+    def one(x, start, p):
+        marks = {"x": rr.Observed(x), "y": rr.Latent(start)}
+        return rr.factor_infer(factor, marks, throw=throw)
+
+    def soft(x, start, p):
+        marks = {"x": rr.Unobserved(x, p), "y": rr.Latent(start)}
+        return rr.factor_infer(factor, marks, throw=throw)
+
+    return jax.vmap(one)(xs, starts, precisions), jax.vmap(soft)(xs, starts, precisions)
+
+
+@pytest.mark.parametrize("what", ["clamp", "start", "precision"])
+def test_one_bad_query_fails_alone(what):
+    factor = ring_factor()
+    n, bad = 64, 17
+    xs = jnp.linspace(-0.8, 0.8, n)
+    starts = jnp.full((n,), 0.5)
+    precisions = jnp.full((n,), 4.0)
+    good_hard, good_soft = batch(factor, xs, starts, precisions)
+    assert bool(jnp.all(good_hard.result == rd.RESULTS.successful))
+    assert bool(jnp.all(good_soft.result == rd.RESULTS.successful))
+    if what == "clamp":
+        xs = xs.at[bad].set(jnp.nan)
+    elif what == "start":
+        starts = starts.at[bad].set(jnp.nan)
+    else:
+        precisions = precisions.at[bad].set(-1.0)
+    hard, soft = batch(factor, xs, starts, precisions)
+    keep = np.arange(n) != bad
+    # a bad precision is a bad query only where the precision is read
+    failing = [soft] if what == "precision" else [hard, soft]
+    for sol, good in [(hard, good_hard), (soft, good_soft)]:
+        ok = keep if sol in failing else np.ones(n, bool)
+        if sol in failing:
+            assert bool((sol.result == rd.RESULTS.invalid_query)[bad])
+            assert bool(jnp.all(jnp.isnan(sol.z[bad])))
+            assert not bool(sol.converged[bad])
+            assert bool(jnp.isnan(sol.clamp_load[bad]))
+        assert bool(jnp.all((sol.result == rd.RESULTS.successful)[ok]))
+        np.testing.assert_allclose(sol.z[ok], good.z[ok], rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(sol.steps[ok], good.steps[ok])
+
+
+def test_bad_query_raises_with_throw():
+    factor = ring_factor()
+    xs = jnp.linspace(-0.8, 0.8, 8).at[3].set(jnp.nan)
+    starts = jnp.full((8,), 0.5)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="observed value of channel 'x'"):
+        batch(factor, xs, starts, starts, throw=True)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="`z0` must be finite"):
+        z0 = jnp.stack([xs, starts], 1)
+        rho = jnp.broadcast_to(jnp.array([jnp.inf, 0.0]), (8, 2))
+        jax.vmap(lambda a, b: rr.implicit_infer(factor, a, b))(z0, rho)
+
+
+def test_bad_query_gradients_are_nan_alone():
+    factor = ring_factor()
+    xs = jnp.linspace(-0.8, 0.8, 4)
+
+    def answers(xs):
+        def one(x):
+            marks = {"x": rr.Observed(x), "y": rr.Latent(0.5)}
+            return rr.factor_infer(factor, marks, throw=False).z[1]
+
+        return jax.vmap(one)(xs)
+
+    jac = jax.jacrev(answers)(xs.at[2].set(jnp.nan))
+    good = jax.jacrev(answers)(xs)
+    # the bad answer's derivative by its own input is NaN and by the others' 0;
+    # the others' derivatives by their own inputs are untouched (by the bad
+    # input they are NaN: a zero cotangent times the bad query's NaN gate)
+    assert bool(jnp.isnan(jac[2, 2]))
+    keep = np.array([0, 1, 3])
+    np.testing.assert_array_equal(jac[2, keep], 0)
+    np.testing.assert_allclose(jac[keep][:, keep], good[keep][:, keep], atol=1e-12)
+
+
+class Quadratic(eqx.Module):
+    """The energy 0.5 (x - b)^T A (x - b): a Gaussian relation."""
+
+    a: jax.Array
+    b: jax.Array
+
+    def __call__(self, x, t):
+        d = x - self.b
+        return 0.5 * d @ self.a @ d
+
+
+def gaussian_factor():
+    """A correlated Gaussian N(mean, prec^-1) over channels x (1), y (2), w (1)."""
+    t = 0.01
+    rng = np.random.default_rng(0)
+    m = rng.normal(size=(4, 4))
+    a = jnp.asarray(m @ m.T / 4 + np.eye(4))
+    b = jnp.asarray(rng.normal(size=4))
+    nodes = rd.noisefree_nodes(4, t)
+    pred = rd.EnergyNetwork(Quadratic(a, b), SCHED)
+    rel = rr.ImplicitDiffusion(pred, nodes, lam=rd.density_lambda(SCHED, nodes))
+    alpha = SCHED.alpha(jnp.asarray(t))
+    return rr.Factor(rel, {"x": 1, "y": 2, "w": 1}), alpha**2 * a, b / alpha
+
+
+def gaussian_posterior(prec, mean, free, evidence_prec, evidence_mean, x):
+    """The exact posterior over the free coordinates of N(mean, prec^-1) with
+    coordinate 0 clamped to `x`, times N(evidence_mean, evidence_prec^-1)
+    on the free coordinates."""
+    free = np.asarray(free)
+    pff = prec[np.ix_(free, free)]
+    # the conditional's information, plus the evidence's
+    info = pff @ mean[free] - prec[np.ix_(free, [0])] @ (x - mean[:1])
+    post = pff + evidence_prec
+    return jnp.linalg.solve(post, info + evidence_prec @ evidence_mean), post
+
+
+P_FULL = jnp.array([[5.0, -2.0], [-2.0, 3.0]])
+
+
+def test_full_precision_is_the_exact_gaussian_posterior():
+    factor, prec, mean = gaussian_factor()
+    v = jnp.array([0.4, -0.7])
+    marks = {"x": rr.Observed(0.3), "y": rr.Unobserved(v, P_FULL)}
+    sol = rr.factor_infer(factor, marks)
+    assert sol.result == rd.RESULTS.successful
+    ev = jnp.zeros((3, 3)).at[:2, :2].set(P_FULL)
+    ev_mean = jnp.concatenate([v, jnp.zeros(1)])
+    exact, post = gaussian_posterior(prec, mean, [1, 2, 3], ev, ev_mean, 0.3)
+    np.testing.assert_allclose(sol.z[1:], exact, rtol=0, atol=1e-8)
+    # the Laplace belief has the exact posterior covariance
+    _, rho, coupling = factor.query_coupled(marks)
+    belief = rr.laplace_belief(factor, sol, rho, coupling=coupling)
+    np.testing.assert_allclose(
+        belief.cov[1:, 1:], jnp.linalg.inv(post), rtol=1e-8, atol=1e-10
+    )
+
+    # gradients by the implicit function theorem match finite differences
+    def answer(p01):
+        p = P_FULL.at[0, 1].set(p01).at[1, 0].set(p01)
+        m = {"x": rr.Observed(0.3), "y": rr.Unobserved(v, p)}
+        return rr.factor_infer(factor, m).z[3]
+
+    h = 1e-5
+    fd = (answer(-2.0 + h) - answer(-2.0 - h)) / (2 * h)
+    np.testing.assert_allclose(jax.grad(answer)(-2.0), fd, rtol=1e-6)
+    # the query vectors alone cannot hold a precision matrix
+    with pytest.raises(ValueError, match="query_coupled"):
+        factor.query(marks)
+    with pytest.raises(ValueError, match="precision matrix"):
+        rr.factor_pullback(factor, sol, marks, jnp.ones(4))
+
+
+def test_diagonal_precision_matrix_equals_the_vector():
+    factor, _, _ = gaussian_factor()
+    v = jnp.array([0.4, -0.7])
+    p = jnp.array([5.0, 3.0])
+    vector = {"x": rr.Observed(0.3), "y": rr.Unobserved(v, p)}
+    matrix = {"x": rr.Observed(0.3), "y": rr.Unobserved(v, jnp.diag(p))}
+    a = rr.factor_infer(factor, vector)
+    b = rr.factor_infer(factor, matrix)
+    np.testing.assert_allclose(a.z, b.z, rtol=0, atol=1e-12)
+    z0, rho = factor.query(vector)
+    z0m, rhom, coupling = factor.query_coupled(matrix)
+    np.testing.assert_array_equal(z0, z0m)
+    np.testing.assert_array_equal(rho, rhom)
+    np.testing.assert_array_equal(coupling, 0)
+    assert factor.query_coupled(vector)[2] is None
+
+
+def test_message_precision_fed_back_as_evidence():
+    factor, prec, mean = gaussian_factor()
+    # the factor's message to y given x and a weak anchor on w
+    marks = {"x": rr.Observed(0.3), "w": rr.Unobserved(0.0, 1e-3)}
+    msg = rr.factor_messages(factor, rr.factor_infer(factor, marks), marks)["y"]
+    msg_mean = jnp.linalg.solve(msg.precision, msg.info)
+    assert float(jnp.abs(msg.precision[0, 1])) > 0.1
+    # fed back into a second query as evidence on y
+    back = {"x": rr.Observed(-0.2), "y": rr.Unobserved(msg_mean, msg.precision)}
+    sol = rr.factor_infer(factor, back)
+    ev = jnp.zeros((3, 3)).at[:2, :2].set(msg.precision)
+    ev_mean = jnp.concatenate([msg_mean, jnp.zeros(1)])
+    exact, post = gaussian_posterior(prec, mean, [1, 2, 3], ev, ev_mean, -0.2)
+    np.testing.assert_allclose(sol.z[1:], exact, rtol=0, atol=1e-8)
+    # and the message from the second query divides that evidence out again
+    again = rr.factor_messages(factor, sol, back)["y"]
+    anchor = rr.channel_anchor(factor, back, "y")
+    np.testing.assert_allclose(anchor.precision, msg.precision, rtol=1e-12)
+    cov = jnp.linalg.inv(post)[:2, :2]
+    np.testing.assert_allclose(
+        again.precision + anchor.precision, jnp.linalg.inv(cov), rtol=1e-8
+    )
+
+
+@pytest.mark.parametrize(
+    "p", [jnp.array([[5.0, -2.0], [-1.0, 3.0]]), jnp.array([[1.0, 2.0], [2.0, 1.0]])]
+)
+def test_bad_precision_matrix_is_refused(p):
+    factor, _, _ = gaussian_factor()
+
+    def query(p):
+        return factor.query_coupled({"y": rr.Unobserved(0.0, p)})[2]
+
+    with pytest.raises(ValueError, match="`precision` of the unobserved channel 'y'"):
+        query(p)
+    raises_eagerly_and_under_jit(
+        query, p, match="`precision` of the unobserved channel 'y' must be"
+    )
+    with pytest.raises(ValueError, match=r"shape \(2, 2\)"):
+        query(jnp.eye(3))
+    # with throw=False, the query's own failure
+    sol = rr.factor_infer(factor, {"y": rr.Unobserved(0.0, p)}, throw=False)
+    assert sol.result == rd.RESULTS.invalid_query
+    assert bool(jnp.all(jnp.isnan(sol.z)))
