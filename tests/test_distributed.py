@@ -136,8 +136,9 @@ def _fit_with_and_without_mesh(getkey, rtol):
 
 def test_fit_on_a_one_process_mesh_equals_fit(getkey):
     pred, data, key, kw = _fit_with_and_without_mesh(getkey, rtol=1e-12)
+    # (`fit` passes `mesh` on to `fit_solution`, which checks it)
     with pytest.raises(TypeError, match="`mesh` must be a jax.sharding.Mesh"):
-        unchecked(rd.fit)(pred, data, key, mesh=("batch",), **kw)
+        unchecked(rd.fit_solution)(pred, data, key, mesh=("batch",), **kw)
 
 
 @pytest.mark.float32
