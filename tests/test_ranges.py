@@ -284,3 +284,28 @@ def test_range_ends_map_into_the_unit_interval():
         u = jnp.asarray(0.3)
         assert_close(r.normalised(r.physical(u)), u, rtol=1e-14)
         assert_close(jax.grad(lambda u, r=r: r.normalised(r.physical(u)))(u), 1.0)
+
+
+@pytest.mark.float32
+@pytest.mark.parametrize("name", list(EFFECTS))
+def test_normalised_round_trip_in_float32(name):
+    # in float32 (the users' default precision) too, a controller's output at
+    # the ends of [0, 1], or anywhere inside, builds an effect whose values
+    # lie in their ranges: it normalises again into [0, 1]
+    effect = EFFECTS[name]()
+    rng = np.random.default_rng(5)
+    batch = np.concatenate(
+        [
+            np.zeros((1, effect.n_params)),
+            np.ones((1, effect.n_params)),
+            rng.uniform(size=(8, effect.n_params)),
+        ]
+    )
+    batch = jnp.asarray(batch, jnp.float32)
+    round_trip = eqx.filter_jit(
+        eqx.filter_vmap(lambda p: effect.with_normalised(p).to_normalised())
+    )
+    p = round_trip(batch)
+    assert p.dtype == jnp.float32
+    assert bool(jnp.all((p >= 0) & (p <= 1)))
+    assert_close(p, batch, rtol=0, atol=1e-5)
