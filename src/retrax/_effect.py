@@ -206,7 +206,7 @@ class AbstractRangedEffect(AbstractEffect):
 
     `ranges()` maps a field's name to the range of all its entries, or
     `field[k]` to the range of entry `k` of a vector field whose entries lie
-    in ranges of their own (the sections of
+    in ranges of their own (the sections of an `ordered=True`
     [`ParametricEQ`][retrax.filters.ParametricEQ], one frequency band each).
     Constant ranges are a class variable,
     `RANGES: ClassVar[dict[str, Range]]`, which `ranges()` returns; ranges

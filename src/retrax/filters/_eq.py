@@ -295,11 +295,10 @@ class ParametricEQ(AbstractRangedEffect):
     normalised parameters are the frequencies, the gains and the Qs
     (`ranges()`): every section's frequency in the audible band, 20 Hz (or
     $f_s/2205$ where that is lower) to $0.48 f_s$ (21.2 kHz at 44.1 kHz;
-    logarithmic), so `to_normalised` lies
-    in $[0, 1]$ for frequencies in that band in any order; gains in
-    $[-18, 18]$ dB, Qs in $[0.1, 10]$ (logarithmic). With `ordered=True`
-    (the earlier default, kept as a mode) the range
-    $[f_s/2205, 0.45 f_s]$ is cut into `n` equal logarithmic bands and
+    logarithmic), so `to_normalised` lies in $[0, 1]$ for frequencies in
+    that band in any order; gains in $[-18, 18]$ dB, Qs in $[0.1, 10]$
+    (logarithmic). With `ordered=True` (the earlier default, kept as a mode)
+    the range $[f_s/2205, 0.45 f_s]$ is cut into `n` equal logarithmic bands and
     section `k`'s frequency lies in band `k`, so a controller cannot move
     the sections out of frequency order. It filters `(time,)` or, channel
     by channel, `(channels, time)` signals, and streams: `zi` is `sosfilt`'s
