@@ -100,8 +100,8 @@ def distortion_params(rng, batch):
 
 
 EQ_SECTIONS = (
-    # (dasp name, shape, centre Hz): increasing, as retrax's ParametricEQ
-    # needs, and inside faustax's slider ranges after a +-10% jitter
+    # (dasp name, centre Hz): increasing (retrax's ParametricEQ takes any order)
+    # and inside faustax's slider ranges after a +-10% jitter
     ("low_shelf", 150.0),
     ("band0", 600.0),
     ("band1", 3000.0),

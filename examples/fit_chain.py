@@ -99,6 +99,7 @@ def hidden_chain():
             ParametricEQ(  # low shelf, one peak, high shelf
                 [60.0, 400.0, 3000.0], [5.0, -6.0, 4.0], [0.7, 1.4, 0.7],
                 sample_rate=SAMPLE_RATE,
+                ordered=True,  # one normalised band per section, in order
             ),
             Compressor(
                 threshold_db=-20.0, ratio=4.0, attack_ms=5.0, release_ms=80.0,

@@ -25,7 +25,7 @@ from helpers import (
     unchecked,
 )
 from retrax import effects as fx
-from retrax.filters import SVF, Biquad, Compressor, ParametricEQ
+from retrax.filters import SVF, Biquad, Compressor, ParametricEQ, rbj_section
 
 
 # --- numpy references ----------------------------------------------------------
@@ -645,8 +645,44 @@ def test_filters_channel_by_channel(name, effect):
     assert_close(effect(x[0]), y[0], rtol=1e-13)
 
 
-def test_parametric_eq_bands_stay_in_frequency_order():
-    eq = ParametricEQ([20.0, 200.0, 2_000.0], sample_rate=8_000)
+def test_parametric_eq_takes_any_frequencies_in_any_order():
+    # every section's frequency ranges over the audible band, 20 Hz (or fs /
+    # 2205 where that is lower) to 0.48 fs, whatever its position:
+    # dasp-pytorch's presets (a high shelf below the last peak) are valid and
+    # normalise into [0, 1]
+    freqs = [100.0, 400.0, 1_500.0, 5_000.0, 13_000.0, 8_000.0]
+    eq = ParametricEQ(freqs, [3.0, -2.0, 1.0, 4.0, -5.0, 6.0])
+    p = eq.to_normalised()
+    want = np.log(np.asarray(freqs) / 20.0) / np.log(0.48 * 44_100 / 20.0)
+    assert_close(p[:6], want, rtol=1e-13)
+    assert bool(jnp.all((p >= 0) & (p <= 1)))
+    assert_close(eq.with_normalised(p).freqs, freqs, rtol=1e-12)
+    ends = ParametricEQ.from_normalised(
+        jnp.asarray([0.0, 0.5, 1.0] + [0.5] * 6),
+        freqs=[2_000.0, 200.0, 20.0],
+        sample_rate=48_000,
+    )
+    top = 0.48 * 48_000
+    assert_close(ends.freqs, [20.0, np.sqrt(20.0 * top), top], rtol=1e-13)
+    low = ParametricEQ.from_normalised(jnp.zeros(6), freqs=[1.0, 2.0], sample_rate=1e3)
+    assert_close(low.freqs, [1e3 / 2205] * 2, rtol=1e-13)
+    # the order does not change what a section is: a shelf by its position
+    x = jnp.asarray(_signal())
+    swapped = ParametricEQ([2_000.0, 200.0, 20.0], [3.0, -4.0, 2.0], None, 8_000)
+    sos = swapped.sos
+    assert_close(sos[0], rbj_section("lowshelf", 2_000.0, 3.0, 0.7071, 8_000))
+    assert_close(sos[2], rbj_section("highshelf", 20.0, 2.0, 0.7071, 8_000))
+    assert bool(jnp.all(jnp.isfinite(run(swapped, x))))
+    # a frequency outside the audible band is valid but cannot be normalised
+    raises_eagerly_and_under_jit(
+        lambda e: e.to_normalised(),
+        ParametricEQ([10.0, 300.0, 2_000.0]),
+        match="`freqs` must be finite and lie in",
+    )
+
+
+def test_parametric_eq_ordered_mode_keeps_the_bands_in_frequency_order():
+    eq = ParametricEQ([20.0, 200.0, 2_000.0], sample_rate=8_000, ordered=True)
     # any normalised vector keeps the sections in increasing frequency order
     p = jnp.asarray(np.random.default_rng(4).uniform(size=(64, 9)))
     freqs = eqx.filter_jit(eqx.filter_vmap(lambda p: eq.with_normalised(p).freqs))(p)
@@ -656,19 +692,21 @@ def test_parametric_eq_bands_stay_in_frequency_order():
         jnp.asarray([0.0, 0.5, 1.0] + [0.5] * 6),
         freqs=[20.0, 200.0, 2_000.0],
         sample_rate=8_000,
+        ordered=True,
     )
+    assert band.ordered
     assert_close(band.freqs, [edges[0], np.sqrt(edges[1] * edges[2]), edges[3]])
     with pytest.raises(ValueError, match="`freqs` must increase strictly"):
-        ParametricEQ([200.0, 100.0, 2_000.0])
+        ParametricEQ([200.0, 100.0, 2_000.0], ordered=True)
     raises_eagerly_and_under_jit(
-        lambda f: ParametricEQ(f).freqs,
+        lambda f: ParametricEQ(f, ordered=True).freqs,
         jnp.asarray([100.0, 100.0, 3_000.0]),
         match="`freqs` must increase strictly",
     )
     # a section outside its normalised band cannot be normalised
     raises_eagerly_and_under_jit(
         lambda e: e.to_normalised(),
-        ParametricEQ([20.0, 30.0, 2_000.0], sample_rate=8_000),
+        ParametricEQ([20.0, 30.0, 2_000.0], sample_rate=8_000, ordered=True),
         match="`freqs` must be finite and lie in",
     )
     # moved out of order by tree_at (or an optimiser): the call raises
@@ -677,6 +715,18 @@ def test_parametric_eq_bands_stay_in_frequency_order():
     raises_eagerly_and_under_jit(
         lambda e, x: e(x), crossed, x, match="`freqs` must increase strictly"
     )
+    # the ordered unconstrained map: any vector keeps the order
+    theta = eq.to_unconstrained()
+    back = eq.with_unconstrained(theta)
+    assert_close(back.freqs, eq.freqs, rtol=1e-13)
+    rng = np.random.default_rng(6)
+    spread = eq.with_unconstrained(theta + rng.uniform(-4, 4, theta.shape))
+    assert bool(jnp.all(jnp.diff(spread.freqs) > 0))
+    assert bool(jnp.all(jnp.isfinite(run(spread, x))))
+    with pytest.raises(TypeError, match="`ordered` must be a Python bool"):
+        unchecked(ParametricEQ.__init__)(
+            object.__new__(ParametricEQ), [20.0, 200.0], ordered=1
+        )
 
 
 # Each filter module, one physical field and a valid new value for it, and
@@ -759,16 +809,11 @@ def test_unconstrained_parameters(name, effect):
     moved = effect.with_unconstrained(theta + shift)
     assert bool(jnp.all(jnp.isfinite(run(moved, x))))
     assert_close(moved.to_unconstrained(), theta + shift, rtol=1e-10)
-    if name == "parametric_eq":
-        # the sections stay in frequency order (within the logits' clipping
-        # at +-15, where float32 cannot tell sections apart)
-        spread = effect.with_unconstrained(theta + rng.uniform(-4, 4, theta.shape))
-        assert bool(jnp.all(jnp.diff(spread.freqs) > 0))
-        assert bool(jnp.all(jnp.isfinite(run(spread, x))))
-    else:
-        # far out too (the entries clipped where float32 would saturate)
-        far = effect.with_unconstrained(theta + 40 * rng.standard_normal(theta.shape))
-        assert bool(jnp.all(jnp.isfinite(run(far, x))))
+    # far out too (the entries clipped where float32 would saturate; the
+    # equaliser's sections in any order, see the ordered mode's test for one
+    # that keeps them in order)
+    far = effect.with_unconstrained(theta + 40 * rng.standard_normal(theta.shape))
+    assert bool(jnp.all(jnp.isfinite(run(far, x))))
     with pytest.raises(ValueError, match=r"`theta` must be the"):
         unchecked(type(effect).with_unconstrained)(effect, theta[:-1])
     raises_eagerly_and_under_jit(

@@ -17,7 +17,8 @@ its bands in the wrong places, learns all twelve parameters in two stages:
    when no step lowers the loss any more (its floating-point floor).
 
 Both stages train the equaliser's unconstrained vector
-(`ParametricEQ.to_unconstrained`: the low shelf's logit of `freq / nyquist`
+(`ParametricEQ.to_unconstrained` of an `ordered=True` equaliser: the low
+shelf's logit of `freq / nyquist`
 and inverse softplus of the logit steps to the next sections, the gains in
 dB, inverse softplus of the Qs), from which each loss builds the equaliser
 with `ParametricEQ.with_unconstrained`, so every step, and every point a line
@@ -181,7 +182,10 @@ def main(smoke: bool = False, plot: str | None = None) -> dict:
         sample_rate=sample_rate,
     )
     target = true_eq(x)
-    initial = ParametricEQ([200.0, 800.0, 3000.0, 6000.0], sample_rate=sample_rate)
+    # ordered: the unconstrained map keeps the sections in frequency order
+    initial = ParametricEQ(
+        [200.0, 800.0, 3000.0, 6000.0], sample_rate=sample_rate, ordered=True
+    )
     # --8<-- [end:target]
 
     # --8<-- [start:losses]

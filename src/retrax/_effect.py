@@ -59,16 +59,23 @@ class Range:
             raise ValueError(f"A logarithmic range needs `low > 0`, got {self!r}.")
 
     def physical(self, u: Array) -> Array:
-        """The physical value of the normalised value `u` in $[0, 1]$."""
+        """The physical value of the normalised value `u` in $[0, 1]$, in
+        `[low, high]` (rounding at the ends is clamped away)."""
         if self.log:
-            return self.low * jnp.exp(u * math.log(self.high / self.low))
-        return self.low + u * (self.high - self.low)
+            v = self.low * jnp.exp(u * math.log(self.high / self.low))
+        else:
+            v = self.low + u * (self.high - self.low)
+        return _clamp(v, self.low, self.high)
 
     def normalised(self, v: Array) -> Array:
-        """The normalised value in $[0, 1]$ of the physical value `v`."""
+        """The normalised value in $[0, 1]$ of the physical value `v` in
+        `[low, high]` (rounding at the ends is clamped away, so that a value
+        at an end of its range maps exactly onto 0 or 1)."""
         if self.log:
-            return jnp.log(v / self.low) / math.log(self.high / self.low)
-        return (v - self.low) / (self.high - self.low)
+            u = jnp.log(v / self.low) / math.log(self.high / self.low)
+        else:
+            u = (v - self.low) / (self.high - self.low)
+        return _clamp(u, 0.0, 1.0)
 
     def check_init(
         self, name: str, value: ArrayLike, shape: tuple[int, ...] = ()
@@ -99,6 +106,12 @@ class Range:
             low_open=False,
             high_open=False,
         )
+
+
+def _clamp(x: Array, low: float, high: float) -> Array:
+    """`x` clamped into `[low, high]`, with derivative 1 inside and at the ends
+    (only rounding puts a checked value outside)."""
+    return jnp.where(x < low, low, jnp.where(x > high, high, x))
 
 
 def check_normalised(p: ArrayLike, size: int) -> Array:
@@ -193,7 +206,7 @@ class AbstractRangedEffect(AbstractEffect):
 
     `ranges()` maps a field's name to the range of all its entries, or
     `field[k]` to the range of entry `k` of a vector field whose entries lie
-    in ranges of their own (the sections of
+    in ranges of their own (the sections of an `ordered=True`
     [`ParametricEQ`][retrax.filters.ParametricEQ], one frequency band each).
     Constant ranges are a class variable,
     `RANGES: ClassVar[dict[str, Range]]`, which `ranges()` returns; ranges

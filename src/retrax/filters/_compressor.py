@@ -12,6 +12,14 @@ from .._misc import as_inexact
 from .._signal import output, per_channel, signal, state_leaf
 from .._validate import check_init_range, check_rate
 from ..dynamics import avg, compexp_gain, db2amp, ms2coef
+from ._unconstrained import (
+    SATURATION,
+    bounded,
+    logit,
+    positive,
+    softplus_inverse,
+    unconstrained,
+)
 
 
 # The values each parameter may take (`low`, `high`, whether `low` is
@@ -85,9 +93,12 @@ class Compressor(AbstractRangedEffect):
     from traced values, e.g. under `eqx.filter_vmap`, which builds an
     ensemble) and again at every call (an error naming the field, also under
     `jax.jit`), since a replaced or trained field may have left its range.
-    To train without leaving the ranges, train unconstrained values of your
-    own and map them (e.g. `1 + softplus(u)` for the ratio, `exp(u)` for the
-    times), or train the normalised parameters below.
+    To train without leaving the valid region, train the unconstrained
+    vector of `to_unconstrained()` and build the compressor from it inside
+    the loss with `with_unconstrained` (as for the other filter modules):
+    every real vector gives a valid compressor, so an optimiser's step, however
+    large, never makes the next call raise. Or train the normalised
+    parameters below.
 
     It is a [ranged effect][retrax.effects.AbstractRangedEffect], also
     `retrax.effects.Compressor` (the same class, re-exported): its six
@@ -210,6 +221,64 @@ class Compressor(AbstractRangedEffect):
     def ranges(self) -> dict[str, Range]:
         """The normalised parameters' ranges (see the class docstring)."""
         return self.RANGES
+
+    def to_unconstrained(self) -> Float[Array, " 9"]:
+        r"""The unconstrained vector `(9,)` of this compressor, the inverse of
+        `with_unconstrained`: in field order, `threshold_db`,
+        $\operatorname{softplus}^{-1}(\mathrm{ratio} - 1)$,
+        $\operatorname{softplus}^{-1}$ of `attack_ms`, `release_ms`,
+        `makeup_db`, $\operatorname{softplus}^{-1}$ of `knee_db`,
+        `exp_threshold_db`, $\operatorname{logit}$ of `exp_ratio` and
+        $\operatorname{softplus}^{-1}$ of `rms_ms`. Entries beyond the map's
+        clipping do not round-trip: a knee below
+        $\operatorname{softplus}(-15) = 3.1 \cdot 10^{-7}$ dB, such as the
+        default hard knee, maps to -15, which `with_unconstrained` gives back
+        as a knee of $3.1 \cdot 10^{-7}$ dB, whose derivative there is 0: to
+        train the knee, start from a soft one (e.g. 0.5 dB). Invalid fields
+        raise (also under `jax.jit`)."""
+        v = {name: self._checked(name) for name in _LIMITS}
+        knee = v["knee_db"]
+        v["knee_db"] = jnp.maximum(knee, positive(jnp.full_like(knee, -SATURATION)))
+        return jnp.stack(
+            [
+                v["threshold_db"],
+                softplus_inverse(v["ratio"] - 1),
+                softplus_inverse(v["attack_ms"]),
+                softplus_inverse(v["release_ms"]),
+                v["makeup_db"],
+                softplus_inverse(v["knee_db"]),
+                v["exp_threshold_db"],
+                logit(v["exp_ratio"]),
+                softplus_inverse(v["rms_ms"]),
+            ]
+        )
+
+    def with_unconstrained(self, theta: Shaped[ArrayLike, " 9"]) -> "Compressor":
+        r"""This compressor from any real `theta` `(9,)`: thresholds and
+        makeup in dB as they are (`theta[0]`, `theta[4]`, `theta[6]`), the
+        ratio $1 + \operatorname{softplus}(\theta_1)$, the attack, release
+        and detector times in ms and the knee in dB through softplus
+        (`theta[2]`, `theta[3]`, `theta[8]`, `theta[5]`), the expander's
+        ratio $\sigma(\theta_7)$ in $(0, 1)$. The softplus entries are clipped
+        below at -15 and the sigmoid's to $[-15, 15]$ (derivative 0 beyond),
+        where float32 would round the fields onto the ends of their
+        intervals. Train `theta` (e.g. with optax) and build the compressor
+        from it inside the loss: every step gives a valid compressor. The
+        sample rate and lookahead stay this compressor's."""
+        theta = unconstrained("theta", theta, 9)
+        values = (
+            theta[0],
+            1 + positive(theta[1]),
+            positive(theta[2]),
+            positive(theta[3]),
+            theta[4],
+            positive(theta[5]),
+            theta[6],
+            bounded(theta[7]),
+            positive(theta[8]),
+        )
+        names = tuple(_LIMITS)
+        return eqx.tree_at(lambda c: tuple(getattr(c, n) for n in names), self, values)
 
     def __call__(
         self,

@@ -250,8 +250,16 @@ def _cascade(sos, x, zi, return_zf):
 
 
 def _band_edges(sample_rate: float, sections: int) -> np.ndarray:
-    """The frequencies between which the sections' normalised ranges lie."""
+    """The frequencies between which an `ordered` equaliser's sections'
+    normalised ranges lie."""
     return np.geomspace(sample_rate / 2205, 0.45 * sample_rate, sections + 1)
+
+
+def _audible(sample_rate: float) -> Range:
+    """The normalised range of every section's frequency: from 20 Hz (or
+    $f_s / 2205$ where that is lower, 20 Hz at 44.1 kHz) to $0.48 f_s$
+    (21.2 kHz at 44.1 kHz, just below Nyquist), logarithmic."""
+    return Range(min(20.0, sample_rate / 2205), 0.48 * sample_rate, log=True)
 
 
 class ParametricEQ(AbstractRangedEffect):
@@ -261,51 +269,64 @@ class ParametricEQ(AbstractRangedEffect):
     as one `sosfilt` cascade. The fields are the physical values: the
     sections' frequencies `freqs` in Hz, low shelf first and high shelf
     last, their gains `gains_db` in dB and their `qs`, so `eqx.tree_at`
-    replaces them. They are checked when the equaliser runs (also under
-    `jax.jit`): frequencies outside $(0, f_s/2)$ or not strictly increasing,
-    non-finite gains and `qs` that are not $> 0$ raise an error naming the
-    field.
+    replaces them. A section is a shelf or a peak by its position in the
+    cascade, not by its frequency: the frequencies may come in any order
+    (a high shelf below the last peak, as dasp-pytorch's `parametric_eq`
+    allows). They are checked when the equaliser runs (also under
+    `jax.jit`): frequencies outside $(0, f_s/2)$ (or, with `ordered=True`,
+    not strictly increasing), non-finite gains and `qs` that are not $> 0$
+    raise an error naming the field.
 
     To train without leaving the valid region, train the unconstrained
     vector of `to_unconstrained()` and build the equaliser from it inside
     the loss with `with_unconstrained`: the frequencies are
-    $\frac{f_s}{2}\,\sigma(\ell_k)$ of logits $\ell_k$ that start at the
-    first entry and rise by the softplus of each next one, so they stay in
-    $(0, f_s/2)$ and in increasing order; gains as they are and Qs through
-    softplus. Every real vector gives a valid equaliser of stable sections,
-    short of float32 rounding: the logits are clipped to $[-15, 15]$ before
-    the sigmoid and the other entries below at -15 before softplus (with
-    derivative 0 there), and two sections closer than float32 can tell apart
-    raise when the equaliser runs.
+    $\frac{f_s}{2}\,\sigma(\ell_k)$ of logits $\ell_k$, one entry each
+    (with `ordered=True`: $\ell_k$ start at the first entry and rise by the
+    softplus of each next one, so they stay in increasing order); gains as
+    they are and Qs through softplus. Every real vector gives a valid
+    equaliser of stable sections, short of float32 rounding: the logits are
+    clipped to $[-15, 15]$ before the sigmoid and the other entries below at
+    -15 before softplus (with derivative 0 there; with `ordered=True`, two
+    sections closer than float32 can tell apart raise when the equaliser
+    runs).
 
     It is a [ranged effect][retrax.effects.AbstractRangedEffect], also
     `retrax.effects.ParametricEQ` (the same class, re-exported): its `3 n`
     normalised parameters are the frequencies, the gains and the Qs
-    (`ranges()`): the range $[f_s/2205, 0.45 f_s]$ is cut into `n` equal
-    logarithmic bands and section `k`'s frequency lies in band `k`, so a
-    controller cannot move the sections out of frequency order; gains in
-    $[-18, 18]$ dB, Qs in $[0.1, 10]$ (logarithmic). It filters `(time,)` or,
-    channel by channel, `(channels, time)` signals, and streams: `zi` is
-    `sosfilt`'s state `(n, 2)` (or `(channels, n, 2)`).
+    (`ranges()`): every section's frequency in the audible band, 20 Hz (or
+    $f_s/2205$ where that is lower) to $0.48 f_s$ (21.2 kHz at 44.1 kHz;
+    logarithmic), so `to_normalised` lies in $[0, 1]$ for frequencies in
+    that band in any order; gains in $[-18, 18]$ dB, Qs in $[0.1, 10]$
+    (logarithmic). With `ordered=True` (the earlier default, kept as a mode)
+    the range $[f_s/2205, 0.45 f_s]$ is cut into `n` equal logarithmic bands and
+    section `k`'s frequency lies in band `k`, so a controller cannot move
+    the sections out of frequency order. It filters `(time,)` or, channel
+    by channel, `(channels, time)` signals, and streams: `zi` is `sosfilt`'s
+    state `(n, 2)` (or `(channels, n, 2)`).
 
     **Arguments:**
 
     - `freqs`: the frequencies in Hz, low shelf first, high shelf last,
-      peaking bands in between (at least 2 entries), strictly increasing.
+      peaking bands in between (at least 2 entries), in $(0, f_s/2)$, in any
+      order (with `ordered=True`, strictly increasing).
     - `gains_db`: the gains in dB, same length (default 0 dB).
     - `qs`: the Q of every section (default 0.7071).
     - `sample_rate`: $f_s$ in Hz, a positive Python number.
+    - `ordered`: keep the frequencies strictly increasing (checked, and so
+      kept by the normalised bands and the unconstrained map), a static
+      Python bool; default `False`.
 
-    Invalid values, and frequencies not in increasing order, raise
-    `ValueError` naming the argument (an error under `jax.jit` if the module
-    is built from traced values, e.g. an ensemble built by `eqx.filter_vmap`
-    over the constructor).
+    Invalid values (and, with `ordered=True`, frequencies not in increasing
+    order) raise `ValueError` naming the argument (an error under `jax.jit`
+    if the module is built from traced values, e.g. an ensemble built by
+    `eqx.filter_vmap` over the constructor).
     """
 
     freqs: Float[Array, " sections"]
     gains_db: Float[Array, " sections"]
     qs: Float[Array, " sections"]
     sample_rate: float = eqx.field(static=True)
+    ordered: bool = eqx.field(static=True)
 
     def __init__(
         self,
@@ -313,7 +334,11 @@ class ParametricEQ(AbstractRangedEffect):
         gains_db: Shaped[ArrayLike, " sections"] | Sequence[float | int] | None = None,
         qs: Shaped[ArrayLike, " sections"] | Sequence[float | int] | None = None,
         sample_rate: float | int = 44_100.0,
+        *,
+        ordered: bool = False,
     ):
+        if not isinstance(ordered, bool):
+            raise TypeError(f"`ordered` must be a Python bool, got {ordered!r}.")
         sample_rate = check_rate("sample_rate", sample_rate)
         freqs = jnp.asarray(freqs)
         n = freqs.shape[0] if freqs.ndim == 1 else 0
@@ -323,10 +348,11 @@ class ParametricEQ(AbstractRangedEffect):
             qs = jnp.full(n, 0.7071, float)
         freqs, gains_db, qs = _sections(freqs, gains_db, qs, default_float=True)
         freqs = check_init_range("freqs", freqs, 0.0, sample_rate / 2)
-        self.freqs = _increasing(freqs)
+        self.freqs = _increasing(freqs) if ordered else freqs
         self.gains_db = check_init_range("gains_db", gains_db)
         self.qs = check_init_range("qs", qs, 0.0)
         self.sample_rate = sample_rate
+        self.ordered = ordered
 
     @property
     def n_sections(self) -> int:
@@ -339,7 +365,8 @@ class ParametricEQ(AbstractRangedEffect):
         `jax.jit`)."""
         freqs, gains_db, qs = _sections(self.freqs, self.gains_db, self.qs)
         freqs = check_init_range("freqs", freqs, 0.0, self.sample_rate / 2)
-        freqs = error_if(freqs, jnp.any(jnp.diff(freqs) <= 0), _INCREASING)
+        if self.ordered:
+            freqs = error_if(freqs, jnp.any(jnp.diff(freqs) <= 0), _INCREASING)
         gains_db = check_init_range("gains_db", gains_db)
         return freqs, gains_db, check_init_range("qs", qs, 0.0)
 
@@ -356,45 +383,55 @@ class ParametricEQ(AbstractRangedEffect):
     def to_unconstrained(self) -> Float[Array, " params"]:
         r"""The unconstrained vector `(3 n,)` of this equaliser, the inverse
         of `with_unconstrained`: with $\ell_k = \operatorname{logit}(2 f_k /
-        f_s)$, the frequencies' entries $\ell_0$ and
-        $\operatorname{softplus}^{-1}(\ell_k - \ell_{k-1})$ for $k \ge 1$,
-        then the gains in dB, then $\operatorname{softplus}^{-1}(q_k)$.
-        Entries beyond the map's clipping do not round-trip.
-        Invalid fields raise (also under `jax.jit`)."""
+        f_s)$, the frequencies' entries $\ell_k$ (with `ordered=True`:
+        $\ell_0$ and $\operatorname{softplus}^{-1}(\ell_k - \ell_{k-1})$ for
+        $k \ge 1$), then the gains in dB, then
+        $\operatorname{softplus}^{-1}(q_k)$. Entries beyond the map's
+        clipping do not round-trip. Invalid fields raise (also under
+        `jax.jit`)."""
         freqs, gains_db, qs = self._checked()
         logits = logit(freqs / (self.sample_rate / 2))
-        steps = jnp.concatenate([logits[:1], softplus_inverse(jnp.diff(logits))])
-        return jnp.concatenate([steps, gains_db, softplus_inverse(qs)])
+        if self.ordered:
+            logits = jnp.concatenate([logits[:1], softplus_inverse(jnp.diff(logits))])
+        return jnp.concatenate([logits, gains_db, softplus_inverse(qs)])
 
     def with_unconstrained(self, theta: Shaped[ArrayLike, " params"]) -> "ParametricEQ":
         r"""This equaliser from any real `theta` `(3 n,)`: frequencies
-        $\frac{f_s}{2}\sigma(\ell_k)$ with $\ell_0 = \theta_0$ and
+        $\frac{f_s}{2}\sigma(\ell_k)$ with $\ell_k = \theta_k$ (with
+        `ordered=True`: $\ell_0 = \theta_0$ and
         $\ell_k = \ell_{k-1} + \operatorname{softplus}(\theta_k)$, so in
-        increasing order; gains `theta[n:2n]` in dB; Qs
+        increasing order); gains `theta[n:2n]` in dB; Qs
         $\operatorname{softplus}(\theta_{2n+k})$. Train `theta` (e.g. with
         optax) and build the equaliser from it inside the loss."""
         n = self.n_sections
         theta = unconstrained("theta", theta, 3 * n)
-        steps = jnp.concatenate([theta[:1], positive(theta[1:n])])
-        freqs = bounded(jnp.cumsum(steps)) * (self.sample_rate / 2)
+        logits = theta[:n]
+        if self.ordered:
+            logits = jnp.cumsum(jnp.concatenate([logits[:1], positive(logits[1:])]))
+        freqs = bounded(logits) * (self.sample_rate / 2)
         qs = positive(theta[2 * n :])
         return eqx.tree_at(
             lambda e: (e.freqs, e.gains_db, e.qs), self, (freqs, theta[n : 2 * n], qs)
         )
 
     def ranges(self) -> dict[str, Range]:
-        """The normalised parameters' ranges: `freqs` (one logarithmic band
-        per section, in frequency order; section `k` is `freqs[k]`), `gains_db`
-        in $[-18, 18]$ and `qs` in $[0.1, 10]$ (logarithmic)."""
+        r"""The normalised parameters' ranges: `freqs` in
+        $\min(20, f_s/2205)$ Hz to $0.48 f_s$ (logarithmic; with
+        `ordered=True`, one logarithmic band per section, in frequency order,
+        section `k` is `freqs[k]`), `gains_db` in $[-18, 18]$ and `qs` in
+        $[0.1, 10]$ (logarithmic)."""
+        levels = {
+            "gains_db": Range(-18.0, 18.0),
+            "qs": Range(0.1, 10.0, log=True),
+        }
+        if not self.ordered:
+            return {"freqs": _audible(self.sample_rate)} | levels
         edges = _band_edges(self.sample_rate, self.n_sections)
         bands = {
             f"freqs[{k}]": Range(float(lo), float(hi), log=True)
             for k, (lo, hi) in enumerate(zip(edges[:-1], edges[1:], strict=True))
         }
-        return bands | {
-            "gains_db": Range(-18.0, 18.0),
-            "qs": Range(0.1, 10.0, log=True),
-        }
+        return bands | levels
 
     def checked_values(self) -> dict[str, Array]:
         """The frequencies, gains and Qs, checked to be valid (they may lie
@@ -404,7 +441,11 @@ class ParametricEQ(AbstractRangedEffect):
     def with_values(self, values: dict[str, Array]) -> "ParametricEQ":
         """The equaliser with the frequencies, gains and Qs of `values`."""
         return ParametricEQ(
-            values["freqs"], values["gains_db"], values["qs"], self.sample_rate
+            values["freqs"],
+            values["gains_db"],
+            values["qs"],
+            self.sample_rate,
+            ordered=self.ordered,
         )
 
     def __call__(
