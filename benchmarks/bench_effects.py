@@ -713,17 +713,20 @@ class LossSetup:
 def retrax_loss_case(setup: LossSetup, mode: str):
     loss = setup.loss.retrax()
     pred, target = jnp.asarray(setup.pred), jnp.asarray(setup.target)
+    # the loss's settings are constants of the compiled call, as inside a
+    # training step (eqx.filter_jit's flattening of the module per call would
+    # cost more than these losses at B = 1)
     if mode == "fwd":
-        f = eqx.filter_jit(lambda loss, p, t: loss(p, t))
-        return lambda: jax.block_until_ready(f(loss, pred, target))
-    g = eqx.filter_jit(lambda loss, p, t: jax.grad(loss)(p, t))
-    return lambda: jax.block_until_ready(g(loss, pred, target))
+        f = jax.jit(lambda p, t: loss(p, t))
+        return lambda: jax.block_until_ready(f(pred, target))
+    g = jax.jit(jax.grad(lambda p, t: loss(p, t)))
+    return lambda: jax.block_until_ready(g(pred, target))
 
 
 def retrax_loss_output(setup: LossSetup) -> float:
     loss = setup.loss.retrax()
-    f = eqx.filter_jit(lambda loss, p, t: loss(p, t))
-    return float(f(loss, jnp.asarray(setup.pred), jnp.asarray(setup.target)))
+    f = jax.jit(lambda p, t: loss(p, t))
+    return float(f(jnp.asarray(setup.pred), jnp.asarray(setup.target)))
 
 
 def auraloss_loss_case(auraloss, torch, setup: LossSetup, mode: str):
