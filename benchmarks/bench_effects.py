@@ -1,4 +1,5 @@
-"""Benchmark retrax's effects against dasp-pytorch and faustax.
+"""Benchmark retrax's effects and losses against dasp-pytorch, faustax and
+auraloss.
 
 Forward, and forward plus the gradient of `sum(y * w)` (a fixed random `w`)
 with respect to the signal and every parameter, for one second of audio at
@@ -7,7 +8,15 @@ parameters: retrax's effect modules (`jax.vmap` over a batch of modules at
 B = 8), dasp-pytorch's functional processors (batched `(B, channels, T)`
 tensors and `(B,)` parameters) and faustax's processors
 (`process_normalized`, gradient with respect to the parameter matrix), all
-in one process, interleaved (see `_harness.py`).
+in one process, interleaved (see `_harness.py`). `DaspCompressor` (dasp's
+definition) runs against dasp's `compressor` over dasp's parameter ranges, and
+retrax's own `Compressor` against it where the two definitions agree (instant
+ballistics, below).
+
+The losses (ESR, SI-SDR, mel STFT, sum-and-difference STFT) run on stereo
+`(B, 2, T)` predictions and targets of one second, forward (the loss) and
+forward plus the gradient with respect to the prediction, against auraloss's
+classes of the same settings, in the same interleaved run.
 
 A peer's time counts only after its output matched retrax's on the same
 inputs and parameters; each case states its tolerance and why, and a peer
@@ -18,7 +27,8 @@ missing one is skipped with a note.
 
 Run from the repository root:
 `PYTHONPATH=src python benchmarks/bench_effects.py [--repeats 5] [--number 20]
-[--markdown PATH]` (with the peers: the peer virtualenv's python).
+[--markdown PATH]` (with the peers: a python that has retrax, jax and the
+peers torch, dasp-pytorch, auraloss, faustax).
 """
 
 import argparse
@@ -40,7 +50,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 from _harness import Case, optional_import, run_table  # noqa: E402
 
-from retrax import effects as fx  # noqa: E402
+from retrax import (
+    effects as fx,  # noqa: E402
+    losses as rl,  # noqa: E402
+)
 from retrax.filters import Compressor, ParametricEQ  # noqa: E402
 
 
@@ -65,6 +78,7 @@ class Sizes:
     length: int = SR
     reverb_length: int = 65_536
     reverb_taps: int = 1_023
+    loss_length: int = SR
 
 
 def signals(batch: int, channels: int, length: int, seed: int = 0) -> np.ndarray:
@@ -131,6 +145,19 @@ def compressor_params(rng, batch):
     }
 
 
+def dasp_compressor_params(rng, batch):
+    """dasp's own settings, over most of its ranges (a threshold the signal
+    reaches): the compressor as dasp defines it, see `fx.DaspCompressor`."""
+    return {
+        "threshold_db": _uniform(rng, -40, -10, batch),
+        "ratio": _uniform(rng, 1, 20, batch),
+        "attack_ms": _uniform(rng, 5, 100, batch),
+        "release_ms": _uniform(rng, 5, 100, batch),
+        "knee_db": _uniform(rng, 0, 12, batch),
+        "makeup_gain_db": _uniform(rng, 0, 12, batch),
+    }
+
+
 def reverb_params(rng, batch):
     p = {f"band{i}_gain": _uniform(rng, 0.3, 1.0, batch) for i in range(12)}
     p |= {f"band{i}_decay": _uniform(rng, 0.1, 0.9, batch) for i in range(12)}
@@ -178,6 +205,10 @@ def retrax_compressor(p, sizes, noise):
         # knee_db=KNEE_DB,  (once Compressor has a knee)
         sample_rate=SR,
     )
+
+
+def retrax_dasp_compressor(p, sizes, noise):
+    return fx.DaspCompressor(**p, sample_rate=SR)
 
 
 def reverb_t60(decay: float, length: int) -> float:
@@ -339,6 +370,16 @@ EFFECTS = [
         },
     ),
     Effect(
+        "dasp compressor",
+        1,
+        1,
+        dasp_compressor_params,
+        retrax_dasp_compressor,
+        "compressor",
+        None,
+        {},
+    ),
+    Effect(
         "noise-shaped reverb",
         1,
         2,
@@ -379,6 +420,14 @@ TOLERANCES = {
             5e-5,
             "float32 rounding, and dasp's 1e-3 dB knee (within 1e-4 dB of the "
             "hard knee)",
+        )
+    },
+    "dasp compressor": {
+        "dasp": (
+            5e-5,
+            "dasp's own float32 rounding: its float32 FFT of the one-pole's "
+            "denominator is 1e-5 to 2e-5 of max |y| off its float64 values, "
+            "which retrax's float32 matches to 1e-5",
         )
     },
     "noise-shaped reverb": {"dasp": FFT_CONV, "faustax": FFT_CONV},
@@ -609,6 +658,114 @@ def faustax_output(faustax, setup: Setup) -> np.ndarray:
     return np.asarray(y)
 
 
+# --- the losses: retrax's against auraloss's, on the same signals ---------------
+
+
+@dataclasses.dataclass
+class Loss:
+    name: str
+    retrax: Callable  # () -> a retrax.losses module
+    auraloss: Callable  # (auraloss) -> the auraloss module of the same settings
+    # relative tolerance of the loss's value, and why
+    tolerance: tuple[float, str]
+
+
+LOSS_ROUNDING = (
+    1e-5,
+    "float32 rounding of the same sums over every sample or STFT bin",
+)
+RESOLUTIONS = ([1024, 2048, 512], [120, 240, 50], [600, 1200, 240])
+LOSSES = [
+    Loss("ESR loss", lambda: rl.ESRLoss(), lambda a: a.time.ESRLoss(), LOSS_ROUNDING),
+    Loss(
+        "SI-SDR loss",
+        lambda: rl.SISDRLoss(),
+        lambda a: a.time.SISDRLoss(),
+        LOSS_ROUNDING,
+    ),
+    Loss(
+        "mel STFT loss",
+        lambda: rl.MelSTFTLoss(SR, n_mels=128),
+        lambda a: a.freq.MelSTFTLoss(SR, n_mels=128),
+        LOSS_ROUNDING,
+    ),
+    Loss(
+        "sum and difference STFT loss",
+        lambda: rl.SumAndDifferenceSTFTLoss(*RESOLUTIONS),
+        lambda a: a.freq.SumAndDifferenceSTFTLoss(*RESOLUTIONS),
+        LOSS_ROUNDING,
+    ),
+]
+
+
+class LossSetup:
+    """Stereo `(B, 2, T)` predictions and targets of one loss at one batch
+    size, shared by both libraries: the target is the prediction with noise,
+    scaled by 0.8."""
+
+    def __init__(self, loss: Loss, batch: int, sizes: Sizes):
+        self.loss, self.batch, self.sizes = loss, batch, sizes
+        self.pred = signals(batch, 2, sizes.loss_length, seed=4)
+        noise = np.random.default_rng(5).standard_normal(self.pred.shape)
+        self.target = (0.8 * (self.pred + 0.1 * noise)).astype(np.float32)
+
+
+def retrax_loss_case(setup: LossSetup, mode: str):
+    loss = setup.loss.retrax()
+    pred, target = jnp.asarray(setup.pred), jnp.asarray(setup.target)
+    # the loss's settings are constants of the compiled call, as inside a
+    # training step (eqx.filter_jit's flattening of the module per call would
+    # cost more than these losses at B = 1)
+    if mode == "fwd":
+        f = jax.jit(lambda p, t: loss(p, t))
+        return lambda: jax.block_until_ready(f(pred, target))
+    g = jax.jit(jax.grad(lambda p, t: loss(p, t)))
+    return lambda: jax.block_until_ready(g(pred, target))
+
+
+def retrax_loss_output(setup: LossSetup) -> float:
+    loss = setup.loss.retrax()
+    f = jax.jit(lambda p, t: loss(p, t))
+    return float(f(jnp.asarray(setup.pred), jnp.asarray(setup.target)))
+
+
+def auraloss_loss_case(auraloss, torch, setup: LossSetup, mode: str):
+    loss = setup.loss.auraloss(auraloss)
+    pred, target = torch.from_numpy(setup.pred), torch.from_numpy(setup.target)
+    if mode == "fwd":
+
+        def run():
+            with torch.no_grad():
+                return loss(pred, target)
+
+        return run
+    leaf = pred.clone().requires_grad_(True)
+
+    def run():
+        leaf.grad = None
+        loss(leaf, target).backward()
+
+    return run
+
+
+def auraloss_loss_output(auraloss, torch, setup: LossSetup) -> float:
+    loss = setup.loss.auraloss(auraloss)
+    with torch.no_grad():
+        return float(loss(torch.from_numpy(setup.pred), torch.from_numpy(setup.target)))
+
+
+def check_loss(loss: Loss, value_peer: float, value: float) -> tuple[bool, str]:
+    """Whether auraloss's value matched retrax's, and a note saying how."""
+    err = abs(value_peer - value) / max(abs(value), 1e-30)
+    tol, why = loss.tolerance
+    ok = err <= tol
+    verdict = "matched" if ok else "DID NOT MATCH"
+    return ok, (
+        f"{verdict}: loss {value:.6g}, relative difference {err:.1e} "
+        f"(tolerance {tol:g}: {why})"
+    )
+
+
 # --- checks --------------------------------------------------------------------
 
 
@@ -678,29 +835,35 @@ def main(argv=None):
     sizes = Sizes()
     batches = (1, 8)
     if args.smoke:
-        sizes = Sizes(length=512, reverb_length=4096, reverb_taps=31)
+        # the losses' signals are longer than the 2,048-sample FFT (reflected
+        # by 1,024 samples at each end)
+        sizes = Sizes(length=512, reverb_length=4096, reverb_taps=31, loss_length=4096)
         batches = (1, 2)
         args.repeats, args.number = 1, 2
     effects = EFFECTS
     if args.effects:
         wanted = args.effects.split(",")
         effects = [e for e in EFFECTS if e.name in wanted]
+    losses = LOSSES
+    if args.effects:
+        losses = [loss for loss in LOSSES if loss.name in wanted]
 
     notes = []
-    torch = dasp = faustax = None
+    torch = dasp = faustax = auraloss = None
     if not args.no_peers:
         torch = optional_import("torch", notes)
         dasp = optional_import("dasp_pytorch", notes) if torch else None
         faustax = optional_import("faustax", notes)
+        auraloss = optional_import("auraloss", notes) if torch else None
         if torch is not None:
             torch.set_num_threads(args.torch_threads)
-    if dasp is None:
+    if dasp is None and auraloss is None:
         torch = None
 
     setups, checks = {}, {}
     for effect in effects:
         for b in batches:
-            setup = Setup(effect, b, sizes, torch if dasp else None)
+            setup = Setup(effect, b, sizes, torch if dasp is not None else None)
             setups[effect.name, b] = setup
             y = retrax_output(setup)
             peers = {}
@@ -728,6 +891,16 @@ def main(argv=None):
                 result = out()
                 y_peer, y_ref = result if isinstance(result, tuple) else (result, y)
                 checks[effect.name, b, peer] = check(effect, peer, setup, y_peer, y_ref)
+    for loss in losses:
+        for b in batches:
+            setup = LossSetup(loss, b, sizes)
+            setups[loss.name, b] = setup
+            if auraloss is not None:
+                checks[loss.name, b, "auraloss"] = check_loss(
+                    loss,
+                    auraloss_loss_output(auraloss, torch, setup),
+                    retrax_loss_output(setup),
+                )
 
     if args.check_only:
         for (name, b, peer), (_, note) in checks.items():
@@ -753,31 +926,57 @@ def main(argv=None):
                         )
                     )
 
+    for loss in losses:
+        for b in batches:
+            for mode in ("fwd", "grad"):
+                cases.append(
+                    Case(f"{loss.name} B={b} {mode}", {"l": loss, "B": b, "mode": mode})
+                )
+
+    def setup_of(case):
+        item = case.params.get("e", case.params.get("l"))
+        return setups[item.name, case.params["B"]]
+
     def counted(case, peer):
-        return checks.get((case.params["e"].name, case.params["B"], peer), (False,))[0]
+        item = case.params.get("e", case.params.get("l"))
+        return checks.get((item.name, case.params["B"], peer), (False,))[0]
 
     def retrax_lib(case):
-        setup = setups[case.params["e"].name, case.params["B"]]
+        if "l" in case.params:
+            return retrax_loss_case(setup_of(case), case.params["mode"])
         return retrax_case(
-            setup, case.params["mode"], case.params.get("per_call", False)
+            setup_of(case), case.params["mode"], case.params.get("per_call", False)
+        )
+
+    def effect_peer(make):
+        """A peer of the effects only: no callable for a loss or for the
+        reverb drawing its noise per call."""
+        return lambda c: (
+            None if "l" in c.params or c.params.get("per_call") else make(c)
         )
 
     libraries = {"retrax": retrax_lib}
     if dasp is not None:
-        libraries["dasp"] = lambda c: (
-            None
-            if c.params.get("per_call")
-            else dasp_case(
-                dasp, torch, setups[c.params["e"].name, c.params["B"]], c.params["mode"]
+        libraries["dasp"] = effect_peer(
+            lambda c: (
+                dasp_case(dasp, torch, setup_of(c), c.params["mode"])
+                if c.params["e"].dasp
+                else None
             )
         )
     if faustax is not None:
-        libraries["faustax"] = lambda c: (
-            None
-            if c.params.get("per_call")
-            else faustax_case(
-                faustax, setups[c.params["e"].name, c.params["B"]], c.params["mode"]
+        libraries["faustax"] = effect_peer(
+            lambda c: (
+                faustax_case(faustax, setup_of(c), c.params["mode"])
+                if c.params["e"].faustax
+                else None
             )
+        )
+    if auraloss is not None:
+        libraries["auraloss"] = lambda c: (
+            auraloss_loss_case(auraloss, torch, setup_of(c), c.params["mode"])
+            if "l" in c.params
+            else None
         )
 
     header = (

@@ -41,8 +41,9 @@ def test_bench_effects_smoke(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = table.read_text()
     rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
-    # every effect at both batch sizes, forward and gradient, the reverb twice
-    assert len(rows) == (8 + 1) * 2 * 2
+    # every effect (the reverb twice) and every loss at both batch sizes,
+    # forward and gradient
+    assert len(rows) == (9 + 1 + 4) * 2 * 2
     for row in rows:
         retrax_ms = float(row.split("|")[2])
         assert retrax_ms > 0
