@@ -184,6 +184,7 @@ def test_smoothing_is_dasps_frequency_sampling():
     ]
 
 
+@pytest.mark.slow
 def test_compressor_gradients_check_and_stay_finite_at_the_ends():
     x = jnp.asarray(np.random.default_rng(1).uniform(-1, 1, (2, 16)))
     comp = fx.DaspCompressor(-30.0, 5.0, 20.0, 50.0, 6.0, 3.0, sample_rate=8_000.0)
@@ -297,6 +298,7 @@ def test_dasp_widener_is_a_gain_and_retrax_widener_where_that_reaches():
     assert_close(fx.DaspStereoWidener(0.5)(x), x, rtol=1e-15)
 
 
+@pytest.mark.slow
 def test_dasp_panner_law_and_gradients():
     mono = jnp.asarray(STEREO["0: 0.000"]["mono"])
     # the hard ends are the sine law's; the centre is -4.5 dB

@@ -67,6 +67,7 @@ def test_one_bad_query_fails_alone(what):
         np.testing.assert_array_equal(sol.steps[ok], good.steps[ok])
 
 
+@pytest.mark.slow
 def test_bad_query_raises_with_throw():
     factor = ring_factor()
     xs = jnp.linspace(-0.8, 0.8, 8).at[3].set(jnp.nan)
@@ -79,6 +80,7 @@ def test_bad_query_raises_with_throw():
         jax.vmap(lambda a, b: rr.implicit_infer(factor, a, b))(z0, rho)
 
 
+@pytest.mark.slow
 def test_bad_query_gradients_are_nan_alone():
     factor = ring_factor()
     xs = jnp.linspace(-0.8, 0.8, 4)
@@ -191,6 +193,7 @@ def test_diagonal_precision_matrix_equals_the_vector():
     assert factor.query_coupled(vector)[2] is None
 
 
+@pytest.mark.slow
 def test_message_precision_fed_back_as_evidence():
     factor, prec, mean = gaussian_factor()
     # the factor's message to y given x and a weak anchor on w

@@ -280,6 +280,7 @@ def test_sum_and_difference_shapes_and_vmap():
         rl.SumAndDifferenceSTFTLoss((64,), (16,), (64,), output="both")
 
 
+@pytest.mark.slow
 def test_random_resolutions_follow_auraloss_sampling():
     loss = rl.RandomResolutionSTFTLoss(
         resolutions=4,
