@@ -11,6 +11,7 @@ import numpy as np
 from jax.errors import JaxRuntimeError
 
 from ._errors import InvalidArgumentError
+from ._float_dtypes import INEXACT
 
 
 # How equinox's check reads when the program that failed was compiled by
@@ -54,13 +55,6 @@ def _as_argument(value):
     return value
 
 
-# NumPy dtypes `jax.jit` takes as the functions do (float64 narrows to float32
-# without x64 in both): checked first, as they are what users pass
-_INEXACT = frozenset(
-    np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128)
-)
-
-
 def _jax_type(leaf) -> bool:
     """Whether `jax.jit` takes `leaf` as the function itself would: not an
     object or extended-precision array, nor an integer array that JAX's
@@ -69,7 +63,7 @@ def _jax_type(leaf) -> bool:
     without x64) in `jax.jit` as in `jnp.asarray`."""
     if isinstance(leaf, jax.Array | bool | int | float | complex):
         return True
-    if isinstance(leaf, np.ndarray) and leaf.dtype in _INEXACT:
+    if isinstance(leaf, np.ndarray) and leaf.dtype in INEXACT:
         return True
     if isinstance(leaf, np.ndarray | np.generic):
         try:

@@ -11,6 +11,11 @@ import numpy as np
 
 
 SUPPORTED = (np.dtype(np.float32), np.dtype(np.float64))
+# The floating and complex dtypes JAX computes in, real and complex (NumPy
+# arrays of these reach `jax.jit` as the functions themselves would take them)
+INEXACT = frozenset(
+    np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128)
+)
 
 
 def check_float_dtype(names: str, dtype, what: str) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 from jaxtyping import ArrayLike
 
 from .._errors import error_if
+from .._float_dtypes import INEXACT
 from .._misc import result_dtype
 from .._validate import check_dtype, check_finite, unsupported_dtype
 
@@ -63,11 +64,6 @@ def scipy_dtype(*args: ArrayLike | list | tuple | None) -> np.dtype:
     return np.dtype(dtype)
 
 
-_INEXACT = frozenset(
-    np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128)
-)
-
-
 def _inexact_arrays_dtype(args) -> np.dtype | None:
     """`scipy_dtype(*args)` when every argument is `None` or a NumPy or JAX
     array (not weakly typed) of float32, float64, complex64 or complex128, the
@@ -80,7 +76,7 @@ def _inexact_arrays_dtype(args) -> np.dtype | None:
             isinstance(arg, jax.Array) and not arg.weak_type
         ):
             return None
-        if arg.dtype not in _INEXACT:
+        if arg.dtype not in INEXACT:
             return None
         dtypes.append(arg.dtype)
     if not dtypes:
