@@ -23,6 +23,12 @@ through inference. The diffusion models a relation is learned from
 - Factors and messages: `Factor`, the channels `AbstractChannel`, `Observed`,
   `Unobserved`, `Latent`; `factor_infer`, `factor_pullback`,
   `factor_messages`, `channel_anchor`, `blockranges`, `assemble_state`.
+- Factor graphs: `FactorGraph` of variables and factors
+  (`AbstractGraphFactor`: `GaussianFactor`, `ResidualFactor`,
+  `RelationFactor`); the joint solve `solve_graph` (a `GraphSolution`),
+  loopy Gaussian belief propagation `propagate_beliefs` (a
+  `PropagationSolution`), the Laplace beliefs `graph_laplace` and free
+  energy `graph_free_energy`.
 - Training through inference: `fit_through_inference`, `task_gradient`,
   `TaskGradient`, `InferenceHistory`.
 
@@ -55,6 +61,14 @@ where `_abstract_relation` was `_relation`, `_composed` was `_relations`,
 - `_message`: factor-to-channel messages.
 - `_train_inference`: `fit_through_inference`, a task loss on the answers
   of queries.
+- `_graph`: `FactorGraph`, its variables' layout and sparsity.
+- `_graph_factor`: the factors of a graph, rows of one energy each.
+- `_graph_system`: a graph's Jacobian as a dense or block-tridiagonal system.
+- `_graph_solve`: `solve_graph`, the joint MAP solve and its implicit
+  derivatives.
+- `_graph_propagation`: `propagate_beliefs`, loopy Gaussian belief
+  propagation.
+- `_graph_laplace`: `graph_laplace`, `graph_free_energy`.
 
 The shared pieces stay in `retrax.diffusion`: input conventions (`_state`),
 result codes and solution objects (`_solution`), the NaN gating of failed
@@ -102,6 +116,22 @@ from ._gaussian import (
     combine as combine,
     divide as divide,
 )
+from ._graph import FactorGraph as FactorGraph
+from ._graph_factor import (
+    AbstractGraphFactor as AbstractGraphFactor,
+    GaussianFactor as GaussianFactor,
+    RelationFactor as RelationFactor,
+    ResidualFactor as ResidualFactor,
+)
+from ._graph_laplace import (
+    graph_free_energy as graph_free_energy,
+    graph_laplace as graph_laplace,
+)
+from ._graph_propagation import (
+    PropagationSolution as PropagationSolution,
+    propagate_beliefs as propagate_beliefs,
+)
+from ._graph_solve import GraphSolution as GraphSolution, solve_graph as solve_graph
 from ._implicit_energy import implicit_energy as implicit_energy
 from ._infer import (
     ImplicitPullback as ImplicitPullback,

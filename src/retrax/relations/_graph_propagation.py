@@ -1,0 +1,369 @@
+r"""Loopy Gaussian belief propagation on a factor graph.
+
+Every iteration takes each factor row's quadratic model at the variables'
+current belief means (its local precision $\Lambda$ and information
+$\Lambda\bar x - \nabla E_i(\bar x)$: exact for a Gaussian row, Gauss–Newton
+for a residual, the positive part of the symmetric Jacobian for a learned
+relation), and passes Gaussian messages in canonical form: a row's message
+to a slot is its model times the messages from its other slots,
+marginalised onto the slot (a Schur complement). A fixed point's means are a
+root of the graph's gradient (each model's gradient at the means is the
+row's), so on a tree they are the joint solve's answer, and on a loopy
+linear-Gaussian graph the exact posterior means when it converges.
+"""
+
+from collections.abc import Mapping
+from typing import Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float
+
+from .._errors import filter_jit
+from .._misc import check_positive_int, check_tol, static_float
+from .._solution import AbstractSolution, throw_if_failed
+from ..diffusion._never_silent import nan_unless
+from ..diffusion._solution import RESULTS
+from ._graph import FactorGraph
+from ._infer import default_tol
+
+
+class PropagationSolution(AbstractSolution):
+    r"""The beliefs of [`retrax.relations.propagate_beliefs`][].
+
+    **Attributes:**
+
+    - `values`: each variable's belief mean, by name (a variable
+      `(dimension,)`, a family `(count, dimension)`).
+    - `covariances`: each variable's belief covariance, by name
+      (`(dimension, dimension)`, or `(count, dimension, dimension)`).
+    - `x`: the means as one flat vector.
+    - `result`: [`retrax.diffusion.RESULTS`][]: `successful`,
+      `max_steps_reached` or `nonfinite_iterate`.
+    - `stats`: `{"num_steps": ..., "change": {name: ...}}`: the iterations
+      taken and, per variable, the largest change of its mean in the last
+      iteration (`()` for a variable, `(count,)` for a family).
+
+    NaN unless `result` is `successful`.
+    """
+
+    values: dict[str, Array]
+    covariances: dict[str, Array]
+    x: Float[Array, " n"]
+    result: RESULTS
+    stats: dict
+
+
+def _pad(a: Array, d: int) -> Array:
+    """A `(..., k)` or `(..., k, k)` block padded with zeros to `d`."""
+    extra = d - a.shape[-1]
+    widths = [(0, 0)] + [(0, extra)] * (a.ndim - 1)
+    return jnp.pad(a, widths)
+
+
+def _row_messages(prec, info, inc_info, inc_prec, sizes):
+    """One row's messages to each of its slots (canonical form), from its
+    model `(prec, info)` and the messages its slots send it."""
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    big_p = prec + jax.scipy.linalg.block_diag(*inc_prec)
+    big_i = info + jnp.concatenate(inc_info)
+    out_i, out_p = [], []
+    for t, size in enumerate(sizes):
+        sl = np.arange(starts[t], starts[t + 1])
+        if len(sizes) == 1:
+            out_i.append(info)
+            out_p.append(prec)
+            continue
+        other = np.setdiff1d(np.arange(starts[-1]), sl)
+        # the row's model times the other slots' messages (not this slot's)
+        a_tt = prec[np.ix_(sl, sl)]
+        b_t = info[sl]
+        a_to = big_p[np.ix_(sl, other)]
+        a_oo = big_p[np.ix_(other, other)]
+        b_o = big_i[other]
+        w = a_to @ jnp.linalg.pinv(a_oo, hermitian=True)
+        out_p.append(a_tt - w @ a_to.T)
+        out_i.append(b_t - w @ b_o)
+        del size
+    return tuple(out_i), tuple(out_p)
+
+
+def _models(graph: FactorGraph, x: Array):
+    """Per factor, the rows' quadratic models `(precision, information)` at
+    the flat point `x`."""
+    out = []
+    for k, f in enumerate(graph.factors):
+        xs = graph._gather(k, x)
+        prec = jax.vmap(f.row_precision)(f.rows(), xs).astype(x.dtype)
+        grad = jax.vmap(f.row_gradient)(f.rows(), xs).astype(x.dtype)
+        point = jnp.concatenate(xs, axis=1)
+        out.append((prec, jnp.einsum("mij,mj->mi", prec, point) - grad))
+    return out
+
+
+class _Structure(NamedTuple):
+    """The static index arrays belief propagation needs."""
+
+    sizes: tuple[tuple[int, ...], ...]  # per factor, per slot
+    gids: tuple[tuple[tuple[int, ...], ...], ...]  # per factor, per slot, per row
+    num_vars: int
+    dmax: int
+
+
+def _structure(graph: FactorGraph) -> _Structure:
+    lay = graph.layout
+    dims = {name: dim for name, _, dim, _ in graph.variables}
+    sizes = tuple(tuple(dims[fam] for fam, _ in f.slots) for f in graph.factors)
+    gids = tuple(
+        tuple(tuple(int(v) for v in ids[:, s]) for s in range(ids.shape[1]))
+        for ids in lay.row_vars
+    )
+    return _Structure(sizes, gids, len(lay.var_dim), int(lay.var_dim.max()))
+
+
+def _beliefs(st: _Structure, msgs, dtype):
+    info = jnp.zeros((st.num_vars, st.dmax), dtype)
+    prec = jnp.zeros((st.num_vars, st.dmax, st.dmax), dtype)
+    for k, (mi, mp) in enumerate(msgs):
+        for s in range(len(st.sizes[k])):
+            gid = np.asarray(st.gids[k][s])
+            info = info.at[gid].add(_pad(mi[s], st.dmax))
+            prec = prec.at[gid].add(_pad(mp[s], st.dmax))
+    return info, prec
+
+
+def _means(graph, st, info, prec, old):
+    """Belief means `prec^{-1} info` (the padding's identity added), the old
+    mean where a belief is not yet proper."""
+    lay = graph.layout
+    dims = np.asarray(lay.var_dim)
+    pad = (np.arange(st.dmax)[None, :] >= dims[:, None]).astype(np.float64)
+    padded = prec + jnp.asarray(pad, prec.dtype)[:, :, None] * jnp.eye(
+        st.dmax, dtype=prec.dtype
+    )
+    vals = jnp.linalg.eigvalsh(0.5 * (padded + jnp.swapaxes(padded, -1, -2)))
+    proper = vals[:, 0] > 0
+    mean = jnp.linalg.solve(padded, info[..., None])[..., 0]
+    ok = proper & jnp.all(jnp.isfinite(mean), axis=-1)
+    return jnp.where(ok[:, None], mean, old), padded, proper
+
+
+def _flat(graph, st, means):
+    lay = graph.layout
+    coords = np.concatenate(
+        [lay.var_start[v] + np.arange(d) for v, d in enumerate(lay.var_dim)]
+    )
+    cols = np.concatenate([np.arange(d) for d in lay.var_dim])
+    rows = np.concatenate([np.full(d, v) for v, d in enumerate(lay.var_dim)])
+    return jnp.zeros(lay.n, means.dtype).at[coords].set(means[rows, cols])
+
+
+def _unflat_means(graph, st, x):
+    lay = graph.layout
+    out = jnp.zeros((st.num_vars, st.dmax), x.dtype)
+    cols = np.concatenate([np.arange(d) for d in lay.var_dim])
+    rows = np.concatenate([np.full(d, v) for v, d in enumerate(lay.var_dim)])
+    return out.at[rows, cols].set(x)
+
+
+def _incoming(st, k, s, info, prec, mi, mp):
+    """The messages slot `s` of factor `k`'s rows receive: the variable's
+    belief with the row's own message divided out."""
+    gid = np.asarray(st.gids[k][s])
+    d = st.sizes[k][s]
+    return info[gid, :d] - mi[s], prec[gid, :d, :d] - mp[s]
+
+
+def _flood(graph, st, models, msgs, info, prec, damping):
+    new = []
+    for k, (mi, mp) in enumerate(msgs):
+        inc = [_incoming(st, k, s, info, prec, mi, mp) for s in range(len(mi))]
+        inc_i = tuple(i for i, _ in inc)
+        inc_p = tuple(p for _, p in inc)
+        out_i, out_p = jax.vmap(
+            lambda p, i, ii, ip, sizes=st.sizes[k]: _row_messages(p, i, ii, ip, sizes)
+        )(models[k][0], models[k][1], inc_i, inc_p)
+        out_i = tuple(
+            (1 - damping) * a + damping * b for a, b in zip(out_i, mi, strict=True)
+        )
+        out_p = tuple(
+            (1 - damping) * a + damping * b for a, b in zip(out_p, mp, strict=True)
+        )
+        new.append((out_i, out_p))
+    return new
+
+
+def _sweep(graph, st, models, msgs, info, prec, damping, reverse):
+    """Rows one at a time, each using the beliefs its predecessors updated."""
+    msgs = list(msgs)
+    order = range(len(msgs))
+    for k in reversed(order) if reverse else order:
+        mi, mp = msgs[k]
+        sizes = st.sizes[k]
+        gids = jnp.asarray(np.stack([np.asarray(g) for g in st.gids[k]], axis=1))
+        m = gids.shape[0]
+
+        def body(j, carry, k=k, sizes=sizes, gids=gids, m=m):
+            mi, mp, info, prec = carry
+            r = m - 1 - j if reverse else j
+            inc_i, inc_p = [], []
+            for s, d in enumerate(sizes):
+                g = gids[r, s]
+                inc_i.append(info[g, :d] - mi[s][r])
+                inc_p.append(prec[g, :d, :d] - mp[s][r])
+            out_i, out_p = _row_messages(
+                models[k][0][r], models[k][1][r], tuple(inc_i), tuple(inc_p), sizes
+            )
+            mi, mp = list(mi), list(mp)
+            for s, d in enumerate(sizes):
+                g = gids[r, s]
+                new_i = (1 - damping) * out_i[s] + damping * mi[s][r]
+                new_p = (1 - damping) * out_p[s] + damping * mp[s][r]
+                info = info.at[g, :d].add(new_i - mi[s][r])
+                prec = prec.at[g, :d, :d].add(new_p - mp[s][r])
+                mi[s] = mi[s].at[r].set(new_i)
+                mp[s] = mp[s].at[r].set(new_p)
+            return tuple(mi), tuple(mp), info, prec
+
+        mi, mp, info, prec = jax.lax.fori_loop(0, m, body, (mi, mp, info, prec))
+        msgs[k] = (mi, mp)
+    return msgs, info, prec
+
+
+@filter_jit
+def propagate_beliefs(
+    graph: FactorGraph,
+    init: Mapping[str, Float[ArrayLike, "..."]] | None = None,
+    *,
+    schedule: Literal["flooding", "sequential"] = "flooding",
+    damping: float = 0.0,
+    tol: float | None = None,
+    max_steps: int = 100,
+    dtype=None,
+    throw: bool = True,
+) -> PropagationSolution:
+    r"""Loopy Gaussian belief propagation on a factor graph.
+
+    Each iteration linearises every factor row at the current belief means
+    (see the module notes: exact for Gaussian rows), passes the messages of
+    the `schedule` and updates the beliefs; it stops when no variable's
+    mean moved more than $\mathrm{tol}(1 + \max|\bar x|)$. A converged run's
+    means are a root of the graph's gradient: on a tree, the answer of
+    [`retrax.relations.solve_graph`][] (and its beliefs the exact marginals
+    of a linear-Gaussian graph); on a loopy linear-Gaussian graph, the exact
+    posterior means (its variances are then approximations).
+
+    **Arguments:**
+
+    - `graph`: the [`retrax.relations.FactorGraph`][].
+    - `init`: the first linearisation point by variable name (others 0).
+    - `schedule`: `"flooding"` (every message from the last iteration's,
+      all rows of a factor in one `vmap`-ed call) or `"sequential"` (one row
+      at a time, each seeing the beliefs the rows before it updated; a
+      forward then a backward pass over the factors and rows per iteration,
+      exact in one iteration on a linear-Gaussian chain in row order).
+    - `damping`: in `[0, 1)`: each new message is `(1 - damping)` times the
+      computed one plus `damping` times the last (canonical parameters).
+    - `tol`: the tolerance of the means' change; `1e-9` in float64 and
+      `1e-5` in float32 by default.
+    - `max_steps`: the most iterations.
+    - `dtype`: the dtype; `init`'s, or JAX's default float, by default.
+    - `throw`: whether a run that does not converge raises.
+
+    **Returns:**
+
+    A [`retrax.relations.PropagationSolution`][].
+    """
+    if not isinstance(graph, FactorGraph):
+        raise TypeError(f"`graph` must be a FactorGraph, got {type(graph).__name__}.")
+    if schedule not in ("flooding", "sequential"):
+        raise ValueError(
+            f"`schedule` must be 'flooding' or 'sequential', got {schedule!r}."
+        )
+    damping = static_float("damping", damping)
+    if not 0 <= damping < 1:
+        raise ValueError(f"`damping` must lie in [0, 1), got {damping!r}.")
+    tol = check_tol(tol)
+    check_positive_int("max_steps", max_steps)
+    x0 = graph.flatten(init, dtype)
+    dtype = x0.dtype
+    tol = default_tol(dtype) if tol is None else tol
+    st = _structure(graph)
+    msgs0 = [
+        (
+            tuple(
+                jnp.zeros((len(st.gids[k][s]), d), dtype) for s, d in enumerate(sizes)
+            ),
+            tuple(
+                jnp.zeros((len(st.gids[k][s]), d, d), dtype)
+                for s, d in enumerate(sizes)
+            ),
+        )
+        for k, sizes in enumerate(st.sizes)
+    ]
+    means0 = _unflat_means(graph, st, x0)
+
+    def cond(state):
+        _, means, step, change, _ = state
+        big = jnp.max(change)
+        small = big <= tol * (1 + jnp.max(jnp.abs(means)))
+        return (step < max_steps) & ~small & ~jnp.isnan(big)
+
+    def body(state):
+        msgs, means, step, _, _ = state
+        models = _models(graph, _flat(graph, st, means))
+        info, prec = _beliefs(st, msgs, dtype)
+        if schedule == "flooding":
+            msgs = _flood(graph, st, models, msgs, info, prec, damping)
+            info, prec = _beliefs(st, msgs, dtype)
+        else:
+            msgs, info, prec = _sweep(
+                graph, st, models, msgs, info, prec, damping, False
+            )
+            msgs, info, prec = _sweep(
+                graph, st, models, msgs, info, prec, damping, True
+            )
+        new, _, proper = _means(graph, st, info, prec, means)
+        change = jnp.max(jnp.abs(new - means), axis=-1)
+        change = jnp.where(proper, change, jnp.inf)
+        finite = jnp.all(jnp.isfinite(new))
+        change = jnp.where(finite, change, jnp.nan)
+        return msgs, new, step + 1, change, finite
+
+    init_state = (
+        msgs0,
+        means0,
+        jnp.zeros((), jnp.int32),
+        jnp.full((st.num_vars,), jnp.inf, dtype),
+        jnp.array(True),
+    )
+    msgs, means, steps, change, finite = jax.lax.while_loop(cond, body, init_state)
+    converged = jnp.max(change) <= tol * (1 + jnp.max(jnp.abs(means)))
+    info, prec = _beliefs(st, msgs, dtype)
+    _, padded, _ = _means(graph, st, info, prec, means)
+    cov = jnp.linalg.inv(padded)
+    result = RESULTS.where(
+        converged,
+        RESULTS.successful,
+        RESULTS.where(
+            jnp.any(jnp.isnan(change)),
+            RESULTS.nonfinite_iterate,
+            RESULTS.max_steps_reached,
+        ),
+    )
+    x = nan_unless(converged, _flat(graph, st, means))
+    values, covs, changes, v0 = graph.unflatten(x), {}, {}, 0
+    for name, count, dim, single in graph.variables:
+        c = nan_unless(converged, cov[v0 : v0 + count, :dim, :dim])
+        covs[name] = c[0] if single else c
+        changes[name] = change[v0] if single else change[v0 : v0 + count]
+        v0 += count
+    sol = PropagationSolution(
+        values=values,
+        covariances=covs,
+        x=x,
+        result=result,
+        stats={"num_steps": steps, "change": changes},
+    )
+    return throw_if_failed(sol, throw, ~converged)
