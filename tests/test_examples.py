@@ -250,6 +250,16 @@ def test_factor_graph_smoke(capsys):
     # equal the joint solve's Laplace belief, and two sweeps settle it.
     assert result["error"] <= 1e-8
     assert result["sweeps"] <= 4
+    # the engine's joint solve and belief propagation agree with both
+    assert result["engine_error"] <= 1e-10
+
+
+def test_arm_pose_graph_smoke():
+    result = load_example("arm_pose_graph.py").main(smoke=True)
+    assert result["joint_result"] == "successful"
+    assert result["bp_result"] == "successful"
+    # belief propagation's fixed point is the joint solve's root
+    assert result["bp_minus_joint_max"] <= 1e-6
 
 
 # The full runs, held to what the tutorials and the examples' docstrings say

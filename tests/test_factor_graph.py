@@ -360,3 +360,87 @@ def test_errors(meas):
         rr.FactorGraph({"a": 2, "b": 1}, [rr.RelationFactor(r1, {"a": "a", "b": "b"})])
     with pytest.raises(TypeError, match="FactorGraph"):
         rr.solve_graph(r1)
+
+
+# -- the arm of `examples/arm_pose_graph.py`: a learned relation per pose --------
+
+import arm_pose_graph as arm  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def arm_factor():
+    pred = arm.train_arm(jax.random.key(0), 1500)
+    return arm.arm_factor(pred, jax.random.key(1))
+
+
+@pytest.mark.slow
+def test_arm_chain_of_a_thousand_poses_solves_in_one_call(arm_factor):
+    q_true, xy_true, measured = arm.track(jax.random.key(2), 1000)
+    graph = arm.pose_graph(arm_factor, measured)
+    solve = eqx.filter_jit(lambda g, i: rr.solve_graph(g, i))
+    sol = solve(graph, arm.start(measured))
+    assert sol.result == rr.RESULTS.successful and bool(sol.stable)
+    assert sol.linear_solver == "banded"
+    # the end effectors are pulled towards the relation's kinematics, and the
+    # unmeasured joint angles follow the true track
+    assert float(jnp.sqrt(jnp.mean((sol.values["xy"] - xy_true) ** 2))) < 0.02
+    assert float(jnp.sqrt(jnp.mean((sol.values["q"] - q_true) ** 2))) < 0.15
+
+
+@pytest.mark.slow
+def test_arm_chain_propagation_equals_the_joint_solve(arm_factor):
+    _, _, measured = arm.track(jax.random.key(2), 40)
+    graph = arm.pose_graph(arm_factor, measured)
+    init = arm.start(measured)
+    sol = rr.solve_graph(graph, init)
+    bp = rr.propagate_beliefs(graph, init, tol=1e-11, max_steps=500)
+    np.testing.assert_allclose(bp.x, sol.x, atol=1e-8)
+
+
+@pytest.mark.slow
+def test_arm_chain_gradients_equal_central_differences(arm_factor):
+    _, _, measured = arm.track(jax.random.key(2), 100)
+    init = arm.start(measured)
+    weight = arm_factor.relation.pred.model.layers[1].weight
+
+    def loss(measured, smooth, w):
+        factor = eqx.tree_at(
+            lambda f: f.relation.pred.model.layers[1].weight, arm_factor, w
+        )
+        graph = rr.FactorGraph(
+            {"q": (100, 2), "xy": (100, 2)},
+            [
+                rr.RelationFactor(
+                    factor, {"q": ("q", range(100)), "xy": ("xy", range(100))}
+                ),
+                rr.GaussianFactor(
+                    [("xy", range(100))], jnp.eye(2), measured, arm.SENSOR_SD**-2
+                ),
+                rr.GaussianFactor.between(
+                    ("q", range(99)), ("q", range(1, 100)), smooth, dim=2
+                ),
+            ],
+        )
+        sol = rr.solve_graph(graph, init, tol=1e-13)
+        return jnp.sum(jnp.sin(3 * sol.values["q"]))
+
+    smooth = jnp.asarray(arm.SMOOTH_SD**-2)
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(measured, smooth, weight)
+    e = jnp.zeros_like(measured).at[17, 0].set(1.0)
+    np.testing.assert_allclose(
+        grads[0][17, 0],
+        central(lambda t: loss(measured + t * e, smooth, weight), 0.0),
+        rtol=1e-6,
+    )
+    np.testing.assert_allclose(
+        grads[1],
+        central(lambda s: loss(measured, s, weight), smooth, eps=1e-3),
+        rtol=1e-6,
+    )
+    i, j = np.unravel_index(int(jnp.argmax(jnp.abs(grads[2]))), weight.shape)
+    w_e = jnp.zeros_like(weight).at[i, j].set(1.0)
+    np.testing.assert_allclose(
+        grads[2][i, j],
+        central(lambda t: loss(measured, smooth, weight + t * w_e), 0.0),
+        rtol=1e-6,
+    )

@@ -116,7 +116,10 @@ def _map_point_jvp(primals, tangents, *, tol, max_steps, kind):
     )
     root = jax.lax.stop_gradient(x)
     _, rhs = eqx.filter_jvp(lambda g: g.gradient(root), (graph,), (t_graph,))
-    system = graph_system(jax.lax.stop_gradient(graph), root, kind)
+    constant = jax.tree.map(
+        lambda v: jax.lax.stop_gradient(v) if eqx.is_array(v) else v, graph
+    )
+    system = graph_system(constant, root, kind)
     t_x = -system.solve(rhs)
     return (x, aux), (t_x, jnp.zeros_like(aux))
 
