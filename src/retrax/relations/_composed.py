@@ -105,7 +105,8 @@ class IndexedRelation(AbstractImplicitRelation):
     ) -> Float[Array, ""]:
         """The member's test on its coordinates (clamps elsewhere do not
         touch it)."""
-        return self.relation.support_ratio(self.restrict(z), self.restrict(clamped))
+        idx = np.asarray(self.index)
+        return self.relation.support_ratio(z[idx], clamped[idx])
 
 
 def named_relation(
