@@ -230,3 +230,74 @@ def test_calibration_float32():
     xs = fresh[fresh[:, 1] > 0.3][:, 0]
     sols = x_queries(calibrated, xs, start=0.8)
     assert int(jnp.sum(passes(sols))) >= 0.98 * xs.size
+
+
+def arm_rows(key, m, noise=0.005):
+    """Rows z = (q1, q2, x, y) of the two-link arm (links 0.6 and 0.5)."""
+    k1, k2, k3 = jax.random.split(key, 3)
+    q1 = jax.random.uniform(k1, (m,), minval=-1.2, maxval=1.2)
+    q2 = jax.random.uniform(k2, (m,), minval=0.3, maxval=2.4)
+    x = 0.6 * jnp.cos(q1) + 0.5 * jnp.cos(q1 + q2)
+    y = 0.6 * jnp.sin(q1) + 0.5 * jnp.sin(q1 + q2)
+    z = jnp.stack([q1, q2, x, y], 1)
+    return z + noise * jax.random.normal(k3, z.shape)
+
+
+@pytest.mark.slow
+def test_arm_out_of_reach_is_off_the_data():
+    """Issue #30's arm: the end effector clamped out of reach is never an
+    on-data success once calibrated; fresh in-workspace clamps still are."""
+    data = arm_rows(jax.random.key(0), 20_000)
+    net = rd.TimeMLP(4, hidden=128, depth=3, key=jax.random.key(1))
+    pred, _ = rd.fit(
+        rd.NoisePredictor(net, SCHED),
+        data,
+        jax.random.key(2),
+        steps=20_000,
+        batch_size=512,
+        ema=0.995,
+        progress=False,
+    )
+    model = rr.ImplicitDiffusion(pred, rr.field_nodes(jax.random.key(3), 4))
+    calibrated = rr.calibrate_off_data(model, data, [2, 3], key=jax.random.key(4))
+    start = jnp.mean(data, axis=0)
+    rho = jnp.array([0.0, 0.0, INF, INF])
+
+    @eqx.filter_jit
+    def solve(m, xy):
+        z0 = jnp.concatenate([jnp.broadcast_to(start[:2], xy.shape), xy], axis=1)
+        return jax.vmap(lambda q: rr.implicit_infer(m, q, rho, throw=False))(z0)
+
+    inside = solve(calibrated, arm_rows(jax.random.key(11), 1024)[:, 2:])
+    # out of reach (the arm reaches 1.088 with q2 >= 0.3), in the directions
+    # the stretched arm points in
+    k1, k2 = jax.random.split(jax.random.key(12))
+    radius = jax.random.uniform(k1, (64,), minval=1.12, maxval=1.3)
+    bend = np.arctan2(0.5 * np.sin(0.3), 0.6 + 0.5 * np.cos(0.3))
+    angle = jax.random.uniform(k2, (64,), minval=-1.2, maxval=1.2) + bend
+    far = jnp.stack([radius * jnp.cos(angle), radius * jnp.sin(angle)], axis=1)
+    outside = solve(calibrated, far)
+    before = solve(model, far)
+    quantiles = [0.5, 0.99, 0.999, 1.0]
+    print(
+        "\ntol",
+        float(calibrated.support.tol),
+        "\ninside: passed",
+        int(jnp.sum(passes(inside))),
+        "support ratio",
+        np.quantile(inside.support_ratio, quantiles).round(3),
+        "clamp load",
+        np.quantile(inside.clamp_load, quantiles).round(3),
+        "\noutside: passed",
+        int(jnp.sum(passes(outside))),
+        "support ratio",
+        np.quantile(outside.support_ratio, [0.0, 0.5, 1.0]).round(3),
+        "clamp load",
+        np.quantile(outside.clamp_load, [0.0, 0.5, 1.0]).round(3),
+        "\nuncalibrated outside: passed",
+        int(jnp.sum(passes(before))),
+    )
+    assert int(jnp.sum(passes(outside))) == 0
+    assert int(jnp.sum(passes(inside))) >= 0.99 * 1024
+    # the calibration is what refuses them: the clamp-load rule lets them pass
+    assert int(jnp.sum(passes(before))) > 0

@@ -34,7 +34,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import ArrayLike, Float, PRNGKeyArray
+from jaxtyping import ArrayLike, Float, Int, PRNGKeyArray
 
 from .._errors import error_if
 from ._abstract_relation import AbstractImplicitRelation
@@ -83,7 +83,7 @@ def _leave_one_out(points, mask, chunk: int = 128):
 def calibrate_off_data(
     relation: AbstractImplicitRelation,
     data: Float[ArrayLike, "rows n"],
-    clamp: Sequence[int],
+    clamp: Sequence[int] | Int[ArrayLike, " k"],
     *,
     quantile: float = 0.999,
     key: PRNGKeyArray | None = None,
@@ -100,9 +100,11 @@ def calibrate_off_data(
     values lie farther than $\tau$ from every stored row, over its clamped
     coordinates: a fresh row of the data clamped so is flagged with
     probability about `1 - quantile`, and a value past the data's edge by
-    more than about the spacing of the stored rows is flagged. See the
-    module note of `retrax.relations._calibration` and the FAQ for why
-    this reads the data rather than the clamp load.
+    more than about the spacing of the stored rows is flagged. The test
+    reads the data rather than the field: the clamp load sees the data
+    smoothed at the field nodes' noise levels, and cannot tell a clamp just
+    past the data's edge from one on it (see "Answers off the data" in the
+    theory of relations).
 
     What each query gets, with the default `off_data_tol=None` of
     [`retrax.relations.implicit_infer`][],
