@@ -113,7 +113,7 @@ def test_other_clamp_patterns_and_explicit_tolerance(ring):
         rr.implicit_infer(calibrated, z0, rho, off_data_tol="3")
 
 
-def test_composed_relations_carry_the_calibration(ring):
+def test_factors_and_indexed_relations_carry_the_calibration(ring):
     _, _, calibrated = ring
     factor = rr.Factor(calibrated, {"x": 1, "y": 1})
     out = rr.factor_infer(factor, {"x": rr.Observed(jnp.array([1.4]))}, throw=False)
@@ -127,6 +127,13 @@ def test_composed_relations_carry_the_calibration(ring):
     sol = rr.implicit_infer(indexed, jnp.array([7.0, 1.4, 0.5]), rho, throw=False)
     direct = x_queries(calibrated, jnp.array([1.4]))
     assert float(sol.support_ratio) == pytest.approx(float(direct.support_ratio[0]))
+
+
+def test_products_and_roots_carry_the_calibration(ring):
+    _, _, calibrated = ring
+    indexed = rr.IndexedRelation(calibrated, [1, 2], 3)
+    rho = jnp.array([INF, INF, 0.0])
+    direct = x_queries(calibrated, jnp.array([1.4]))
     # a product with an uncalibrated member clamped: not calibrated
     other = rr.IndexedRelation(ring_model(), [0, 1], 3)
     product = rr.ProductRelation([indexed, other])
