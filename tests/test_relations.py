@@ -390,8 +390,27 @@ def test_diffusion_aliases_are_the_relations_names():
         for n in dir(rr)
         if not n.startswith("_") and not isinstance(getattr(rr, n), type(rr))
     ]
-    assert len(names) == 46
+    # names added after the move live in `retrax.relations` only
+    newer = {
+        "AbstractGraphFactor",
+        "DataSupport",
+        "FactorGraph",
+        "GaussianFactor",
+        "GraphSolution",
+        "PropagationSolution",
+        "RelationFactor",
+        "ResidualFactor",
+        "calibrate_off_data",
+        "graph_free_energy",
+        "graph_laplace",
+        "propagate_beliefs",
+        "solve_graph",
+    }
+    assert len(names) == 46 + len(newer)
     for name in names:
+        if name in newer:
+            assert not hasattr(rd, name), name
+            continue
         assert getattr(rd, name) is getattr(rr, name), name
         if not hasattr(solution, name):
             assert f"`{name}`" in rd.__doc__, name

@@ -65,10 +65,17 @@ class ImplicitSolution(AbstractSolution):
       level): about the clamped values' distance from the data in noise
       standard deviations. Small when the clamped values lie on the data; 0
       without clamps; NaN when the relation's unit is not known.
-    - `off_data`: whether `clamp_load` exceeds the query's `off_data_tol`
-      (3 by default): the clamps hold the answer where the model has seen
-      no data, so the answer, though a converged and stable root, is an
-      extrapolation. Not an error and not in `result`.
+    - `off_data`: whether the clamped values lie where the model has seen
+      no data, so that the answer, though a converged and stable root, is an
+      extrapolation. Not an error and not in `result`. For a relation
+      calibrated by [`retrax.relations.calibrate_off_data`][] for the
+      query's clamps, `support_ratio > 1`; otherwise `clamp_load > 3`; with
+      an explicit `off_data_tol`, `clamp_load > off_data_tol`.
+    - `support_ratio`: the calibrated off-data test: the distance from the
+      clamped values to the nearest stored training row, over the
+      calibrated distance (see [`retrax.relations.calibrate_off_data`][]);
+      above 1 off the data, 0 without clamps, NaN when the relation is not
+      calibrated for the query's clamps.
     - `stats`: `{"num_steps": steps}`, the solver's statistics (as in
       [`retrax.diffusion.AbstractSolution`][]); empty for a solution built by hand.
     """
@@ -81,4 +88,5 @@ class ImplicitSolution(AbstractSolution):
     result: RESULTS
     clamp_load: Float[Array, ""]
     off_data: Bool[Array, ""]
+    support_ratio: Float[Array, ""]
     stats: dict[str, Array] = eqx.field(default_factory=dict)

@@ -16,7 +16,8 @@ through inference. The diffusion models a relation is learned from
   `GuardedNewton`,
   `ImplicitSolution`, `RESULTS`; several answers: `implicit_roots`,
   `ImplicitRoots`, `roots_by_energy`; the energy of an answer:
-  `implicit_energy`, `local_free_energy`.
+  `implicit_energy`, `local_free_energy`; whether an answer is on the data:
+  `calibrate_off_data`, `DataSupport`.
 - Beliefs: `implicit_laplace`, `laplace_belief`, `LaplaceBelief`,
   `implicit_mixture`, `MixtureBelief`; Gaussians `AbstractGaussian`,
   `MomentGaussian`, `CanonicalGaussian`, `combine`, `divide`.
@@ -51,6 +52,8 @@ where `_abstract_relation` was `_relation`, `_composed` was `_relations`,
   implicit gradient.
 - `_roots`: `implicit_roots`, `ImplicitRoots`, `roots_by_energy`: the
   answers several starts reach.
+- `_support`: `DataSupport`, the stored training rows of the off-data test.
+- `_calibration`: `calibrate_off_data`, which stores them with a relation.
 - `_implicit_energy`: `implicit_energy`, the potential of a conservative
   relation's query.
 - `_local_free_energy`: `local_free_energy`, energy plus the entropy term.
@@ -90,6 +93,7 @@ from ._belief import (
     implicit_mixture as implicit_mixture,
     laplace_belief as laplace_belief,
 )
+from ._calibration import calibrate_off_data as calibrate_off_data
 from ._channel import (
     AbstractChannel as AbstractChannel,
     Latent as Latent,
@@ -156,6 +160,7 @@ from ._roots import (
     roots_by_energy as roots_by_energy,
 )
 from ._solver import GuardedNewton as GuardedNewton
+from ._support import DataSupport as DataSupport
 from ._train_inference import (
     InferenceHistory as InferenceHistory,
     TaskGradient as TaskGradient,

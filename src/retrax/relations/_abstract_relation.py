@@ -52,8 +52,8 @@ class AbstractImplicitRelation(eqx.Module):
     potential $U$ (`conservative`, and then `energy` with $\nabla U = g$;
     its Jacobian is then symmetric, which `implicit_infer` uses for the
     adjoint solve), its scale against $-\nabla\log p$ (`effective_lambda`,
-    used by the Laplace covariance) and its unit (`field_unit`, used by the
-    clamp load).
+    used by the Laplace covariance), its unit (`field_unit`, used by the
+    clamp load) and its calibrated off-data test (`support_ratio`).
 
     Implementations: [`retrax.relations.ImplicitDiffusion`][] (a noise
     predictor), [`retrax.relations.IndexedRelation`][] (a relation over some
@@ -94,6 +94,17 @@ class AbstractImplicitRelation(eqx.Module):
         off the data: the unit of a query's clamp load (see
         [`retrax.diffusion.ImplicitSolution`][]). NaN when not known (then no
         query is flagged off the data); 0 where the relation has no field."""
+
+    @abc.abstractmethod
+    def support_ratio(
+        self, z: Float[Array, " n"], clamped: Bool[Array, " n"]
+    ) -> Float[Array, ""]:
+        r"""The calibrated off-data test of a query with hard clamps `clamped`
+        at the values `z`: the distance from the clamped values to the nearest
+        stored training row over the tolerance (above 1: off the data; see
+        [`retrax.relations.calibrate_off_data`][]); 0 without clamps. NaN
+        when the relation is not calibrated for these clamps (then the clamp
+        load decides)."""
 
     def check_point(self, name: str, z: ArrayLike) -> Float[Array, " n"]:
         """Check that `z` is one floating point of the joint space."""

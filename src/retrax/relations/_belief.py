@@ -224,6 +224,7 @@ def implicit_mixture(
             result=RESULTS.successful,
             clamp_load=jnp.zeros((), z.dtype),
             off_data=jnp.zeros((), bool),
+            support_ratio=jnp.zeros((), z.dtype),
         )
         return implicit_laplace(model, sol, rho)
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float
+from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._errors import error_if
 from .._misc import check_value
@@ -99,6 +99,14 @@ class IndexedRelation(AbstractImplicitRelation):
         """The member's unit on its coordinates, 0 (no field) elsewhere."""
         unit = self.relation.field_unit(dtype)
         return jnp.zeros((self.dim,), dtype).at[np.asarray(self.index)].set(unit)
+
+    def support_ratio(
+        self, z: Float[Array, " n"], clamped: Bool[Array, " n"]
+    ) -> Float[Array, ""]:
+        """The member's test on its coordinates (clamps elsewhere do not
+        touch it)."""
+        idx = np.asarray(self.index)
+        return self.relation.support_ratio(z[idx], clamped[idx])
 
 
 def named_relation(
@@ -223,6 +231,14 @@ class ProductRelation(AbstractImplicitRelation):
         r"""$\sum_i w_i u_i$ of the members' units $u_i$, per coordinate."""
         w = self.weights.astype(dtype)
         return sum(w[i] * r.field_unit(dtype) for i, r in enumerate(self.relations))
+
+    def support_ratio(
+        self, z: Float[Array, " n"], clamped: Bool[Array, " n"]
+    ) -> Float[Array, ""]:
+        """The largest of the members' ratios: NaN when a member with clamps on
+        its coordinates is not calibrated for them."""
+        ratios = jnp.stack([r.support_ratio(z, clamped) for r in self.relations])
+        return jnp.max(ratios)
 
     def effective_lambda(self, dtype) -> Float[Array, ""]:
         r"""The members' common $\lambda_{\mathrm{eff}}$ (an error, under `jit`

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import DTypeLike
-from jaxtyping import Array, ArrayLike, Float, PyTree
+from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
 from .._misc import check_positive_int, check_tol
 from ..diffusion._solution import ImplicitSolution
@@ -170,6 +170,12 @@ class Factor(AbstractImplicitRelation):
 
     def field_unit(self, dtype) -> Float[Array, " n"]:
         return self.relation.field_unit(dtype)
+
+    def support_ratio(
+        self, z: Float[Array, " n"], clamped: Bool[Array, " n"]
+    ) -> Float[Array, ""]:
+        """The member relation's calibrated off-data test."""
+        return self.relation.support_ratio(z, clamped)
 
     def _check_marks(self, marks: Mapping[str, AbstractChannel]) -> None:
         names = dict(self.channels)
@@ -349,7 +355,11 @@ def factor_infer(
       the unobserved channels' values) unless `z_init` is given. A `tol`
       that is not a positive, finite Python float, or a `max_steps` that is
       not a positive integer, raises a `ValueError` naming it (a traced
-      `tol` a `TypeError`: it is fixed when the program is traced).
+      `tol` a `TypeError`: it is fixed when the program is traced). With
+      the default `off_data_tol=None`, a factor whose relation is
+      calibrated by [`retrax.relations.calibrate_off_data`][] for the
+      observed channels' coordinates flags the answer `off_data` by the
+      calibrated test.
 
     **Returns:**
 

@@ -3,12 +3,13 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float
+from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._misc import check_value
 from ..diffusion._predictor import AbstractPredictor
 from ._abstract_relation import AbstractImplicitRelation
 from ._nodes import FieldNodes, density_lambda
+from ._support import DataSupport
 
 
 class ImplicitDiffusion(AbstractImplicitRelation):
@@ -37,17 +38,22 @@ class ImplicitDiffusion(AbstractImplicitRelation):
     - `nodes`: the field nodes; their dimension is the joint dimension $n$.
     - `lam`: the global field weight $\lambda$ (see
       [`retrax.relations.density_lambda`][] for a data-unit choice).
+    - `support`: the training rows of the calibrated off-data test, or
+      `None` (not calibrated); set by
+      [`retrax.relations.calibrate_off_data`][].
     """
 
     pred: AbstractPredictor
     nodes: FieldNodes
     lam: float | Float[Array, ""]
+    support: DataSupport | None
 
     def __init__(
         self,
         pred: AbstractPredictor,
         nodes: FieldNodes,
         lam: float | Float[ArrayLike, ""] = 1.0,
+        support: DataSupport | None = None,
     ):
         if not isinstance(pred, AbstractPredictor):
             raise TypeError(
@@ -83,6 +89,18 @@ class ImplicitDiffusion(AbstractImplicitRelation):
             "`lam` must be a finite, nonnegative field weight (see "
             "`density_lambda` for a data-unit choice).",
         )
+        if support is not None:
+            if not isinstance(support, DataSupport):
+                raise TypeError(
+                    "`support` must be a DataSupport (see `calibrate_off_data`) or "
+                    f"None, got {type(support).__name__}."
+                )
+            if support.points.ndim != 2 or support.points.shape[1] != n:
+                raise ValueError(
+                    f"`support` holds rows of shape {support.points.shape[1:]}, "
+                    f"but the relation's joint dimension is {n}."
+                )
+        self.support = support
 
     @property
     def dim(self) -> int:
@@ -177,3 +195,12 @@ class ImplicitDiffusion(AbstractImplicitRelation):
         $-\nabla\log p$ (1 with `lam = density_lambda(schedule, nodes)`)."""
         lam = jnp.asarray(self.lam).astype(dtype)
         return lam / density_lambda(self.pred.schedule, self.nodes).astype(dtype)
+
+    def support_ratio(
+        self, z: Float[Array, " n"], clamped: Bool[Array, " n"]
+    ) -> Float[Array, ""]:
+        """The test of `support` (see `DataSupport.ratio`); without it, NaN
+        for a query with clamps and 0 for one without."""
+        if self.support is None:
+            return jnp.where(jnp.any(clamped), jnp.asarray(jnp.nan, z.dtype), 0)
+        return self.support.ratio(z, clamped)

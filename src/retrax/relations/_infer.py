@@ -45,6 +45,11 @@ def _symmetric_residual(y, args):
     return jnp.where(clamped, diff, free_rows)
 
 
+# The clamp load beyond which a query of a relation not calibrated for its
+# clamps is flagged off the data.
+_UNCALIBRATED_TOL = 3.0
+
+
 def default_tol(dtype) -> float:
     """`1e-9` in float64 and `1e-5` in float32 (and lower precisions)."""
     return 1e-9 if jnp.finfo(dtype).bits >= 64 else 1e-5
@@ -186,7 +191,7 @@ def implicit_infer(
     matrix_free: bool = False,
     adjoint_solver: lx.AbstractLinearSolver | None = None,
     symmetric: bool | None = None,
-    off_data_tol: float = 3.0,
+    off_data_tol: float | None = None,
     throw: bool = True,
     coupling: Float[ArrayLike, "n n"] | None = None,
 ) -> ImplicitSolution:
@@ -234,8 +239,12 @@ def implicit_infer(
       `model.conservative`. For a symmetric field a symmetric solver such as
       `lineax.Cholesky()` may be passed as `adjoint_solver` (stable roots only:
       the free block is then positive definite).
-    - `off_data_tol`: the `clamp_load` beyond which the solution is flagged
-      `off_data` (see [`retrax.diffusion.ImplicitSolution`][]).
+    - `off_data_tol`: `None` (the default): a relation calibrated by
+      [`retrax.relations.calibrate_off_data`][] for the query's clamps flags
+      the solution `off_data` when its `support_ratio` exceeds 1, and
+      otherwise when its `clamp_load` exceeds 3. A float: flagged when
+      `clamp_load` exceeds it, calibrated or not (see
+      [`retrax.diffusion.ImplicitSolution`][]).
     - `throw`: whether a solve that did not converge, or a query that is not
       valid, raises.
     - `coupling`: `None`, or a symmetric `(n, n)` matrix $K$ of stiffness
@@ -292,11 +301,17 @@ def _infer(
     adjoint_solver,
     throw,
     symmetric=None,
-    off_data_tol=3.0,
+    off_data_tol=None,
     coupling=None,
 ):
     tol = check_tol(tol)
     check_positive_int("max_steps", max_steps)
+    if off_data_tol is not None and (
+        isinstance(off_data_tol, bool) or not isinstance(off_data_tol, int | float)
+    ):
+        raise TypeError(
+            f"`off_data_tol` must be a float or None, got {off_data_tol!r}."
+        )
     given = (z0, rho, z_init, coupling)
     z0, rho, z_init, coupling, bad = _screen_query(
         model, z0, rho, z_init, throw, coupling
@@ -359,6 +374,15 @@ def _infer(
     unit = model.field_unit(dtype)
     load = jnp.where(clamped & (unit != 0), load / jnp.where(unit != 0, unit, 1), 0)
     clamp_load = jnp.where(bad, jnp.asarray(jnp.nan, dtype), jnp.max(load))
+    nan = jnp.asarray(jnp.nan, dtype)
+    ratio = model.support_ratio(jax.lax.stop_gradient(z0), clamped)
+    ratio = jnp.where(bad, nan, ratio)
+    if off_data_tol is None:
+        off_data = jnp.where(
+            jnp.isnan(ratio), clamp_load > _UNCALIBRATED_TOL, ratio > 1
+        )
+    else:
+        off_data = clamp_load > off_data_tol
     steps = jnp.asarray(sol.stats["num_steps"])
     out = ImplicitSolution(
         z=z,
@@ -368,7 +392,8 @@ def _infer(
         stable=stable,
         result=result,
         clamp_load=clamp_load,
-        off_data=clamp_load > off_data_tol,
+        off_data=off_data,
+        support_ratio=ratio,
         stats={"num_steps": steps},
     )
     failed = (result != RESULTS.successful) & (result != RESULTS.unstable_root)

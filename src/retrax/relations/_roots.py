@@ -28,8 +28,8 @@ class ImplicitRoots(AbstractSolution):
       duplicate or failed solves.
     - `valid`: which slots hold a distinct, converged and stable answer.
     - `count`: the number of valid slots.
-    - `converged`, `stable`, `steps`, `result`, `clamp_load`, `off_data`: per
-      slot, as in [`retrax.diffusion.ImplicitSolution`][].
+    - `converged`, `stable`, `steps`, `result`, `clamp_load`, `off_data`,
+      `support_ratio`: per slot, as in [`retrax.diffusion.ImplicitSolution`][].
     - `stats`: `{"num_steps": steps}`, the solver steps of every slot (see
       [`retrax.diffusion.AbstractSolution`][]).
     """
@@ -43,6 +43,7 @@ class ImplicitRoots(AbstractSolution):
     result: RESULTS
     clamp_load: Float[Array, " starts"]
     off_data: Bool[Array, " starts"]
+    support_ratio: Float[Array, " starts"]
     stats: dict[str, Array]
 
 
@@ -63,7 +64,7 @@ def implicit_roots(
     matrix_free: bool = False,
     adjoint_solver: lx.AbstractLinearSolver | None = None,
     symmetric: bool | None = None,
-    off_data_tol: float = 3.0,
+    off_data_tol: float | None = None,
     throw: bool = True,
 ) -> ImplicitRoots:
     r"""All the stable answers of a query that several starts reach.
@@ -189,6 +190,7 @@ def implicit_roots(
         result=jax.tree.map(lambda x: x[order], sols.result),
         clamp_load=sols.clamp_load[order],
         off_data=sols.off_data[order],
+        support_ratio=sols.support_ratio[order],
         stats={"num_steps": steps},
     )
     result = out.result
