@@ -30,8 +30,9 @@ class GraphSolution(AbstractSolution):
     - `x`: the same as one flat vector, `(n,)`.
     - `gradient`: the graph's gradient $\nabla E$ at `x` (about 0).
     - `converged`: whether the last Newton step was within the tolerance.
-    - `stable`: whether the symmetric part of the Jacobian at `x` is positive
-      definite (a minimum of the energy, not a saddle).
+    - `stable`: whether the symmetric part of the Jacobian at the last Newton
+      step's point (within the tolerance of `x`) is positive definite (a
+      minimum of the energy, not a saddle).
     - `result`: a [`retrax.diffusion.RESULTS`][]: `successful`,
       `unstable_root` (converged to a saddle: an answer, reported, never
       raised), `max_steps_reached` or `nonfinite_iterate`.
@@ -52,48 +53,61 @@ class GraphSolution(AbstractSolution):
 
 def _newton(graph: FactorGraph, x0, tol, max_steps, kind):
     r"""Newton's method on the gradient with a backtracking line search on
-    $\tfrac12\lVert\nabla E\rVert^2$; `(x, [steps, converged, last step])`."""
+    $\tfrac12\lVert\nabla E\rVert^2$.
+
+    Returns `(x, g, aux)`: the last iterate, the gradient there and `[steps,
+    converged, last step size, stable]` (stable: the symmetric part of the
+    last Jacobian is positive definite). The gradient at an accepted trial
+    point is carried to the next step, so the factors' gradients are traced
+    twice (before the loop and in the line search) and their Jacobians once:
+    compile time grows with the number of traces of a learned field.
+    """
     dtype = x0.dtype
 
-    def merit(x):
-        g = graph.gradient(x)
-        return 0.5 * jnp.sum(g * g)
-
     def cond(state):
-        _, step, _, done = state
+        step, done = state[2], state[4]
         return (step < max_steps) & ~done
 
     def body(state):
-        x, step, _, _ = state
-        g = graph.gradient(x)
-        delta = -graph_system(graph, x, kind).solve(g)
+        x, g, step, _, _, _ = state
+        system = graph_system(graph, x, kind)
+        delta = -system.solve(g)
+        stable, _ = system.symmetric_logdet()
         size = jnp.max(jnp.abs(delta))
         finite = jnp.all(jnp.isfinite(delta))
         small = size <= tol * (1 + jnp.max(jnp.abs(x)))
         phi0 = 0.5 * jnp.sum(g * g)
 
         def search(carry):
-            alpha, _ = carry
-            alpha = alpha * 0.5
-            return alpha, merit(x + alpha * delta)
+            alpha = carry[0] * 0.5
+            g_new = graph.gradient(x + alpha * delta)
+            return alpha, 0.5 * jnp.sum(g_new * g_new), g_new
 
         def keep_halving(carry):
-            alpha, phi = carry
-            return (alpha > 2.0**-10) & ~(phi <= (1 - 1e-4 * alpha) * phi0)
+            alpha, phi, _ = carry
+            accepted = phi <= (1 - 1e-4 * alpha) * phi0
+            # a step within the tolerance is taken whole: one trial
+            first = alpha == 1.0
+            return (alpha > 2.0**-10) & ~accepted & ~(small & first)
 
-        # the first pass tries the full step; `merit` is traced once
-        alpha, _ = jax.lax.while_loop(
-            keep_halving, search, (jnp.asarray(2.0, dtype), jnp.asarray(jnp.inf, dtype))
+        inf = jnp.asarray(jnp.inf, dtype)
+        alpha, _, g_new = jax.lax.while_loop(
+            keep_halving, search, (jnp.asarray(2.0, dtype), inf, g)
         )
-        alpha = jnp.where(small, 1.0, alpha)
         x_new = jnp.where(finite, x + alpha * delta, x)
+        g_new = jnp.where(finite, g_new, g)
         stop = small | ~finite
-        return x_new, step + 1, jnp.where(finite, size, jnp.inf), stop
+        return x_new, g_new, step + 1, jnp.where(finite, size, inf), stop, stable
 
-    init = (x0, jnp.zeros((), jnp.int32), jnp.asarray(jnp.inf, dtype), jnp.array(False))
-    x, steps, size, done = jax.lax.while_loop(cond, body, init)
+    false = jnp.array(False)
+    inf = jnp.asarray(jnp.inf, dtype)
+    init = (x0, graph.gradient(x0), jnp.zeros((), jnp.int32), inf, false, false)
+    x, g, steps, size, done, stable = jax.lax.while_loop(cond, body, init)
     converged = done & jnp.isfinite(size)
-    return x, jnp.stack([steps.astype(dtype), converged.astype(dtype), size])
+    aux = jnp.stack(
+        [steps.astype(dtype), converged.astype(dtype), size, stable.astype(dtype)]
+    )
+    return x, g, aux
 
 
 @eqx.filter_custom_jvp
@@ -105,9 +119,12 @@ def _map_point(graph, x0, *, tol, max_steps, kind):
 def _map_point_jvp(primals, tangents, *, tol, max_steps, kind):
     graph, x0 = primals
     t_graph, _ = tangents
-    x, aux = _map_point(graph, x0, tol=tol, max_steps=max_steps, kind=kind)
+    x, g, aux = _map_point(graph, x0, tol=tol, max_steps=max_steps, kind=kind)
+    # at a root the gradient's tangent is 0 (that is the implicit function
+    # theorem's equation), and the statistics have none
+    zeros = (jnp.zeros_like(g), jnp.zeros_like(aux))
     if t_graph is None:
-        return (x, aux), (jnp.zeros_like(x), jnp.zeros_like(aux))
+        return (x, g, aux), (jnp.zeros_like(x), *zeros)
     t_graph = jax.tree.map(
         lambda p, t: jnp.zeros_like(p) if t is None and eqx.is_inexact_array(p) else t,
         graph,
@@ -121,7 +138,7 @@ def _map_point_jvp(primals, tangents, *, tol, max_steps, kind):
     )
     system = graph_system(constant, root, kind)
     t_x = -system.solve(rhs)
-    return (x, aux), (t_x, jnp.zeros_like(aux))
+    return (x, g, aux), (t_x, *zeros)
 
 
 @filter_jit
@@ -182,13 +199,13 @@ def solve_graph(
     x0 = graph.flatten(init, dtype)
     dtype = x0.dtype
     tol = default_tol(dtype) if tol is None else tol
-    x, aux = _map_point(graph, x0, tol=tol, max_steps=max_steps, kind=kind)
-    steps = jax.lax.stop_gradient(aux[0]).astype(jnp.int32)
-    converged = jax.lax.stop_gradient(aux[1]) > 0
-    size = jax.lax.stop_gradient(aux[2])
+    x, g, aux = _map_point(graph, x0, tol=tol, max_steps=max_steps, kind=kind)
+    aux = jax.lax.stop_gradient(aux)
+    steps = aux[0].astype(jnp.int32)
+    converged = aux[1] > 0
+    size = aux[2]
     finite = jnp.isfinite(size)
-    stable, _ = graph_system(graph, jax.lax.stop_gradient(x), kind).symmetric_logdet()
-    stable = stable & converged
+    stable = (aux[3] > 0) & converged
     result = RESULTS.where(
         converged,
         RESULTS.where(stable, RESULTS.successful, RESULTS.unstable_root),
@@ -199,7 +216,7 @@ def solve_graph(
     sol = GraphSolution(
         values=graph.unflatten(x),
         x=x,
-        gradient=graph.gradient(x),
+        gradient=jnp.where(converged, g, jnp.asarray(jnp.nan, dtype)),
         converged=converged,
         stable=stable,
         result=result,
