@@ -424,7 +424,7 @@ def test_arm_chain_gradients_equal_central_differences(arm_factor):
         sol = rr.solve_graph(graph, init, tol=1e-13)
         return jnp.sum(jnp.sin(3 * sol.values["q"]))
 
-    smooth = jnp.asarray(arm.SMOOTH_SD**-2)
+    smooth = jnp.asarray(arm.smooth_sd(100) ** -2)
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(measured, smooth, weight)
     e = jnp.zeros_like(measured).at[17, 0].set(1.0)
     np.testing.assert_allclose(
@@ -444,3 +444,21 @@ def test_arm_chain_gradients_equal_central_differences(arm_factor):
         central(lambda t: loss(measured, smooth, weight + t * w_e), 0.0),
         rtol=1e-6,
     )
+
+
+def test_precision_forms():
+    eye = jnp.eye(2)
+    rows2, rows3 = [("x", [0, 1])], [("x", [0, 1, 2])]
+    diag = rr.GaussianFactor(rows2, eye, jnp.zeros(2), [1.0, 2.0]).precision
+    np.testing.assert_array_equal(
+        diag, jnp.stack([jnp.diag(jnp.array([1.0, 2.0]))] * 2)
+    )
+    per_row = rr.GaussianFactor(rows3, eye, jnp.zeros(2), [1.0, 2.0, 3.0]).precision
+    np.testing.assert_array_equal(per_row[2], 3 * eye)
+    matrix = [[1.0, 0.5], [0.5, 2.0]]
+    full = rr.GaussianFactor(rows2, eye, jnp.zeros(2), matrix).precision
+    np.testing.assert_array_equal(full[1], jnp.asarray(matrix))
+    per_row_diag = rr.GaussianFactor(
+        rows3, eye, jnp.zeros(2), [[1.0, 2.0]] * 3
+    ).precision
+    np.testing.assert_array_equal(per_row_diag[0], jnp.diag(jnp.array([1.0, 2.0])))

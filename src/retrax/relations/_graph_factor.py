@@ -83,14 +83,18 @@ def _per_row(name: str, value: "Values", rows: int, shape: tuple[int, ...]) -> A
 
 def _as_precision(name: str, precision: "Values", size: int, rows: int) -> Array:
     """A precision given as a scalar, a diagonal or a matrix (each for every row
-    or one per row), as `(rows, size, size)`, checked symmetric PSD."""
+    or one per row), as `(rows, size, size)`, checked symmetric PSD.
+
+    Where shapes coincide (`rows == size`), a `(size,)` array is a diagonal
+    and a `(size, size)` array a matrix, both for every row."""
     p = jnp.asarray(precision)
     if not jnp.issubdtype(p.dtype, jnp.floating):
         p = p.astype(jnp.result_type(float))
-    if p.shape in ((), (rows,)) and not (p.shape == (size,) and rows != size):
-        p = p[..., None, None] * jnp.eye(size, dtype=p.dtype)
-    elif p.shape in ((size,), (rows, size)):
-        p = p[..., :, None] * jnp.eye(size, dtype=p.dtype)
+    eye = jnp.eye(size, dtype=p.dtype)
+    if p.shape == () or (p.shape == (rows,) and rows != size):
+        p = p[..., None, None] * eye
+    elif p.shape == (size,) or (p.shape == (rows, size) and p.shape != (size, size)):
+        p = p[..., :, None] * eye
     p = _per_row(name, p, rows, (size, size))
     if not isinstance(p, jax.core.Tracer) and bool(jnp.any(~jnp.isfinite(p))):
         raise ValueError(f"`{name}` must be finite.")
