@@ -40,7 +40,13 @@ LINKS = (0.6, 0.5)
 Q1, Q2 = (-1.2, 1.2), (0.3, 2.4)
 NOISE = 0.005
 SENSOR_SD = 0.02
-SMOOTH_SD = 0.05
+# the smoothness prior's sd of a pose-to-pose change of the joint angles: the
+# track's sampling makes the changes about 10 / poses, so this scales with it
+SMOOTH_SPAN = 20.0
+
+
+def smooth_sd(poses):
+    return SMOOTH_SPAN / poses
 
 
 def kinematics(q):
@@ -117,7 +123,10 @@ def pose_graph(factor, measured):
             rr.RelationFactor(factor, {"q": ("q", rows), "xy": ("xy", rows)}),
             rr.GaussianFactor([("xy", rows)], jnp.eye(2), measured, SENSOR_SD**-2),
             rr.GaussianFactor.between(
-                ("q", range(poses - 1)), ("q", range(1, poses)), SMOOTH_SD**-2, dim=2
+                ("q", range(poses - 1)),
+                ("q", range(1, poses)),
+                smooth_sd(poses) ** -2,
+                dim=2,
             ),
         ],
     )
@@ -134,7 +143,7 @@ def start(measured):
     return {"q": q0, "xy": measured}
 
 
-def plot(q_true, xy_true, measured, xy_est, covs, path):
+def plot(q_est, xy_true, measured, xy_est, covs, path):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,7 +153,14 @@ def plot(q_true, xy_true, measured, xy_est, covs, path):
     fig, ax = plt.subplots(figsize=(6, 5))
     ax.plot(*np.asarray(xy_true).T, "k-", lw=1, label="true end effector")
     ax.plot(*np.asarray(measured).T, ".", ms=3, color="tab:gray", label="measured")
-    ax.plot(*np.asarray(xy_est).T, "-", color="tab:red", lw=1.2, label="joint solve")
+    ax.plot(*np.asarray(xy_est).T, "-", color="tab:red", lw=1, label="joint solve: xy")
+    ax.plot(
+        *np.asarray(kinematics(q_est)).T,
+        "-",
+        color="tab:green",
+        lw=1.5,
+        label="kinematics of the solved angles",
+    )
     for i in range(0, len(xy_est), max(1, len(xy_est) // 25)):
         vals, vecs = np.linalg.eigh(np.asarray(covs[i]))
         angle = np.degrees(np.arctan2(vecs[1, 1], vecs[0, 1]))
@@ -162,7 +178,7 @@ def plot(q_true, xy_true, measured, xy_est, covs, path):
         )
     ax.plot([], [], color="tab:blue", lw=0.8, label="3-sd Laplace belief")
     ax.set_aspect("equal")
-    ax.legend(loc="best", fontsize=8)
+    ax.legend(loc="lower left", fontsize=8)
     ax.set_title("two-link arm: a graph of learned relations")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -192,7 +208,9 @@ def main(smoke=False, plot_path=None, json_path=None, seed=0):
     solve_s = time.perf_counter() - t0
     covs = eqx.filter_jit(rr.graph_laplace)(graph, sol)
     bp = eqx.filter_jit(
-        lambda g, i: rr.propagate_beliefs(g, i, tol=1e-8, max_steps=300, throw=False)
+        lambda g, i: rr.propagate_beliefs(
+            g, i, schedule="sequential", tol=1e-8, max_steps=300, throw=False
+        )
     )(graph, init)
 
     q_err = float(jnp.sqrt(jnp.mean((sol.values["q"] - q_true) ** 2)))
@@ -222,7 +240,9 @@ def main(smoke=False, plot_path=None, json_path=None, seed=0):
     for k, v in results.items():
         print(f"{k:>22}: {v}")
     if plot_path:
-        plot(q_true, xy_true, measured, sol.values["xy"], covs["xy"], plot_path)
+        plot(
+            sol.values["q"], xy_true, measured, sol.values["xy"], covs["xy"], plot_path
+        )
     if json_path:
         pathlib.Path(json_path).write_text(json.dumps(results, indent=2) + "\n")
     return results
