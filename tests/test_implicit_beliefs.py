@@ -208,7 +208,10 @@ def test_mixture_weights_follow_the_mass():
     z0, rho = jnp.array([0.0, 0.0]), jnp.array([0.0, 0.0])
     roots = rd.implicit_roots(model, z0, rho, jax.random.key(0), spread=1.5)
     assert int(roots.count) == 2
-    mix = rd.implicit_mixture(model, roots, z0, rho)
+    # (under `jit`: the Laplace covariances and energies compiled as one
+    # program instead of op by op)
+    mixture = eqx.filter_jit(rd.implicit_mixture)
+    mix = mixture(model, roots, z0, rho)
     assert_close(jnp.sum(mix.weights), 1.0, rtol=1e-12)
     left = int(jnp.argmin(jnp.where(roots.valid, roots.z[:, 0], jnp.inf)))
     right = int(jnp.argmax(jnp.where(roots.valid, roots.z[:, 0], -jnp.inf)))
@@ -220,5 +223,5 @@ def test_mixture_weights_follow_the_mass():
         rd.NoisePredictor(rd.TimeMLP(2, hidden=4, key=jax.random.key(0)), SCHED),
         model.nodes,
     )
-    eq = rd.implicit_mixture(mlp_model, roots, z0, rho)
+    eq = mixture(mlp_model, roots, z0, rho)
     assert_close(eq.weights[roots.valid], jnp.full(2, 0.5), rtol=1e-12)
