@@ -144,16 +144,19 @@ def test_roots_bad_starts():
 
 
 def test_energy_is_the_potential_of_the_field():
+    # (each side under `jit`: one program, not op by op; the eager energy
+    # runs in test_energy_network_potential)
     model = two_bumps()
     z = jnp.array([0.3, -0.4])
     z0, rho = jnp.array([0.0, 0.5]), jnp.array([0.0, 2.0])
     assert_close(
-        jax.grad(rd.implicit_energy, argnums=1)(model, z),
-        model.prior_field(z),
+        eqx.filter_jit(jax.grad(rd.implicit_energy, argnums=1))(model, z),
+        eqx.filter_jit(lambda m, z: m.prior_field(z))(model, z),
         rtol=1e-11,
     )
-    grad_q = jax.grad(lambda q: rd.implicit_energy(model, q, z0, rho))(z)
-    assert_close(grad_q, model.implicit_residual(z, z0, rho), rtol=1e-11)
+    grad_q = jax.jit(jax.grad(lambda q: rd.implicit_energy(model, q, z0, rho)))(z)
+    residual = jax.jit(lambda q: model.implicit_residual(q, z0, rho))(z)
+    assert_close(grad_q, residual, rtol=1e-11)
     mlp = rd.NoisePredictor(rd.TimeMLP(2, hidden=4, key=jax.random.key(0)), SCHED)
     with pytest.raises(TypeError, match="potential"):
         rd.implicit_energy(rd.ImplicitDiffusion(mlp, model.nodes), z)
@@ -208,7 +211,10 @@ def test_mixture_weights_follow_the_mass():
     z0, rho = jnp.array([0.0, 0.0]), jnp.array([0.0, 0.0])
     roots = rd.implicit_roots(model, z0, rho, jax.random.key(0), spread=1.5)
     assert int(roots.count) == 2
-    mix = rd.implicit_mixture(model, roots, z0, rho)
+    # (under `jit`: the Laplace covariances and energies compiled as one
+    # program instead of op by op)
+    mixture = eqx.filter_jit(rd.implicit_mixture)
+    mix = mixture(model, roots, z0, rho)
     assert_close(jnp.sum(mix.weights), 1.0, rtol=1e-12)
     left = int(jnp.argmin(jnp.where(roots.valid, roots.z[:, 0], jnp.inf)))
     right = int(jnp.argmax(jnp.where(roots.valid, roots.z[:, 0], -jnp.inf)))
@@ -220,5 +226,5 @@ def test_mixture_weights_follow_the_mass():
         rd.NoisePredictor(rd.TimeMLP(2, hidden=4, key=jax.random.key(0)), SCHED),
         model.nodes,
     )
-    eq = rd.implicit_mixture(mlp_model, roots, z0, rho)
+    eq = mixture(mlp_model, roots, z0, rho)
     assert_close(eq.weights[roots.valid], jnp.full(2, 0.5), rtol=1e-12)

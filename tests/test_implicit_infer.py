@@ -121,13 +121,16 @@ def test_prior_field_against_node_loop():
     z = jnp.array([0.3, -0.8])
     a, s = SCHED.alpha(nodes.t), SCHED.sigma(nodes.t)
     x = a[:, None] * z + s[:, None] * nodes.eps
-    eps = jax.vmap(mix.epsilon)(x, nodes.t)
-    jacs = jax.vmap(mix.jacobian)(x, nodes.t)  # closed form, not AD
+    # (each side under `jit`: one program, not op by op; the eager field runs
+    # in test_residual_masks_and_infinite_stiffness)
+    eps = eqx.filter_jit(lambda m, x, t: jax.vmap(m.epsilon)(x, t))(mix, x, nodes.t)
+    # (the closed form, not AD)
+    jacs = eqx.filter_jit(lambda m, x, t: jax.vmap(m.jacobian)(x, t))(mix, x, nodes.t)
     coef = nodes.w * s / a
     g = np.einsum("k,kn->n", coef, eps - nodes.eps)
     jac = np.einsum("k,kij->ij", coef * a, jacs)
-    assert_close(model.prior_field(z), g, rtol=1e-12)
-    assert_close(model.prior_jacobian(z), jac, rtol=1e-12)
+    assert_close(eqx.filter_jit(model.prior_field)(z), g, rtol=1e-12)
+    assert_close(eqx.filter_jit(model.prior_jacobian)(z), jac, rtol=1e-12)
 
 
 def test_residual_masks_and_infinite_stiffness():
