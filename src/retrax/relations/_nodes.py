@@ -291,8 +291,8 @@ def belief_levels(
     schedule: AbstractNoiseSchedule,
     data: Float[ArrayLike, "points n"],
     n_levels: int = 4,
-    low: float = 0.5,
-    high: float = 2.0,
+    low: float = 0.25,
+    high: float = 1.0,
     *,
     neighbours: int = 128,
     points: int = 512,
@@ -308,27 +308,29 @@ def belief_levels(
     mean $r_k^2$ when the levels' noise exceeds the data's thickness. Levels
     much noisier than $s$ (the defaults of
     [`retrax.relations.field_nodes`][] on finely measured data) thus give
-    beliefs far too wide; levels with $r \lesssim s$ give a belief as sharp
-    as the data: across the relation the variance is at most
-    $s^2 + \max_k r_k^2$. Less smoothing costs smoothness (the field reads
-    the model where its error is largest), not bias: the answers of a query
-    move onto the data, not off it (see the relations theory page).
+    beliefs far too wide; levels with $r \lesssim s$ give a belief about as
+    sharp as the data: the variance across the relation is a weighted mean
+    of the $s^2 + r_k^2$, at most $s^2 + \max_k r_k^2$. The price is
+    smoothness: the smallest levels read the model where its error is
+    largest, so the answers scatter more about the data (see the relations
+    theory page for the trade-off, measured).
 
     This measures $s$ as the median, over `points` rows of `data`, of the
     standard deviation of the thinnest principal direction of their
-    `neighbours` nearest neighbours (local PCA), and returns `n_levels` times
-    whose noise standard deviations run geometrically from `low * s` to
-    `high * s`, none below the schedule's `t_min` (the model was not trained
-    there: such levels are raised to `t_min`, so for very thin data all
-    levels may coincide, which only adds noise draws at `t_min`). Pass them
-    as `field_nodes(key, n, levels=belief_levels(schedule, data))` and build
-    the relation with the default `lam` or `density_lambda` (the covariance
-    scale $\lambda_{\mathrm{eff}}$ accounts for either).
+    `neighbours` nearest neighbours (local PCA; neighbourhoods not much wider
+    than the thickness truncate it, so with too few points or neighbours
+    the estimate is low, which only sharpens the beliefs), and returns
+    `n_levels` times whose noise standard deviations run geometrically from
+    `low * s` to `high * s`, none below the schedule's `t_min` (the model
+    was not trained there: such levels are `t_min`, so for data thinner than
+    the noise at `t_min` all levels coincide, which only adds noise draws
+    there). Pass them as `field_nodes(key, n, levels=belief_levels(schedule,
+    data))`; the covariance scale $\lambda_{\mathrm{eff}}$ of the Laplace
+    belief holds for any `lam`.
 
     Unlike [`retrax.relations.data_levels`][] (the spacing between points,
     for where answers land), this reads the spread across the relation
-    (for how wide the beliefs are); on data of the relation's full
-    dimension the two are alike.
+    (for how wide the beliefs are).
 
     **Arguments:**
 
@@ -379,6 +381,7 @@ def belief_levels(
         "`data` has no spread across its thinnest direction (repeated points, "
         "or data on an exact subspace): its thickness is 0.",
     )
-    factors = jnp.geomspace(low, high, n_levels).astype(dtype)
-    t = _time_of_noise(schedule, factors * thickness, dtype)
-    return jnp.maximum(t, jnp.asarray(schedule.t_min, dtype))
+    noise = jnp.geomspace(low, high, n_levels).astype(dtype) * thickness
+    t_min = jnp.asarray(schedule.t_min, dtype)
+    floor = schedule.sigma(t_min) / schedule.alpha(t_min)
+    return jnp.where(noise <= floor, t_min, _time_of_noise(schedule, noise, dtype))
