@@ -345,7 +345,9 @@ def test_fit_chain_full_run():
     assert result["stream_difference"] <= one_call + blocks
 
 
-def test_arm_beliefs_smoke():
+def test_arm_beliefs_smoke(monkeypatch):
+    # it imports the arm from arm_pose_graph.py, next to it (as a script does)
+    monkeypatch.syspath_prepend(str(EXAMPLES))
     result = load_example("arm_beliefs.py").main(smoke=True)
     assert set(result) == {"default", "data_levels", "0.002-0.005", "belief_levels"}
     for r in result.values():
