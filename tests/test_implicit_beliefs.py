@@ -1,5 +1,8 @@
 """Multi-start roots, Laplace beliefs, mixtures and energies of implicit queries."""
 
+import sys
+from pathlib import Path
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -7,8 +10,12 @@ import numpy as np
 import pytest
 
 import retrax.diffusion as rd
+import retrax.relations as rr
 from helpers import assert_close, raises_eagerly_and_under_jit, ring_radius
 
+
+# the arm of examples/arm_beliefs.py
+sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
 
 SCHED = rd.VPSDE()
 INF = jnp.inf
@@ -228,3 +235,113 @@ def test_mixture_weights_follow_the_mass():
     )
     eq = mixture(mlp_model, roots, z0, rho)
     assert_close(eq.weights[roots.valid], jnp.full(2, 0.5), rtol=1e-12)
+
+
+# -- levels for calibrated beliefs ------------------------------------------------
+
+
+def thin_line(s, n=4000, schedule=SCHED):
+    """A relation y = x of thickness `s` (a dense row of Gaussians along the
+    diagonal) and `n` samples of it."""
+    u = jnp.linspace(-1.0, 1.0, 401)
+    means = jnp.stack([u, u], 1)
+    k1, k2 = jax.random.split(jax.random.key(5))
+    data = means[jax.random.randint(k1, (n,), 0, 401)]
+    data = data + s * jax.random.normal(k2, (n, 2))
+    return rd.GaussianMixtureEps(schedule, means, s), data
+
+
+def test_belief_levels_read_the_thickness_and_calibrate_the_laplace_belief():
+    # The sensor-only query of a thin relation: y measured with sd 0.02, x
+    # latent. The exact belief about x is N(y, sd^2 + 2 s^2) (x = y - sqrt(2) d
+    # with d the N(0, s^2) offset across the line). Node levels at noise sd r
+    # see the line smoothed to s^2 + r^2, and the Laplace variance across it is
+    # V = sum r^2 / sum r^2 / (s^2 + r^2) (belief_levels' docstring).
+    s, sd = 0.01, 0.02
+    schedule = rd.VPSDE(t_min=1e-5)
+    mix, data = thin_line(s, schedule=schedule)
+    levels = rr.belief_levels(schedule, data)
+    assert levels.shape == (4,) and levels.dtype == data.dtype
+    assert bool(jnp.all(jnp.diff(levels) >= 0)) and bool(jnp.all(levels > 1e-5))
+    noise = schedule.sigma(levels) / schedule.alpha(levels)
+    factors = jnp.geomspace(0.25, 1.0, 4)
+    # geometric in units of one measured thickness, which is s to 10%
+    assert_close(noise / factors, jnp.full(4, noise[0] / factors[0]), rtol=1e-6)
+    assert abs(float(noise[0] / factors[0]) / s - 1) < 0.1
+
+    def belief_sd(levels):
+        nodes = rd.field_nodes(jax.random.key(1), 2, levels=levels, samples=8)
+        factor = rr.Factor(rr.ImplicitDiffusion(mix, nodes), {"x": 1, "y": 1})
+        marks = {"x": rr.Latent(0.0), "y": rr.Unobserved(0.1, sd**-2)}
+        sol = rr.factor_infer(factor, marks)
+        assert bool(sol.converged & sol.stable)
+        return float(
+            jnp.sqrt(1 / rr.factor_messages(factor, sol, marks)["x"].precision[0, 0])
+        )
+
+    truth = np.sqrt(sd**2 + 2 * s**2)
+    r2 = np.asarray(noise) ** 2
+    var = np.sum(r2) / np.sum(r2 / (s**2 + r2))
+    assert_close(belief_sd(levels), np.sqrt(sd**2 + 2 * var), rtol=1e-3)
+    assert belief_sd(levels) < 1.2 * truth
+    # the default levels (noise sd 0.016-0.17) are several times too wide
+    assert belief_sd(None) > 4 * truth
+    # jittable, and float32 data give float32 levels
+    assert_close(eqx.filter_jit(rr.belief_levels)(schedule, data), levels, rtol=1e-12)
+    levels32 = rr.belief_levels(schedule, data.astype(jnp.float32))
+    assert levels32.dtype == jnp.float32
+    assert_close(levels32.astype(jnp.float64), levels, rtol=1e-3)
+
+
+def test_belief_levels_hold_at_t_min_and_refuse_bad_input():
+    # data thinner than the noise at the schedule's t_min: every level is t_min
+    _, data = thin_line(0.002, n=1000)
+    levels = rr.belief_levels(SCHED, data, n_levels=3)
+    np.testing.assert_array_equal(levels, jnp.full(3, SCHED.t_min))
+    with pytest.raises(ValueError, match="neighbours"):
+        rr.belief_levels(SCHED, data, neighbours=2)
+    with pytest.raises(ValueError, match="more than `neighbours`"):
+        rr.belief_levels(SCHED, data[:100])
+    with pytest.raises(ValueError, match="low"):
+        rr.belief_levels(SCHED, data, low=2.0, high=1.0)
+    # (beartype's jaxtyping check raises a TypeError first in the test suite)
+    with pytest.raises((ValueError, TypeError)):
+        rr.belief_levels(SCHED, data[:, 0])
+    with pytest.raises(TypeError):
+        rr.belief_levels(SCHED, jnp.ones((200, 2), jnp.int32))
+    with pytest.raises((ValueError, TypeError), match="n_levels"):
+        rr.belief_levels(SCHED, data, n_levels=0)
+    raises_eagerly_and_under_jit(
+        lambda d: rr.belief_levels(SCHED, d), data.at[3, 0].set(jnp.nan), match="finite"
+    )
+    # data on an exact line have no thickness
+    exact = jnp.stack([data[:, 0], data[:, 0]], 1)
+    raises_eagerly_and_under_jit(
+        lambda d: rr.belief_levels(SCHED, d), exact, match="thickness is 0"
+    )
+
+
+@pytest.mark.slow
+def test_belief_levels_calibrate_the_arms_sensor_only_belief():
+    # The arm of examples/arm_pose_graph.py trained as in issue #30 (20k
+    # steps): end effector measured with sd 0.02, joint angles latent. With
+    # belief_levels the Laplace sd of each joint angle is within 1.5x of the
+    # linearised truth at nine poses over the workspace (the default levels:
+    # about 6x, see docs/theory-relations.md).
+    import arm_beliefs
+    import arm_pose_graph as arm
+
+    k_train, k_nodes = jax.random.split(jax.random.key(0))
+    pred = arm.to_dtype(arm.train_arm(k_train, 20000), jnp.float64)
+    data = arm.arm_data(jax.random.split(k_train, 3)[0]).astype(jnp.float64)
+    levels = rr.belief_levels(pred.schedule, data)
+    nodes = rr.field_nodes(k_nodes, 4, levels=levels)
+    factor = rr.Factor(rr.ImplicitDiffusion(pred, nodes), {"q": 2, "xy": 2})
+    query = eqx.filter_vmap(arm_beliefs.sensor_only, in_axes=(None, 0))
+    res = eqx.filter_jit(query)(factor, jnp.asarray(arm_beliefs.POSES))
+    assert bool(jnp.all(res["ok"]))
+    ratio = np.asarray(res["ratio"])
+    assert np.all(ratio < 1.5) and np.all(ratio > 1 / 1.5)
+    # the answers stay on the relation: end effector within 2 data-noise sd
+    # of the kinematics of the joint angles
+    assert float(jnp.max(res["kinematic_miss"])) < 2 * 0.005 * np.sqrt(2)

@@ -10,7 +10,8 @@ through inference. The diffusion models a relation is learned from
 
 - Relations: `AbstractImplicitRelation`, `ImplicitDiffusion` (the implicit
   field of a noise predictor), `FieldNodes` and its constructors
-  (`field_nodes`, `noisefree_nodes`, `data_levels`, `density_lambda`);
+  (`field_nodes`, `noisefree_nodes`, `data_levels`, `belief_levels`,
+  `density_lambda`);
   composed relations `IndexedRelation`, `named_relation`, `ProductRelation`.
 - Queries: `implicit_infer`, `implicit_pullback` (an `ImplicitPullback`),
   `GuardedNewton`,
@@ -149,6 +150,7 @@ from ._message import (
 )
 from ._nodes import (
     FieldNodes as FieldNodes,
+    belief_levels as belief_levels,
     data_levels as data_levels,
     density_lambda as density_lambda,
     field_nodes as field_nodes,

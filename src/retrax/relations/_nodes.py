@@ -269,3 +269,119 @@ def data_levels(
     )
     factors = jnp.geomspace(low, high, n_levels).astype(dtype)
     return _time_of_noise(schedule, factors * spacing, dtype)
+
+
+def _thickness(data, neighbours, points):
+    """The median, over `points` rows of `data`, of the standard deviation of
+    the thinnest direction of their `neighbours` nearest neighbours."""
+    rows = jnp.linspace(0, data.shape[0] - 1, points).round().astype(jnp.int32)
+
+    def local(x):
+        sq = jnp.sum((data - x) ** 2, axis=-1)
+        _, idx = jax.lax.top_k(-sq, neighbours)
+        nb = data[idx]
+        nb = nb - jnp.mean(nb, axis=0)
+        cov = nb.T @ nb / (neighbours - 1)
+        return jnp.sqrt(jnp.maximum(jnp.linalg.eigvalsh(cov)[0], 0))
+
+    return jnp.median(jax.lax.map(local, data[rows]))
+
+
+def belief_levels(
+    schedule: AbstractNoiseSchedule,
+    data: Float[ArrayLike, "points n"],
+    n_levels: int = 4,
+    low: float = 0.25,
+    high: float = 1.0,
+    *,
+    neighbours: int = 128,
+    points: int = 512,
+) -> Float[Array, " levels"]:
+    r"""Field-node levels that read the data's own thickness: for calibrated
+    Laplace beliefs.
+
+    Near a thin relation (data on a manifold, spread $s$ across it) the field
+    at noise standard deviation $r = \sigma_t/\alpha_t$ sees the data
+    smoothed to a thickness $\sqrt{s^2 + r^2}$, and the Laplace covariance of
+    [`retrax.relations.implicit_laplace`][] has, across the relation, the
+    variance $\sum_k w_k r_k^2 / \sum_k w_k r_k^2/(s^2 + r_k^2)$: about the
+    mean $r_k^2$ when the levels' noise exceeds the data's thickness. Levels
+    much noisier than $s$ (the defaults of
+    [`retrax.relations.field_nodes`][] on finely measured data) thus give
+    beliefs far too wide; levels with $r \lesssim s$ give a belief about as
+    sharp as the data: the variance across the relation is a weighted mean
+    of the $s^2 + r_k^2$, at most $s^2 + \max_k r_k^2$. The price is
+    smoothness: the smallest levels read the model where its error is
+    largest, so the answers scatter more about the data (see the relations
+    theory page for the trade-off, measured).
+
+    This measures $s$ as the median, over `points` rows of `data`, of the
+    standard deviation of the thinnest principal direction of their
+    `neighbours` nearest neighbours (local PCA; neighbourhoods not much wider
+    than the thickness truncate it, so with too few points or neighbours
+    the estimate is low, which only sharpens the beliefs), and returns
+    `n_levels` times whose noise standard deviations run geometrically from
+    `low * s` to `high * s`, none below the schedule's `t_min` (the model
+    was not trained there: such levels are `t_min`, so for data thinner than
+    the noise at `t_min` all levels coincide, which only adds noise draws
+    there). Pass them as `field_nodes(key, n, levels=belief_levels(schedule,
+    data))`; the covariance scale $\lambda_{\mathrm{eff}}$ of the Laplace
+    belief holds for any `lam`.
+
+    Unlike [`retrax.relations.data_levels`][] (the spacing between points,
+    for where answers land), this reads the spread across the relation
+    (for how wide the beliefs are).
+
+    **Arguments:**
+
+    - `schedule`: the predictor's noise schedule.
+    - `data`: the training data (or a subsample of it), shape `(points, n)`,
+      more than `neighbours` points.
+    - `n_levels`: the number of levels.
+    - `low`, `high`: the smallest and largest noise standard deviation, in
+      units of the thickness $s$ ($0 <$ `low` $\le$ `high`).
+    - `neighbours`: the neighbourhood size of the local PCA, more than the
+      dimension of the joint space.
+    - `points`: how many rows of `data` (evenly spaced) the median runs over.
+
+    **Returns:**
+
+    The levels, shape `(n_levels,)`, nondecreasing, in `[t_min, 1]`.
+    """
+    check_positive_int("n_levels", n_levels)
+    check_positive_int("neighbours", neighbours)
+    check_positive_int("points", points)
+    data = jnp.asarray(data)
+    if data.ndim != 2:
+        raise ValueError(
+            f"`data` must be points of shape (points, n), got shape {data.shape}."
+        )
+    if not jnp.issubdtype(data.dtype, jnp.floating):
+        raise TypeError(f"`data` must be floating, got {data.dtype}.")
+    if neighbours <= data.shape[1]:
+        raise ValueError(
+            f"`neighbours` must exceed the dimension {data.shape[1]} of the data "
+            f"(a local PCA needs more points than directions), got {neighbours}."
+        )
+    if data.shape[0] <= neighbours:
+        raise ValueError(
+            f"`data` must have more than `neighbours`={neighbours} points, got "
+            f"{data.shape[0]}."
+        )
+    if not 0 < low <= high:
+        raise ValueError(f"need 0 < `low` <= `high`, got low={low}, high={high}.")
+    dtype = data.dtype
+    data = error_if(
+        data, ~jnp.all(jnp.isfinite(data)), "`data` must be finite (no inf or NaN)."
+    )
+    thickness = _thickness(data, neighbours, min(points, data.shape[0]))
+    thickness = error_if(
+        thickness,
+        ~(thickness > 0),
+        "`data` has no spread across its thinnest direction (repeated points, "
+        "or data on an exact subspace): its thickness is 0.",
+    )
+    noise = jnp.geomspace(low, high, n_levels).astype(dtype) * thickness
+    t_min = jnp.asarray(schedule.t_min, dtype)
+    floor = schedule.sigma(t_min) / schedule.alpha(t_min)
+    return jnp.where(noise <= floor, t_min, _time_of_noise(schedule, noise, dtype))
