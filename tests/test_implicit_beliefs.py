@@ -319,29 +319,3 @@ def test_belief_levels_hold_at_t_min_and_refuse_bad_input():
     raises_eagerly_and_under_jit(
         lambda d: rr.belief_levels(SCHED, d), exact, match="thickness is 0"
     )
-
-
-@pytest.mark.slow
-def test_belief_levels_calibrate_the_arms_sensor_only_belief():
-    # The arm of examples/arm_pose_graph.py trained as in issue #30 (20k
-    # steps): end effector measured with sd 0.02, joint angles latent. With
-    # belief_levels the Laplace sd of each joint angle is within 1.5x of the
-    # linearised truth at nine poses over the workspace (the default levels:
-    # about 6x, see docs/theory-relations.md).
-    import arm_beliefs
-    import arm_pose_graph as arm
-
-    k_train, k_nodes = jax.random.split(jax.random.key(0))
-    pred = arm.to_dtype(arm.train_arm(k_train, 20000), jnp.float64)
-    data = arm.arm_data(jax.random.split(k_train, 3)[0]).astype(jnp.float64)
-    levels = rr.belief_levels(pred.schedule, data)
-    nodes = rr.field_nodes(k_nodes, 4, levels=levels)
-    factor = rr.Factor(rr.ImplicitDiffusion(pred, nodes), {"q": 2, "xy": 2})
-    query = eqx.filter_vmap(arm_beliefs.sensor_only, in_axes=(None, 0))
-    res = eqx.filter_jit(query)(factor, jnp.asarray(arm_beliefs.POSES))
-    assert bool(jnp.all(res["ok"]))
-    ratio = np.asarray(res["ratio"])
-    assert np.all(ratio < 1.5) and np.all(ratio > 1 / 1.5)
-    # the answers stay on the relation: end effector within 2 data-noise sd
-    # of the kinematics of the joint angles
-    assert float(jnp.max(res["kinematic_miss"])) < 2 * 0.005 * np.sqrt(2)
