@@ -10,6 +10,11 @@ Cases, with K = 128 field nodes (8 levels x 8 draws x 2):
 - one query (x clamped, y free) on the closed-form ring (48-component mixture,
   float64) and on the trained circle MLP (float32);
 - 1,024 vmapped queries of the circle MLP in float32;
+- per query, one query alone against 1,024 vmapped queries (solved 16 at a
+  time, the CPU default of `batch_chunk`, and in one loop over the whole
+  batch), for the circle MLP and for a 4-D two-link-arm relation
+  (`TimeMLP(4, hidden=128, depth=3)`, briefly trained; x = joint angles
+  clamped, y = end effector free), float32 and float64;
 - the gradient of a loss on the answers through inference (implicit function
   theorem), and its ratio to the inference alone;
 - the field (and its Jacobian) with all nodes in one vmapped call, against a
@@ -132,6 +137,66 @@ def main():
     )(mlp, queries)
     ok = int(jnp.sum(sols.converged & sols.stable))
 
+    # Per query: one alone against 1,024 vmapped, chunked and in one loop.
+    def arm_relation(dtype):
+        k_arm = jax.random.fold_in(key, 6)
+        k_data, k_model, k_fit = jax.random.split(k_arm, 3)
+        ang = jax.random.uniform(k_data, (8192, 2), jnp.float32, -1.2, 1.2)
+        ang = ang + jnp.array([0.0, 1.35], jnp.float32)
+        tip = ang[:, 0:1] + jnp.stack([0 * ang[:, 1], ang[:, 1]], 1)
+        xy = 0.6 * jnp.cos(tip[:, :1]) + 0.5 * jnp.cos(tip[:, 1:])
+        xy = jnp.concatenate(
+            [xy, 0.6 * jnp.sin(tip[:, :1]) + 0.5 * jnp.sin(tip[:, 1:])], 1
+        )
+        net = rd.TimeMLP(4, hidden=128, depth=3, key=k_model, dtype=jnp.float32)
+        arm, _ = rd.fit(
+            rd.NoisePredictor(net, sched),
+            jnp.concatenate([ang, xy], 1),
+            k_fit,
+            steps=200 if args.quick else 1000,
+            batch_size=512,
+            progress=False,
+        )
+        arm = jax.tree.map(
+            lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, arm
+        )
+        nodes = rr.field_nodes(jax.random.fold_in(k_arm, 1), 4, dtype=dtype)
+        q = jax.random.uniform(jax.random.fold_in(k_arm, 2), (n_batch, 4), dtype)
+        q = q * 2 - 1
+        return rr.ImplicitDiffusion(arm, nodes), q, jnp.array([inf, inf, 0, 0], dtype)
+
+    def circle_relation(dtype):
+        cast = jax.tree.map(
+            lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, mlp
+        )
+        return cast, queries.astype(dtype), rho.astype(dtype)
+
+    scaling = []
+    for label, build in [("circle MLP", circle_relation), ("arm MLP", arm_relation)]:
+        for dtype in (jnp.float32, jnp.float64):
+            model, qs, r = build(dtype)
+
+            def alone(m, a, r=r):
+                return rr.implicit_infer(m, a, r, throw=False).z
+
+            def vmapped(m, qs, chunk, r=r):
+                return jax.vmap(
+                    lambda a: (
+                        rr.implicit_infer(m, a, r, throw=False, batch_chunk=chunk).z
+                    )
+                )(qs)
+
+            t_alone = median_ms(prepared(alone, model, qs[0]), args.repeats)
+            reps_b = max(3, args.repeats // 4)
+            t_chunk = median_ms(
+                prepared(lambda m, q: vmapped(m, q, 16), model, qs), reps_b
+            )
+            t_loop = median_ms(
+                prepared(lambda m, q: vmapped(m, q, n_batch), model, qs), 3
+            )
+            name = f"{label}, {jnp.dtype(dtype).name}"
+            scaling.append((name, t_alone, t_chunk / n_batch, t_loop / n_batch))
+
     # One vmapped call over the nodes against a sequential loop over them.
 
     def field_loop(m, z):
@@ -175,6 +240,14 @@ def main():
     print(f"{'case':<58} {'ms':>10}")
     for name, ms in rows:
         print(f"{name:<58} {ms:10.3f}")
+    print()
+    print(f"per query (ms): one alone, {n_batch} vmapped in chunks of 16, in one loop")
+    for name, a, c, loop in scaling:
+        print(
+            f"{name:<24} alone {a:7.3f}  chunked {c:7.3f} ({c / a:4.2f}x)"
+            f"  one loop {loop:7.3f} ({loop / a:4.2f}x)"
+        )
+    print()
     print(f"gradient / inference, one query:      {t_grad_one / t_one:6.2f}")
     print(f"gradient / inference, {n_batch} queries: {t_grad_batch / t_batch:6.2f}")
     print(f"fori_loop / vmap, field:              {t_loop / t_vmap:6.2f}")
