@@ -65,6 +65,8 @@ where `_abstract_relation` was `_relation`, `_composed` was `_relations`,
 - `_message`: factor-to-channel messages.
 - `_train_inference`: `fit_through_inference`, a task loss on the answers
   of queries.
+- `_batched_adjoint`: the implicit adjoint whose solver loop runs a vmapped
+  batch of queries in chunks.
 - `_graph`: `FactorGraph`, its variables' layout and sparsity.
 - `_graph_factor`: the factors of a graph, rows of one energy each.
 - `_graph_system`: a graph's Jacobian as a dense or block-tridiagonal system.
