@@ -69,7 +69,7 @@ def _row_messages(prec, info, inc_info, inc_prec, sizes):
     big_p = prec + jax.scipy.linalg.block_diag(*inc_prec)
     big_i = info + jnp.concatenate(inc_info)
     out_i, out_p = [], []
-    for t, size in enumerate(sizes):
+    for t in range(len(sizes)):
         sl = np.arange(starts[t], starts[t + 1])
         if len(sizes) == 1:
             out_i.append(info)
@@ -85,7 +85,6 @@ def _row_messages(prec, info, inc_info, inc_prec, sizes):
         w = a_to @ jnp.linalg.pinv(a_oo, hermitian=True)
         out_p.append(a_tt - w @ a_to.T)
         out_i.append(b_t - w @ b_o)
-        del size
     return tuple(out_i), tuple(out_p)
 
 
@@ -175,7 +174,7 @@ def _incoming(st, k, s, info, prec, mi, mp):
     return info[gid, :d] - mi[s], prec[gid, :d, :d] - mp[s]
 
 
-def _flood(graph, st, models, msgs, info, prec, damping):
+def _flood(st, models, msgs, info, prec, damping):
     new = []
     for k, (mi, mp) in enumerate(msgs):
         inc = [_incoming(st, k, s, info, prec, mi, mp) for s in range(len(mi))]
@@ -194,7 +193,7 @@ def _flood(graph, st, models, msgs, info, prec, damping):
     return new
 
 
-def _sweep(graph, st, models, msgs, info, prec, damping, reverse):
+def _sweep(st, models, msgs, info, prec, damping, reverse):
     """Rows one at a time, each using the beliefs its predecessors updated."""
     msgs = list(msgs)
     order = range(len(msgs))
@@ -315,15 +314,11 @@ def propagate_beliefs(
         models = _models(graph, _flat(graph, st, means))
         info, prec = _beliefs(st, msgs, dtype)
         if schedule == "flooding":
-            msgs = _flood(graph, st, models, msgs, info, prec, damping)
+            msgs = _flood(st, models, msgs, info, prec, damping)
             info, prec = _beliefs(st, msgs, dtype)
         else:
-            msgs, info, prec = _sweep(
-                graph, st, models, msgs, info, prec, damping, False
-            )
-            msgs, info, prec = _sweep(
-                graph, st, models, msgs, info, prec, damping, True
-            )
+            msgs, info, prec = _sweep(st, models, msgs, info, prec, damping, False)
+            msgs, info, prec = _sweep(st, models, msgs, info, prec, damping, True)
         new, _, proper = _means(graph, st, info, prec, means)
         change = jnp.max(jnp.abs(new - means), axis=-1)
         change = jnp.where(proper, change, jnp.inf)
