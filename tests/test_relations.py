@@ -398,6 +398,7 @@ def test_diffusion_aliases_are_the_relations_names():
     # names added after the move live in `retrax.relations` only
     newer = {
         "AbstractGraphFactor",
+        "belief_levels",
         "DataSupport",
         "FactorGraph",
         "GaussianFactor",
