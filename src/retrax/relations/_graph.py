@@ -280,6 +280,19 @@ class FactorGraph(eqx.Module):
             start += count * dim
         return out
 
+    def by_variable(self, per_variable: Array) -> dict[str, Array]:
+        """Split an array with one entry per variable (leading axis: every
+        family's variables in order, trailing axes padded to the largest
+        dimension) by name: a variable's entry, or a family's `(count, ...)`
+        stack, with its trailing axes cut to the variable's dimension."""
+        out, v0 = {}, 0
+        for name, count, dim, single in self.variables:
+            block = per_variable[v0 : v0 + count]
+            block = block[(slice(None),) + (slice(0, dim),) * (block.ndim - 1)]
+            out[name] = block[0] if single else block
+            v0 += count
+        return out
+
     # -- evaluation (flat vectors) -----------------------------------------
 
     def _gather(self, k: int, x: Array) -> tuple[Array, ...]:

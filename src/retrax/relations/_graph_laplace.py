@@ -51,12 +51,7 @@ def graph_laplace(graph: FactorGraph, sol: GraphSolution) -> dict[str, Array]:
     """
     _check(graph, sol)
     covs = graph_system(graph, sol.x, sol.linear_solver).variable_covariances()
-    out, v0 = {}, 0
-    for name, count, dim, single in graph.variables:
-        c = nan_unless(sol.converged & sol.stable, covs[v0 : v0 + count, :dim, :dim])
-        out[name] = c[0] if single else c
-        v0 += count
-    return out
+    return graph.by_variable(nan_unless(sol.converged & sol.stable, covs))
 
 
 @filter_jit

@@ -348,17 +348,11 @@ def propagate_beliefs(
         ),
     )
     x = nan_unless(converged, _flat(graph, st, means))
-    values, covs, changes, v0 = graph.unflatten(x), {}, {}, 0
-    for name, count, dim, single in graph.variables:
-        c = nan_unless(converged, cov[v0 : v0 + count, :dim, :dim])
-        covs[name] = c[0] if single else c
-        changes[name] = change[v0] if single else change[v0 : v0 + count]
-        v0 += count
     sol = PropagationSolution(
-        values=values,
-        covariances=covs,
+        values=graph.unflatten(x),
+        covariances=graph.by_variable(nan_unless(converged, cov)),
         x=x,
         result=result,
-        stats={"num_steps": steps, "change": changes},
+        stats={"num_steps": steps, "change": graph.by_variable(change)},
     )
     return throw_if_failed(sol, throw, ~converged)
