@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from retrax import diffusion as rd
+import retrax
+from retrax import diffusion as rd, ops
 from retrax._errors import error_if, filter_jit
 
 
@@ -76,3 +77,30 @@ def test_a_concrete_check_raises_at_once_as_a_value_error():
     assert jnp.array_equal(checked(x), x)
     with pytest.raises(eqx.EquinoxRuntimeError, match="`x` must be >= 0."):
         jax.block_until_ready(checked(-x))
+
+
+@pytest.mark.parametrize("decorate", ["bare", "with_arguments"])
+def test_a_users_program_under_retrax_filter_jit_leads_with_the_check(decorate):
+    # The user's own compiled program calls retrax; a NaN coefficient that
+    # only its second call carries fails the check inside `lfilter`.
+    def program(b, a, x):
+        return ops.lfilter(b, a, x)
+
+    run = (
+        retrax.filter_jit(program)
+        if decorate == "bare"
+        else retrax.filter_jit(donate="none")(program)
+    )
+    b, a, x = jnp.array([1.0, 0.5]), jnp.array([1.0, 0.2]), jnp.ones(16)
+    assert jnp.allclose(run(b, a, x), ops.lfilter(b, a, x))
+    text = _raised(lambda: run(b, a.at[0].set(jnp.nan), x))
+    assert text.startswith("`a` has non-finite"), text[:200]
+    where = text.index("The check, inside the compiled call:")
+    assert "in program" in text[where:]
+    assert "Above is the stack outside of JIT" not in text
+    # the same program under a plain `eqx.filter_jit` puts the stack first
+    plain = eqx.filter_jit(program)
+    plain(b, a, x)
+    text = _raised(lambda: plain(b, a.at[0].set(jnp.nan), x))
+    assert not text.startswith("`a` has non-finite")
+    assert "`a` has non-finite" in text

@@ -26,7 +26,10 @@ from ._distributed import (
     process_share as process_share,
     shard_batch as shard_batch,
 )
-from ._errors import InvalidArgumentError as InvalidArgumentError
+from ._errors import (
+    InvalidArgumentError as InvalidArgumentError,
+    filter_jit as filter_jit,
+)
 from ._native import KernelStatus as KernelStatus, kernels as kernels
 
 

@@ -144,16 +144,37 @@ def lead_with_check(text: str) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def filter_jit(fn: Callable) -> Callable:
-    """`eqx.filter_jit(fn)`, whose failed run-time checks raise an
-    `eqx.EquinoxRuntimeError` that leads with the check's message (which
-    names the argument), with the traced stack after it.
+def filter_jit(fn: Callable | None = None, **jit_kwargs) -> Callable:
+    """`eqx.filter_jit`, whose failed run-time checks lead with the check's
+    message.
 
-    Only a call from outside any trace raises, so this reorders the message
-    whenever `fn` is the outermost compiled call; inside a user's own
-    `eqx.filter_jit` the error is raised, and rendered, by theirs.
+    A drop-in for `eqx.filter_jit` (the same arguments: `donate=...`; usable
+    as `@retrax.filter_jit` or `@retrax.filter_jit(donate="all")`) for your
+    own compiled programs that call retrax. When a run-time check fails
+    inside it, for instance a NaN coefficient reaching
+    [`retrax.ops.lfilter`][] under `jit`, Equinox renders the error with
+    the stack of the call that first traced the program before the
+    message. This wrapper raises the same `eqx.EquinoxRuntimeError` with
+    the check's message (which names the argument) first, then where the
+    check sits inside the compiled function, then Equinox's advice.
+
+    Only the outermost compiled call raises: wrap the outermost one. Under a
+    plain `jax.jit`, JAX raises a `JaxRuntimeError` whose text contains the
+    message after a traceback; no wrapper can reorder that.
+
+    **Arguments:**
+
+    - `fn`: the function to compile, with the non-array arguments static
+      (as `eqx.filter_jit` treats them).
+    - `jit_kwargs`: passed to `eqx.filter_jit`.
+
+    **Returns:**
+
+    The compiled function; its `lower` is `eqx.filter_jit`'s.
     """
-    jitted = eqx.filter_jit(fn)
+    if fn is None:
+        return functools.partial(filter_jit, **jit_kwargs)
+    jitted = eqx.filter_jit(fn, **jit_kwargs)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
