@@ -60,6 +60,10 @@ def test_inside_a_users_own_filter_jit_the_check_still_raises():
     run(jnp.array([0.6, 0.5]))
     text = _raised(lambda: run(jnp.array([jnp.nan, 0.5])))
     assert "`z0` must be finite" in text
+    # equinox renders it (the stack, then the message), not the text of the
+    # check's own callback, which says that `equinox.filter_jit` is not used
+    assert text.startswith("Above is the stack outside of JIT")
+    assert "do not appear to be using" not in text
 
 
 def test_a_concrete_check_raises_at_once_as_a_value_error():

@@ -14,7 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import retrax
 import retrax.diffusion as rd
+import retrax.relations as rr
 
 
 # -- sample_dps at small measurement noise ------------------------------------
@@ -198,6 +200,60 @@ def test_gaussian_constructors_refuse_invalid_matrices(dtype):
     assert np.all(np.isnan(moment(mean, nan))) and np.all(
         np.isnan(jit_moment(mean, nan))
     )
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_graph_factor_precisions_are_checked_row_by_row_under_jit(dtype):
+    # Before: a graph built inside the user's `jit` took any traced precision
+    # (negative, non-symmetric, NaN); only concrete ones were refused.
+    good = jnp.asarray(
+        [[[1.0, 0.0], [0.0, 1.0]], [[2.0, 0.5], [0.5, 1.0]], [[1.0, 1.0], [1.0, 1.0]]],
+        dtype,
+    )  # the last is singular PSD: its smallest eigenvalue is rounding
+
+    def build(p):
+        eye, zeros = jnp.eye(2, dtype=dtype), jnp.zeros(2, dtype)
+        return rr.GaussianFactor([("x", [0, 1, 2])], eye, zeros, p).precision
+
+    bad = [
+        (good.at[1].set(jnp.diag(jnp.asarray([1.0, -2.0], dtype))), "negative"),
+        (good.at[2, 0, 1].set(0.0), "not symmetric"),
+        (good.at[0, 1, 1].set(jnp.nan), "finite"),
+    ]
+    eager = {
+        "negative": "`precision` must be symmetric positive semidefinite: its "
+        "smallest eigenvalue is -2",
+        "not symmetric": "`precision` must be symmetric positive semidefinite: "
+        "it differs from its transpose by 1",
+        "finite": "`precision` must be finite",
+    }
+    traced = {
+        "negative": "`precision` must be symmetric positive semidefinite "
+        "\\(it has a negative eigenvalue\\)",
+        "not symmetric": "`precision` must be symmetric positive semidefinite "
+        "\\(it is not symmetric\\)",
+        "finite": "`precision` must be finite",
+    }
+    jitted, users = jax.jit(build), retrax.filter_jit(build)
+    np.testing.assert_array_equal(build(good), good)
+    np.testing.assert_array_equal(jitted(good), good)
+    np.testing.assert_array_equal(users(good), good)
+    for p, what in bad:
+        with pytest.raises(ValueError, match=eager[what]):
+            build(p)
+        with pytest.raises(Exception, match=traced[what]):
+            jax.block_until_ready(jitted(p))
+        with pytest.raises(eqx.EquinoxRuntimeError, match="^" + traced[what]):
+            users(p)
+    # one bad row among many identical good ones is found
+    many = jnp.broadcast_to(good[1], (64, 2, 2)).at[37, 0, 0].set(-1.0)
+    many = many.at[37, 1, 1].set(-1.0)
+
+    def prior(p):
+        return rr.GaussianFactor.prior(("x", range(64)), jnp.zeros((64, 2), dtype), p)
+
+    with pytest.raises(Exception, match=traced["negative"]):
+        jax.block_until_ready(jax.jit(lambda p: prior(p).precision)(many))
 
 
 # -- factors: options and dtypes that no query can honour ---------------------

@@ -48,14 +48,16 @@ def as_coords(coords: Sequence[int] | ArrayLike, dim: int) -> np.ndarray:
 
 
 def _square_checked(name: str, matrix: Array, psd: bool) -> Array:
-    r"""`matrix` checked symmetric (and, with `psd`, positive semidefinite).
+    r"""`matrix` checked symmetric (and, with `psd`, positive semidefinite);
+    a stack of matrices `(..., n, n)` is checked matrix by matrix, in one
+    vectorised check.
 
     Relative to the dtype's precision: an asymmetry or a negative eigenvalue
-    beyond $\sqrt{\epsilon}$ times the largest entry or eigenvalue (rounding
-    in a computed matrix stays far below that). A concrete `matrix` raises a
-    `ValueError` at once; a traced one (built under `jit`) is checked at run
-    time, with the same message. NaN passes: it is the documented result of a
-    failed solve.
+    beyond $\sqrt{\epsilon}$ times the largest entry or eigenvalue of its
+    matrix (rounding in a computed matrix stays far below that). A concrete
+    `matrix` raises a `ValueError` at once; a traced one (built under `jit`)
+    is checked at run time, with the same message. NaN passes: it is the
+    documented result of a failed solve.
     """
     what = "symmetric positive semidefinite" if psd else "symmetric"
     msg = f"`{name}` must be {what}"
@@ -66,31 +68,36 @@ def _square_checked(name: str, matrix: Array, psd: bool) -> Array:
     else:
         xp, value = np, np.asarray(matrix)
     tol = float(np.sqrt(np.finfo(value.dtype).eps))
-    scale = xp.max(xp.abs(value))
-    asym = xp.max(xp.abs(value - value.T))
-    bad_sym = asym > tol * scale
+    last = (-2, -1)
+    transpose = xp.swapaxes(value, -1, -2)
+    scale = xp.max(xp.abs(value), axis=last)
+    asym = xp.max(xp.abs(value - transpose), axis=last)
+    bad_sym = xp.any(asym > tol * scale)
     bad_psd = False
     if psd:
         # non-finite entries are not this check's business (and LAPACK's
         # eigensolver may refuse them)
-        finite = xp.all(xp.isfinite(value))
-        sym = xp.where(
-            finite, 0.5 * (value + value.T), xp.eye(value.shape[0], dtype=value.dtype)
-        )
+        finite = xp.all(xp.isfinite(value), axis=last)
+        eye = xp.eye(value.shape[-1], dtype=value.dtype)
+        sym = xp.where(finite[..., None, None], 0.5 * (value + transpose), eye)
         vals = xp.linalg.eigvalsh(sym)
-        bad_psd = finite & (vals[0] < -tol * xp.max(xp.abs(vals)))
+        top = xp.max(xp.abs(vals), axis=-1)
+        negative = finite & (vals[..., 0] < -tol * top)
+        bad_psd = xp.any(negative)
     if xp is jnp:
         matrix = error_if(matrix, bad_sym, msg + " (it is not symmetric).")
         return error_if(matrix, bad_psd, msg + " (it has a negative eigenvalue).")
     if bad_sym:
+        worst = np.unravel_index(np.argmax(asym - tol * scale), asym.shape)
         raise ValueError(
-            f"{msg}: it differs from its transpose by {float(asym):.3g}, for "
-            f"entries up to {float(scale):.3g}."
+            f"{msg}: it differs from its transpose by {float(asym[worst]):.3g}, for "
+            f"entries up to {float(scale[worst]):.3g}."
         )
     if bad_psd:
+        worst = np.unravel_index(np.argmax(negative), negative.shape)
         raise ValueError(
-            f"{msg}: its smallest eigenvalue is {float(vals[0]):.3g}, for a largest "
-            f"of {float(xp.max(xp.abs(vals))):.3g}."
+            f"{msg}: its smallest eigenvalue is {float(vals[worst][0]):.3g}, for a "
+            f"largest of {float(top[worst]):.3g}."
         )
     return matrix
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PyTree
 
+from .._errors import error_if
 from ._channel import Observed
 from ._factor import Factor
 from ._gaussian import _square_checked
@@ -96,13 +97,10 @@ def _as_precision(name: str, precision: "Values", size: int, rows: int) -> Array
     elif p.shape == (size,) or (p.shape == (rows, size) and p.shape != (size, size)):
         p = p[..., :, None] * eye
     p = _per_row(name, p, rows, (size, size))
-    if not isinstance(p, jax.core.Tracer) and bool(jnp.any(~jnp.isfinite(p))):
-        raise ValueError(f"`{name}` must be finite.")
-    for r in range(rows if not isinstance(p, jax.core.Tracer) else 0):
-        if r and np.array_equal(np.asarray(p[r]), np.asarray(p[0])):
-            continue
-        _square_checked(name, p[r], psd=True)
-    return p
+    # every row at once: a graph built inside the user's `jit` has traced
+    # precisions, checked at run time with the same messages
+    p = error_if(p, ~jnp.all(jnp.isfinite(p)), f"`{name}` must be finite.")
+    return _square_checked(name, p, psd=True)
 
 
 class AbstractGraphFactor(eqx.Module):
