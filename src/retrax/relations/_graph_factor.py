@@ -192,7 +192,9 @@ class GaussianFactor(AbstractGraphFactor):
     - `target`: $b$, shape `(k,)` or `(rows, k)`.
     - `precision`: $P$ of the `k` measured values: a scalar, a `(k,)`
       diagonal or a `(k, k)` symmetric positive semidefinite matrix, for
-      every row, or one per row.
+      every row, or one per row. A precision that is not finite, symmetric
+      and positive semidefinite raises a `ValueError` naming `precision`;
+      one built inside your `jax.jit` raises at run time.
     """
 
     slots: tuple[Slot, ...] = eqx.field(static=True)
