@@ -34,11 +34,11 @@ are put in the form whose low shelf lies below its high shelf before they
 are compared.
 
 Each seed draws a hidden chain (ranges in `random_chain`) and the random
-starts; the probe signal is half a second of white-noise bursts at random
-levels at 44.1 kHz (fixed), float32 throughout. The script prints, per seed,
-the errors against the truth and whether they meet the tolerances: EQ gains
-within 0.5 dB, frequencies within 5%, the compressor's threshold within
-1 dB and ratio within 10%.
+starts; the probe signal is half a second of white-noise bursts at levels
+from -42 to +6 dB RMS at 44.1 kHz (fixed), float32 throughout. The script
+prints, per seed, the errors against the truth and whether they meet the
+tolerances: EQ gains within 0.5 dB, frequencies within 5%, the
+compressor's threshold within 1 dB and ratio within 10%.
 
 Run: `python examples/fit_chain_random_start.py` (20 seeds; `--seeds N`,
 `--first SEED`, `--table PATH` to write the per-seed table as markdown,
@@ -67,12 +67,15 @@ FRAME = 256  # the level frames of phase 2
 TOLERANCES = {"gain_db": 0.5, "freq": 0.05, "threshold_db": 1.0, "ratio": 0.10}
 
 
-def probe(length, seed=0, burst=3_300):
-    """White-noise bursts of 75 ms at random levels, -50 to 0 dB RMS."""
+def probe(length, seed=0, burst=1_764):
+    """White-noise bursts of 40 ms, their levels (dB RMS) spread evenly over
+    -42 to +6 dB in random order: every threshold of the hidden chains has
+    bursts well above it and well below it."""
     rng = np.random.default_rng(seed)
-    levels = rng.uniform(-50.0, 0.0, -(-length // burst))
+    bursts = -(-length // burst)
+    levels = rng.permutation(np.linspace(-42.0, 6.0, bursts))
     envelope = np.repeat(10 ** (levels / 20), burst)[:length]
-    return 0.5 * envelope * rng.standard_normal(length)
+    return envelope * rng.standard_normal(length)
 
 
 # --8<-- [start:hidden]
