@@ -14,7 +14,7 @@ previous one starts well:
    response plus one gain: $Y_{tf} - X_{tf} = a_t + b_f$. A weighted
    least-squares fit of $a_t + b_f$ gives the response $b_f$ up to a
    constant. The sections are fitted to that curve in dB (the sections'
-   response on 90 frequencies, with a free constant) by Levenberg-Marquardt
+   response on 73 band centres, with a free constant) by Levenberg-Marquardt
    from 512 random starts in parallel; the best fit is kept.
 2. **The compressor from the levels.** With the equaliser fixed, the
    compressor's six parameters are fitted to the output's frame levels in
