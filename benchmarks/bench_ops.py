@@ -6,6 +6,9 @@ One run, every timing interleaved with every other (see `_harness.py`), float32:
   gradient of `sum(y ** 2)` with respect to every input (x, a, zi): B = 1, 8
   and 512 signals of 1 s (44,100 samples; `--batches`) and B = 1 and 8 of
   10 s (not with `--quick`), against torchlpc, faustax, korvax and jaxpole;
+  and at B = 8, the gradient batched as a user writes it ("user-grad"): the
+  jitted `jax.grad` of a mean squared error against a target of
+  `jax.vmap(allpole)` over the `(8, T)` batch, with respect to x, a and zi;
 - `ballistics` (the switched attack/release one-pole), forward and gradient
   with respect to (x, at, rt, zi), B = 1, 8 and 512 at 1 s, against
   torchcomp's `compressor_core` and faustax's `ballistics`;
@@ -75,6 +78,7 @@ MARGIN = 1.05
 # Acceptance targets the summary prints next to each measured ratio.
 TARGET_FWD_LOOP = 2.0  # retrax forward / C loop forward
 TARGET_GRAD_LOOP = 6.0  # retrax gradient / C loop forward
+TARGET_USER_GRAD_LOOP = 4.0  # retrax user-batched gradient / C loop forward
 TARGET_PER_SIGNAL = 1.5  # per-signal cost at the largest batch / at B = 8
 
 
@@ -121,6 +125,15 @@ def jax_function(filt, case: Case, *, batched_fn: bool = False):
         f = jax.vmap(filt)
     if case.params["mode"] == "fwd":
         return jax.jit(f), args
+    if case.params["mode"] == "user-grad":
+        # the target a user fits to, closed over as a user's loss does
+        target = jnp.asarray(np.random.default_rng(2).standard_normal(args[0].shape))
+        target = target.astype(args[0].dtype)
+
+        def loss(*args):
+            return jnp.mean((f(*args) - target) ** 2)
+
+        return jax.jit(jax.grad(loss, argnums=tuple(range(len(args))))), args
 
     def loss(*args):
         return jnp.sum(f(*args) ** 2)
@@ -267,6 +280,8 @@ def loop_case(lib, checks: Checks, case: Case):
 def torch_case(torch, checks: Checks, library: str, call, case: Case):
     """A torch op `call(*tensors)` taking the case's inputs in retrax's order,
     forward (under `no_grad`) or forward + backward of `sum(y ** 2)`."""
+    if case.params["mode"] == "user-grad":
+        return None
     tensors = [torch.from_numpy(v.copy()) for v in inputs(case)]
     if case.params["mode"] == "fwd":
 
@@ -308,6 +323,10 @@ def all_cases(batches, lengths):
                 cases.append(
                     Case(name, {"op": "allpole", "B": b, "T": t, "mode": mode})
                 )
+            if b == 8:
+                name = f"allpole K=2 B=8 {length_label(t)} user-grad"
+                params = {"op": "allpole", "B": 8, "T": t, "mode": "user-grad"}
+                cases.append(Case(name, params))
     for b in batches:
         for mode in ("fwd", "grad"):
             t = lengths[0]
@@ -460,6 +479,13 @@ def acceptance(rows, checks: Checks, filter_rows, length: int) -> list[str]:
                 f"allpole grad B={b}: retrax grad / loop fwd = "
                 + verdict(ours / loop, TARGET_GRAD_LOOP)
             )
+    ours = get(f"allpole K=2 B=8 {one} user-grad", "retrax")
+    loop = get(f"allpole K=2 B=8 {one} fwd", "c_loop")
+    if ours and loop:
+        lines.append(
+            "allpole user-batched grad B=8 (grad of a loss of vmap): retrax / loop "
+            "fwd = " + verdict(ours / loop, TARGET_USER_GRAD_LOOP)
+        )
     for b in sorted({1, 8, max(batches)}):
         ours = get(f"ballistics B={b} {one} fwd", "retrax")
         loop = get(f"ballistics B={b} {one} fwd", "c_loop")

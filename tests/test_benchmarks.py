@@ -110,11 +110,15 @@ def test_bench_ops_smoke(tmp_path):
     text = report.read_text()
     allpole_rows = _table_rows(text, "All-pole filter")
     ballistics_rows = _table_rows(text, "Ballistics")
-    for rows, op in ((allpole_rows, "allpole"), (ballistics_rows, "ballistics")):
-        assert [row[0].split(" T=")[0] for row in rows] == [
-            f"{op}{' K=2' if op == 'allpole' else ''} B={b}"
-            for b in (1, 1, 8, 8, 16, 16)
-        ]
+    assert [row[0].split(" T=")[0] for row in ballistics_rows] == [
+        f"ballistics B={b}" for b in (1, 1, 8, 8, 16, 16)
+    ]
+    # the all-pole rows add the user-batched gradient at B = 8
+    assert [row[0].split(" T=")[0] for row in allpole_rows] == [
+        f"allpole K=2 B={b}" for b in (1, 1, 8, 8, 8, 16, 16)
+    ]
+    assert allpole_rows[4][0].endswith(" user-grad")
+    for rows in (allpole_rows, ballistics_rows):
         assert all(float(row[1]) > 0 for row in rows)  # retrax's ms
     assert "rows where a peer beats retrax by more than 5%: none" in text
     if shutil.which(os.environ.get("CC", "cc")):
@@ -123,11 +127,25 @@ def test_bench_ops_smoke(tmp_path):
             "allpole fwd B=1: retrax/C loop = ",
             "allpole fwd B=8: retrax/C loop = ",
             "allpole grad B=8: retrax grad / loop fwd = ",
+            "allpole user-batched grad B=8 (grad of a loss of vmap): retrax / loop "
+            "fwd = ",
             "ballistics fwd B=8: retrax/C loop = ",
             "allpole per-signal cost B=16 vs B=8 (grad) = ",
         ):
             assert line in text
         assert "differs" not in text
+
+
+def test_bench_compile_smoke(tmp_path):
+    # one row, one fresh process: the stages are timed and the program sized
+    report = tmp_path / "bench_compile.md"
+    _run("bench_compile.py", "--rows", "Gain-fwd", "--repeats", "1", "--markdown",
+         str(report))  # fmt: skip
+    rows = [line.split("|")[1:-1] for line in report.read_text().splitlines()]
+    (row,) = [r for r in rows if r and r[0].strip() == "Gain-fwd"]
+    stages = [float(v) for v in row[2:8]]
+    assert all(v >= 0 for v in stages) and stages[-1] > 0
+    assert int(row[8]) > 0 and float(row[9]) > 0  # equations and HLO size
 
 
 def test_plot_scaling_smoke(tmp_path):

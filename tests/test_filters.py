@@ -2,6 +2,7 @@
 
 import equinox as eqx
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -117,6 +118,51 @@ def test_rbj_sections_match_cookbook_gains():
         else:
             assert_close(db[2], 6.0, rtol=1e-4)
             assert_close(db[1], 3.0, rtol=1e-6)
+
+
+def test_parametric_eq_rows_are_the_cookbook_sections_and_its_program_is_flat():
+    # every row is `rbj_section` of its shape (low shelf, peaks, high shelf),
+    # and the traced gradient does not grow with the number of sections: the
+    # sections are computed together and run as one scan, not unrolled
+    sr = 44_100.0
+    freqs = [60.0, 250.0, 900.0, 3_000.0, 7_000.0, 14_000.0]
+    gains = [4.0, -3.0, 2.5, -6.0, 1.5, 5.0]
+    qs = [0.7, 1.2, 2.0, 0.9, 3.0, 0.7071]
+    eq = ParametricEQ(freqs, gains, qs, sr)
+    shapes = ["lowshelf"] + ["peak"] * 4 + ["highshelf"]
+    expected = np.stack(
+        [
+            rbj_section(s, f, g, q, sr)
+            for s, f, g, q in zip(shapes, freqs, gains, qs, strict=True)
+        ]
+    )
+    assert_close(np.asarray(eq.sos), expected, rtol=1e-13)
+
+    def size(n):
+        eq = ParametricEQ(np.geomspace(50.0, 15_000.0, n), np.ones(n), sample_rate=sr)
+        p = eq.to_normalised()
+        x = jnp.ones((2, 64))
+
+        def loss(p):
+            return jnp.sum(eq.with_normalised(p)(x) ** 2)
+
+        return _equations(jax.make_jaxpr(jax.grad(loss))(p).jaxpr)
+
+    assert size(3) == size(12)
+
+
+def _equations(jaxpr):
+    """The equations of `jaxpr`, those of nested jaxprs (jit, scan, cond) too."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        total += 1
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, list | tuple) else (value,):
+                if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                    total += _equations(sub.jaxpr)
+                elif isinstance(sub, jax.extend.core.Jaxpr):
+                    total += _equations(sub)
+    return total
 
 
 def _fit(model, x, target, steps, lr):

@@ -679,7 +679,10 @@ def _adjoint_cases(length=100):
          {(n,), (n, 2), (2,), ()}),
         ("lfilter", lfilter, (jnp.asarray(b), jnp.asarray(a), x), 1, 2,
          {(n,), (n, 2), (2,), (3,), ()}),
-        ("sosfilt", sosfilt, (sos, x), 2, 2, {(n,), (n, 2), (2,), ()}),
+        # the sections run as a scan over them: a residual of each is stacked
+        # along a leading axis of the 2 sections
+        ("sosfilt", sosfilt, (sos, x), 2, 2,
+         {(n,), (n, 2), (2,), (), (2, n), (2, n, 2), (2, 2)}),
         ("diag_state_space", diag_state_space, (decay, B, C, D, xm), 1, 3,
          {(n, 2), (n, 3), (1, 3), (3,), (2, 3), (3, 2), (2, 2)}),
         ("ballistics", ballistics, (xb, jnp.asarray(0.4), jnp.asarray(0.1)), 1, 1,

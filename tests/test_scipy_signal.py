@@ -330,8 +330,12 @@ def test_gradients_run_the_adjoint_filter():
         assert eqn.invars[2].aval.shape == (3, 2)
     sos = jnp.asarray(ss.butter(6, 0.2, output="sos"))
     grad = jax.grad(lambda sos, x: jnp.sum(ops.sosfilt(sos, x) ** 2), argnums=(0, 1))
-    eqns = allpole_eqns_in(jax.make_jaxpr(grad)(sos, x).jaxpr)
-    assert sorted(eqn.params["adjoint"] for eqn in eqns) == [False] * 3 + [True] * 3
+    jaxpr = jax.make_jaxpr(grad)(sos, x).jaxpr
+    eqns = allpole_eqns_in(jaxpr)
+    # the sections run as one scan over them (forward, then its transpose
+    # backwards over the sections), each step one section's recursion
+    assert sorted(eqn.params["adjoint"] for eqn in eqns) == [False, True]
+    assert {eqn.params["length"] for eqn in scans_in(jaxpr)} == {3}
 
 
 def test_bad_input_names_the_argument():

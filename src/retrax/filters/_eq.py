@@ -73,30 +73,50 @@ def rbj_section(
 
 def _rbj(shape, freq, gain_db, q, sample_rate):
     """`rbj_section` of checked values."""
+    return _rbj_rows((shape,), freq[None], gain_db[None], q[None], sample_rate)[0]
+
+
+def _rbj_rows(shapes, freq, gain_db, q, sample_rate):
+    """The sos rows `(n, 6)` of `n` checked sections, `shapes[k]` the shape of
+    section `k`: every formula runs once on all sections (elementwise, the
+    values of one section at a time), and each row takes its shape's, so the
+    traced program does not grow with the number of sections."""
     A = 10.0 ** (gain_db / 40.0)
     w0 = 2.0 * jnp.pi * freq / sample_rate
     cos, alpha = jnp.cos(w0), jnp.sin(w0) / (2.0 * q)
-    if shape == "peak":
-        b = jnp.stack([1 + alpha * A, -2 * cos, 1 - alpha * A])
-        a = jnp.stack([1 + alpha / A, -2 * cos, 1 - alpha / A])
-    else:
+    rows = {}
+    if "peak" in shapes:
+        b = jnp.stack([1 + alpha * A, -2 * cos, 1 - alpha * A], axis=-1)
+        a = jnp.stack([1 + alpha / A, -2 * cos, 1 - alpha / A], axis=-1)
+        rows["peak"] = b, a
+    for shape in ("lowshelf", "highshelf"):
+        if shape not in shapes:
+            continue
         s = 1.0 if shape == "lowshelf" else -1.0
         root = 2.0 * jnp.sqrt(A) * alpha
-        b = A * jnp.stack(
+        b = A[:, None] * jnp.stack(
             [
                 (A + 1) - s * (A - 1) * cos + root,
                 s * 2 * ((A - 1) - s * (A + 1) * cos),
                 (A + 1) - s * (A - 1) * cos - root,
-            ]
+            ],
+            axis=-1,
         )
         a = jnp.stack(
             [
                 (A + 1) + s * (A - 1) * cos + root,
                 -s * 2 * ((A - 1) + s * (A + 1) * cos),
                 (A + 1) + s * (A - 1) * cos - root,
-            ]
+            ],
+            axis=-1,
         )
-    return jnp.concatenate([b / a[0], jnp.ones((1,), a.dtype), a[1:] / a[0]])
+        rows[shape] = b, a
+    b, a = rows[shapes[0]]
+    for shape, (b_shape, a_shape) in rows.items():
+        mine = jnp.asarray([s == shape for s in shapes])[:, None]
+        b, a = jnp.where(mine, b_shape, b), jnp.where(mine, a_shape, a)
+    a0 = a[:, :1]
+    return jnp.concatenate([b / a0, jnp.ones_like(a0), a[:, 1:] / a0], axis=-1)
 
 
 class Biquad(AbstractRangedEffect):
@@ -375,10 +395,8 @@ class ParametricEQ(AbstractRangedEffect):
         """The cascade as sos rows; invalid fields raise (also under
         `jax.jit`)."""
         f, g, q = self._checked()
-        shapes = ["lowshelf"] + ["peak"] * (f.shape[0] - 2) + ["highshelf"]
-        return jnp.stack(
-            [_rbj(s, f[i], g[i], q[i], self.sample_rate) for i, s in enumerate(shapes)]
-        )
+        shapes = ("lowshelf",) + ("peak",) * (f.shape[0] - 2) + ("highshelf",)
+        return _rbj_rows(shapes, f, g, q, self.sample_rate)
 
     def to_unconstrained(self) -> Float[Array, " params"]:
         r"""The unconstrained vector `(3 n,)` of this equaliser, the inverse

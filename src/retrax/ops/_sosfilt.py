@@ -2,6 +2,7 @@
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._compiled import compiled
@@ -44,13 +45,20 @@ def checked_sos(sos: Array) -> Array:
 
 
 def sos_cascade(sos: Array, x: Array, zi: Array | None) -> tuple[Array, Array]:
-    """Run the checked sections over one signal `(T,)`; `zi` `(n_sections, 2)`."""
-    y = x
-    zf = []
-    for s in range(sos.shape[0]):
-        y, z = tdf2_apply(sos[s, :3], sos[s, 4:], y, None if zi is None else zi[s])
-        zf.append(z)
-    return y, jnp.stack(zf)
+    """Run the checked sections over one signal `(T,)`; `zi` `(n_sections, 2)`.
+
+    The sections run in a `lax.scan` over the rows of `sos`, so the program
+    (and its derivatives') holds one section's filter whatever their number:
+    unrolled, a cascade's trace and compile times grow with every section."""
+
+    def section(y, row_and_state):
+        row, z = row_and_state
+        return tdf2_apply(row[:3], row[4:], y, z)
+
+    if sos.shape[0] == 1:
+        y, z = section(x, (sos[0], None if zi is None else zi[0]))
+        return y, z[None]
+    return lax.scan(section, x, (sos, zi))
 
 
 def sosfilt(
