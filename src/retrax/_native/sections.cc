@@ -35,92 +35,196 @@ namespace {
 
 constexpr int kCoefficients = 5;
 
-// W signals `first .. first + W - 1`, with S sections (S > 0: at compile
-// time, so the histories stay in registers; S == 0: `n` at run time).
+// One sample of W signals through S sections. h[k]: the last two values
+// of the signal between sections k - 1 and k (h[0]: the input, h[S]: the
+// output), newest first; `head` >= 0: the sample is one of the first two,
+// whose drive the initial state z[2 s + head] enters.
+template <typename R, int S, int W, bool kHead>
+inline __attribute__((always_inline)) void Step(
+    const R (&c)[S * kCoefficients][W], const R (&z)[S * 2][W],
+    R (&h)[(S + 1) * 2][W], R (&v)[W], int head) {
+  for (int s = 0; s < S; ++s) {
+    for (int l = 0; l < W; ++l) {
+      R rest = c[s * kCoefficients + 1][l] * h[2 * s][l] +
+               c[s * kCoefficients + 2][l] * h[2 * s + 1][l] -
+               c[s * kCoefficients + 4][l] * h[2 * s + 3][l];
+      if (kHead) rest += z[2 * s + head][l];
+      const R out = (c[s * kCoefficients][l] * v[l] + rest) -
+                    c[s * kCoefficients + 3][l] * h[2 * s + 2][l];
+      h[2 * s + 1][l] = h[2 * s][l];
+      h[2 * s][l] = v[l];
+      v[l] = out;
+    }
+  }
+  for (int l = 0; l < W; ++l) {
+    h[2 * S + 1][l] = h[2 * S][l];
+    h[2 * S][l] = v[l];
+  }
+}
+
+// W signals `first .. first + W - 1`, with S sections known at compile
+// time, so that the histories stay in registers.
 template <typename R, int S, int W>
 inline __attribute__((always_inline)) void Cascade(
     const R* __restrict__ a, const R* __restrict__ u, const R* __restrict__ zi,
-    R* __restrict__ y, int64_t samples, int64_t first, int64_t n_,
-    bool final_state) {
-  const int64_t n = S > 0 ? S : n_;
-  const int64_t out_length = samples + (final_state ? 2 * n : 0);
-  constexpr int kStack = S > 0 ? S : 1;
-  // c: coefficients; z: the initial states; h[k]: the last two values of
-  // the signal between sections k - 1 and k (h[0]: the input, h[n]: the
-  // output), newest first.
-  R s_c[kStack * kCoefficients][W], s_z[kStack * 2][W], s_h[(kStack + 1) * 2][W];
-  std::vector<R> heap;
-  R(*c)[W] = s_c;
-  R(*z)[W] = s_z;
-  R(*h)[W] = s_h;
-  if (S == 0) {
-    heap.resize((kCoefficients * n + 2 * n + 2 * (n + 1)) * W);
-    R* p = heap.data();
-    c = reinterpret_cast<R(*)[W]>(p);
-    z = reinterpret_cast<R(*)[W]>(p + kCoefficients * n * W);
-    h = reinterpret_cast<R(*)[W]>(p + (kCoefficients + 2) * n * W);
-  }
+    R* __restrict__ y, int64_t samples, int64_t first, bool final_state) {
+  const int64_t out_length = samples + (final_state ? 2 * S : 0);
+  R c[S * kCoefficients][W], z[S * 2][W], h[(S + 1) * 2][W];
   for (int l = 0; l < W; ++l) {
     const int64_t b = first + l;
-    for (int64_t s = 0; s < n; ++s) {
+    for (int s = 0; s < S; ++s) {
       for (int k = 0; k < kCoefficients; ++k) {
-        c[s * kCoefficients + k][l] = a[(b * n + s) * kCoefficients + k];
+        c[s * kCoefficients + k][l] = a[(b * S + s) * kCoefficients + k];
       }
-      z[2 * s][l] = zi[(b * n + s) * 2];
-      z[2 * s + 1][l] = zi[(b * n + s) * 2 + 1];
+      z[2 * s][l] = zi[(b * S + s) * 2];
+      z[2 * s + 1][l] = zi[(b * S + s) * 2 + 1];
     }
-    for (int64_t k = 0; k < 2 * (n + 1); ++k) h[k][l] = R(0);
+    for (int k = 0; k < 2 * (S + 1); ++k) h[k][l] = R(0);
   }
-  // one sample; `head` >= 0: the sample is one of the first two, whose
-  // drive the initial state z[2 s + head] enters
-  auto step = [&](int64_t t, int head) __attribute__((always_inline)) {
-    R v[W];
-    for (int l = 0; l < W; ++l) v[l] = u[(first + l) * samples + t];
-    for (int64_t s = 0; s < n; ++s) {
-      const R(*cs)[W] = c + s * kCoefficients;
-      R* x1 = h[2 * s];
-      R* x2 = h[2 * s + 1];
-      R* y1 = h[2 * s + 2];
-      R* y2 = h[2 * s + 3];
-      for (int l = 0; l < W; ++l) {
-        R rest = cs[1][l] * x1[l] + cs[2][l] * x2[l] - cs[4][l] * y2[l];
-        if (head >= 0) rest += z[2 * s + head][l];
-        const R out = (cs[0][l] * v[l] + rest) - cs[3][l] * y1[l];
-        x2[l] = x1[l];
-        x1[l] = v[l];
-        v[l] = out;
-      }
-    }
-    R* y1 = h[2 * n];
-    for (int l = 0; l < W; ++l) {
-      h[2 * n + 1][l] = y1[l];
-      y1[l] = v[l];
-      y[(first + l) * out_length + t] = v[l];
-    }
-  };
   const int64_t head = samples < 2 ? samples : 2;
-  for (int64_t t = 0; t < head; ++t) step(t, static_cast<int>(t));
-  for (int64_t t = head; t < samples; ++t) step(t, -1);
-  if (final_state) {
-    for (int l = 0; l < W; ++l) {
-      R* at = y + (first + l) * out_length + samples;
-      for (int64_t s = 0; s < n; ++s) {
-        const R(*cs)[W] = c + s * kCoefficients;
-        const R x1 = h[2 * s][l], x2 = h[2 * s + 1][l];
-        const R y1 = h[2 * s + 2][l], y2 = h[2 * s + 3][l];
-        R z0 = cs[1][l] * x1 + cs[2][l] * x2 - cs[3][l] * y1 - cs[4][l] * y2;
-        R z1 = cs[2][l] * x1 - cs[4][l] * y1;
-        // the part of the initial state not yet shifted out
-        if (samples == 0) {
-          z0 += z[2 * s][l];
-          z1 += z[2 * s + 1][l];
-        } else if (samples == 1) {
-          z0 += z[2 * s + 1][l];
-        }
-        at[2 * s] = z0;
-        at[2 * s + 1] = z1;
+  R v[W];
+  for (int64_t t = 0; t < head; ++t) {
+    for (int l = 0; l < W; ++l) v[l] = u[(first + l) * samples + t];
+    Step<R, S, W, true>(c, z, h, v, static_cast<int>(t));
+    for (int l = 0; l < W; ++l) y[(first + l) * out_length + t] = v[l];
+  }
+  for (int64_t t = head; t < samples; ++t) {
+    for (int l = 0; l < W; ++l) v[l] = u[(first + l) * samples + t];
+    Step<R, S, W, false>(c, z, h, v, -1);
+    for (int l = 0; l < W; ++l) y[(first + l) * out_length + t] = v[l];
+  }
+  if (!final_state) return;
+  for (int l = 0; l < W; ++l) {
+    R* at = y + (first + l) * out_length + samples;
+    for (int s = 0; s < S; ++s) {
+      const R b1 = c[s * kCoefficients + 1][l], b2 = c[s * kCoefficients + 2][l];
+      const R a1 = c[s * kCoefficients + 3][l], a2 = c[s * kCoefficients + 4][l];
+      const R x1 = h[2 * s][l], x2 = h[2 * s + 1][l];
+      const R y1 = h[2 * s + 2][l], y2 = h[2 * s + 3][l];
+      R z0 = b1 * x1 + b2 * x2 - a1 * y1 - a2 * y2;
+      R z1 = b2 * x1 - a2 * y1;
+      // the part of the initial state not yet shifted out
+      if (samples == 0) {
+        z0 += z[2 * s][l];
+        z1 += z[2 * s + 1][l];
+      } else if (samples == 1) {
+        z0 += z[2 * s + 1][l];
       }
+      at[2 * s] = z0;
+      at[2 * s + 1] = z1;
     }
+  }
+}
+
+// W = 32 / sizeof(R) signals `first .. first + W - 1` at once, each value a
+// vector of their W lanes (GCC's vector extension: one AVX register), with
+// S sections known at compile time; the same arithmetic as `Cascade`.
+template <typename R, int S>
+inline __attribute__((always_inline)) void CascadeLanes(
+    const R* __restrict__ a, const R* __restrict__ u, const R* __restrict__ zi,
+    R* __restrict__ y, int64_t samples, int64_t first, bool final_state) {
+  constexpr int W = 32 / sizeof(R);
+  typedef R V __attribute__((vector_size(32)));
+  const int64_t out_length = samples + (final_state ? 2 * S : 0);
+  V c[S * kCoefficients], z[S * 2], h[(S + 1) * 2];
+  for (int l = 0; l < W; ++l) {
+    const int64_t b = first + l;
+    for (int s = 0; s < S; ++s) {
+      for (int k = 0; k < kCoefficients; ++k) {
+        c[s * kCoefficients + k][l] = a[(b * S + s) * kCoefficients + k];
+      }
+      z[2 * s][l] = zi[(b * S + s) * 2];
+      z[2 * s + 1][l] = zi[(b * S + s) * 2 + 1];
+    }
+  }
+  for (int k = 0; k < 2 * (S + 1); ++k) h[k] = V{} * R(0);
+  const R* in[W];
+  R* out[W];
+  for (int l = 0; l < W; ++l) {
+    in[l] = u + (first + l) * samples;
+    out[l] = y + (first + l) * out_length;
+  }
+  for (int64_t t = 0; t < samples; ++t) {
+    V v;
+    for (int l = 0; l < W; ++l) v[l] = in[l][t];
+    for (int s = 0; s < S; ++s) {
+      V rest = c[s * kCoefficients + 1] * h[2 * s] +
+               c[s * kCoefficients + 2] * h[2 * s + 1] -
+               c[s * kCoefficients + 4] * h[2 * s + 3];
+      if (t < 2) rest += z[2 * s + t];
+      const V o = (c[s * kCoefficients] * v + rest) -
+                  c[s * kCoefficients + 3] * h[2 * s + 2];
+      h[2 * s + 1] = h[2 * s];
+      h[2 * s] = v;
+      v = o;
+    }
+    h[2 * S + 1] = h[2 * S];
+    h[2 * S] = v;
+    for (int l = 0; l < W; ++l) out[l][t] = v[l];
+  }
+  if (!final_state) return;
+  for (int s = 0; s < S; ++s) {
+    const V b1 = c[s * kCoefficients + 1], b2 = c[s * kCoefficients + 2];
+    const V a1 = c[s * kCoefficients + 3], a2 = c[s * kCoefficients + 4];
+    V z0 = b1 * h[2 * s] + b2 * h[2 * s + 1] - a1 * h[2 * s + 2] -
+           a2 * h[2 * s + 3];
+    V z1 = b2 * h[2 * s] - a2 * h[2 * s + 2];
+    // the part of the initial state not yet shifted out
+    if (samples == 0) {
+      z0 += z[2 * s];
+      z1 += z[2 * s + 1];
+    } else if (samples == 1) {
+      z0 += z[2 * s + 1];
+    }
+    for (int l = 0; l < W; ++l) {
+      out[l][samples + 2 * s] = z0[l];
+      out[l][samples + 2 * s + 1] = z1[l];
+    }
+  }
+}
+
+// One signal with any number of sections `n` (past those compiled for): the
+// same recursion, section by section on a block of samples at a time.
+template <typename R>
+inline __attribute__((always_inline)) void CascadeAny(
+    const R* __restrict__ a, const R* __restrict__ u, const R* __restrict__ zi,
+    R* __restrict__ y, int64_t samples, int64_t b, int64_t n,
+    bool final_state) {
+  const int64_t out_length = samples + (final_state ? 2 * n : 0);
+  const R* ab = a + b * n * kCoefficients;
+  const R* zb = zi + b * n * 2;
+  R* yb = y + b * out_length;
+  std::vector<R> h(2 * (n + 1), R(0));
+  for (int64_t t = 0; t < samples; ++t) {
+    R v = u[b * samples + t];
+    for (int64_t s = 0; s < n; ++s) {
+      const R* cs = ab + s * kCoefficients;
+      R rest = cs[1] * h[2 * s] + cs[2] * h[2 * s + 1] - cs[4] * h[2 * s + 3];
+      if (t < 2) rest += zb[2 * s + t];
+      const R out = (cs[0] * v + rest) - cs[3] * h[2 * s + 2];
+      h[2 * s + 1] = h[2 * s];
+      h[2 * s] = v;
+      v = out;
+    }
+    h[2 * n + 1] = h[2 * n];
+    h[2 * n] = v;
+    yb[t] = v;
+  }
+  if (!final_state) return;
+  for (int64_t s = 0; s < n; ++s) {
+    const R* cs = ab + s * kCoefficients;
+    const R x1 = h[2 * s], x2 = h[2 * s + 1], y1 = h[2 * s + 2],
+            y2 = h[2 * s + 3];
+    R z0 = cs[1] * x1 + cs[2] * x2 - cs[3] * y1 - cs[4] * y2;
+    R z1 = cs[2] * x1 - cs[4] * y1;
+    if (samples == 0) {
+      z0 += zb[2 * s];
+      z1 += zb[2 * s + 1];
+    } else if (samples == 1) {
+      z0 += zb[2 * s + 1];
+    }
+    yb[samples + 2 * s] = z0;
+    yb[samples + 2 * s + 1] = z1;
   }
 }
 
@@ -128,15 +232,15 @@ inline __attribute__((always_inline)) void Cascade(
 template <typename R, int S>
 inline __attribute__((always_inline)) void CascadeAll(
     const R* a, const R* u, const R* zi, R* y, int64_t samples, int64_t batch,
-    int64_t n, bool final_state) {
+    bool final_state) {
   // one vector register of lanes (AVX2: 4 doubles or 8 floats)
   constexpr int W = 32 / sizeof(R);
   int64_t first = 0;
   for (; batch - first >= W; first += W) {
-    Cascade<R, S, W>(a, u, zi, y, samples, first, n, final_state);
+    CascadeLanes<R, S>(a, u, zi, y, samples, first, final_state);
   }
   for (; first < batch; ++first) {
-    Cascade<R, S, 1>(a, u, zi, y, samples, first, n, final_state);
+    Cascade<R, S, 1>(a, u, zi, y, samples, first, final_state);
   }
 }
 
@@ -147,8 +251,7 @@ inline __attribute__((always_inline)) void Dispatch(
   switch (n) {
 #define RETRAX_SECTIONS_CASE(K)                                           \
   case K:                                                                 \
-    return CascadeAll<R, K>(a, u, zi, y, samples, batch, n, \
-                            final_state);
+    return CascadeAll<R, K>(a, u, zi, y, samples, batch, final_state);
     RETRAX_SECTIONS_CASE(1)
     RETRAX_SECTIONS_CASE(2)
     RETRAX_SECTIONS_CASE(3)
@@ -159,8 +262,10 @@ inline __attribute__((always_inline)) void Dispatch(
     RETRAX_SECTIONS_CASE(8)
 #undef RETRAX_SECTIONS_CASE
     default:
-      return CascadeAll<R, 0>(a, u, zi, y, samples, batch, n,
-                              final_state);
+      for (int64_t b = 0; b < batch; ++b) {
+        CascadeAny<R>(a, u, zi, y, samples, b, n, final_state);
+      }
+      return;
   }
 }
 
