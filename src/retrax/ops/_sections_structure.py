@@ -55,8 +55,10 @@ def _section(bind, c, x, z, *, unroll, final_state):
     """One section on one signal: `(y, final state or None)`."""
     length = x.shape[0]
     drive = fir_apply(c[:3], x, jnp.zeros(2, x.dtype))
+    # the state enters the first two samples (a pad, not a scatter: reverse
+    # mode keeps no indices)
     head = min(2, length)
-    drive = drive.at[:head].add(z[:head])
+    drive = drive + jnp.pad(z[:head], (0, length - head))
     y = bind(
         "allpole", c[3:], drive, jnp.zeros(2, x.dtype), adjoint=False, unroll=unroll
     )
