@@ -24,7 +24,7 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 
 NATIVE = pathlib.Path("src", "retrax", "_native")
-SOURCES = ["ballistics.cc", "allpole.cc", "linear.cc"]
+SOURCES = ["ballistics.cc", "allpole.cc", "linear.cc", "sections.cc"]
 LIBRARY = "_kernels.so"
 
 

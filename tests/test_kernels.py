@@ -13,7 +13,7 @@ import pytest
 
 import retrax
 from retrax import _native
-from retrax.ops import allpole, ballistics, diag_state_space
+from retrax.ops import allpole, ballistics, diag_state_space, sosfilt
 
 
 ROOT = pathlib.Path(__file__).parent.parent
@@ -33,6 +33,24 @@ def _allpole_uses_kernel(dtype=jnp.float64) -> bool:
     grad = jax.grad(lambda x, a: jnp.sum(jnp.abs(allpole(x, a)) ** 2), argnums=(0, 1))
     text = jax.jit(grad).lower(x, a).as_text()
     return text.count(f"@{_native.ALLPOLE}(") == 2  # forward and adjoint
+
+
+def _sections_use_kernel(dtype=jnp.float64) -> bool:
+    """Whether the CPU program of a 3-section `sosfilt` makes one pass (one
+    call of the cascade kernel) and its gradient runs each section's
+    all-pole kernel forward and adjoint (in scans over the sections: one
+    call of each in the program)."""
+    x = jnp.linspace(0.0, 1.0, 8, dtype=dtype)
+    sos = jnp.asarray([[1.0, 0.5, 0.25, 1.0, -0.5, 0.1]] * 3, dtype)
+    text = jax.jit(sosfilt).lower(sos, x).as_text()
+    grad = jax.grad(lambda sos, x: jnp.sum(sosfilt(sos, x) ** 2), argnums=(0, 1))
+    grad_text = jax.jit(grad).lower(sos, x).as_text()
+    return (
+        text.count(f"@{_native.SECTIONS}(") == 1
+        and f"@{_native.ALLPOLE}(" not in text
+        and grad_text.count(f"@{_native.ALLPOLE}(") == 2
+        and f"@{_native.SECTIONS}(" not in grad_text
+    )
 
 
 def _linear_uses_kernel(dtype=jnp.float64) -> bool:
@@ -65,7 +83,7 @@ def test_status_says_whether_the_ops_use_the_kernels():
     assert set(status) == {"ballistics", "allpole", "linear"}
     uses = {
         "ballistics": _uses_kernel(),
-        "allpole": _allpole_uses_kernel(),
+        "allpole": _allpole_uses_kernel() and _sections_use_kernel(),
         "linear": _linear_uses_kernel(),
     }
     for name, kernel in status.items():
@@ -84,6 +102,7 @@ def test_status_says_whether_the_ops_use_the_kernels():
         assert _allpole_uses_kernel(dtype) == uses["allpole"], dtype
         assert dtype.__name__ in status["allpole"].reason or not uses["allpole"]
     assert _linear_uses_kernel(jnp.complex128) == uses["linear"]
+    assert _sections_use_kernel(jnp.float32) == uses["allpole"]
 
 
 def test_disabled_kernels_are_reported_without_a_warning():
@@ -102,10 +121,13 @@ def test_disabled_kernels_are_reported_without_a_warning():
         "text += jax.jit(lambda x: retrax.ops.diag_state_space("
         "a, jnp.ones((1, 1)), jnp.ones((1, 1)), None, x))"
         ".lower(jnp.ones((4, 1))).as_text()\n"
+        "sos = jnp.asarray([[1.0, 0.5, 0.2, 1.0, -0.5, 0.1]] * 2)\n"
+        "text += jax.jit(retrax.ops.sosfilt).lower(sos, jnp.ones(4)).as_text()\n"
         "k = retrax.kernels()['ballistics']\n"
         "assert retrax.kernels()['allpole'].reason == k.reason\n"
         "assert retrax.kernels()['linear'].reason == k.reason\n"
-        "names = (_native.BALLISTICS, _native.ALLPOLE, _native.LINEAR)\n"
+        "names = (_native.BALLISTICS, _native.ALLPOLE, _native.LINEAR, "
+        "_native.SECTIONS)\n"
         "print(json.dumps({'active': k.active, 'reason': k.reason,"
         " 'called': any(name in text for name in names)}))\n"
     )

@@ -2,9 +2,10 @@
 
 The package build compiles `ballistics.cc` (the attack/release smoother),
 `allpole.cc` (the all-pole recursion of the recurrence core, forward and
-adjoint) and `linear.cc` (the core's diagonal and dense recursions, forward
-and adjoint, real and complex) into `_kernels.so` against the
-FFI headers of the jaxlib in the build environment (see `hatch_build.py`).
+adjoint), `sections.cc` (cascades of second-order sections, in one pass)
+and `linear.cc` (the core's diagonal and dense recursions, forward and
+adjoint, real and complex) into `_kernels.so` against the FFI headers of
+the jaxlib in the build environment (see `hatch_build.py`).
 The kernels are used if that library is present and XLA accepts its handlers;
 otherwise every op falls back to its pure-JAX loop, which computes the same
 numbers. Setting the environment variable `RETRAX_DISABLE_KERNELS=1` forces
@@ -36,18 +37,24 @@ BALLISTICS = "retrax_ballistics"
 ALLPOLE = "retrax_allpole"
 ALLPOLE_LAGS = "retrax_allpole_lags"
 LINEAR = "retrax_linear"
+SECTIONS = "retrax_sections"
 _DISABLE = "RETRAX_DISABLE_KERNELS"
 
 # Public kernel name -> its (XLA FFI target name, symbol of the handler)s.
 _KERNELS = {
     "ballistics": ((BALLISTICS, "RetraxBallistics"),),
-    "allpole": ((ALLPOLE, "RetraxAllpole"), (ALLPOLE_LAGS, "RetraxAllpoleLags")),
+    "allpole": (
+        (ALLPOLE, "RetraxAllpole"),
+        (ALLPOLE_LAGS, "RetraxAllpoleLags"),
+        (SECTIONS, "RetraxSections"),
+    ),
     "linear": ((LINEAR, "RetraxLinear"),),
 }
 # The dtypes each kernel computes (others run the pure-JAX loop).
 _DTYPES = {
     "ballistics": "float32 and float64",
-    "allpole": "float32, float64, complex64 and complex128",
+    "allpole": "float32, float64, complex64 and complex128 (cascades of "
+    "second-order sections: float32 and float64)",
     "linear": "float32, float64, complex64 and complex128",
 }
 

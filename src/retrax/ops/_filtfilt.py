@@ -346,7 +346,7 @@ def _sosfiltfilt(sos, x, *, axis, padtype, padlen, dtype):
     zi = sos_steady_state(sos)
 
     def run(signal, state):
-        return sos_cascade(sos, signal, state)[0]
+        return sos_cascade(sos, signal, state, False)[0]
 
     def one(signal):
         return (_forward_backward(run, zi, signal, padtype, total, edge),)

@@ -9,17 +9,22 @@ them (a leading batch axis on every operand, under `vmap`), with the static
   $K$ outputs (`_allpole_structure`);
 - `"diagonal"` and `"dense"`: $h_t = M_t h_{t-1} + u_t$ with
   $M_t = \operatorname{diag}(a_t)$ or $A_t$ (`_state_structures`);
+- `"sections"` and `"sections_state"`: a cascade of second-order sections
+  in scipy's transposed direct form II (`_sections_structure`), forward
+  only, written with the all-pole structure (its `expand`) and run by its
+  own kernel in one pass;
 
-with coefficients constant or per sample. `allpole_recurrence` and
-`state_recurrence` bind it. What differs between structures (the scan, the
-compiled kernel, the JVP's coefficient drive, the transpose's state
-cotangent, the operands' ranks) is a table of `_structure.Structure`s
+with coefficients constant or per sample. `allpole_recurrence`,
+`state_recurrence` and `sections_recurrence` bind it. What differs between
+structures (the scan, the compiled kernel, the JVP's coefficient drive, the
+transpose's state cotangent, the operands' ranks) is a table of `_structure.Structure`s
 (`STRUCTURES`); its rules, as JAX's documentation on defining primitives
 describes, are written once:
 
 - abstract evaluation: the output is typed as `u` (its sharding and the mesh
   axes it varies over inside `shard_map`, which the binders make the same
-  for every operand);
+  for every operand), the final state's length longer where the structure
+  appends it;
 - impl and lowering (`_kernel_lowering.register_lowerings`): on the CPU,
   for the structure's kernel dtypes, its compiled C++ loop called through
   the XLA FFI (`retrax._native`), partitioned over a sharded batch;
@@ -31,7 +36,8 @@ describes, are written once:
   structure's coefficient drive ($-\sum_k \dot a_{t,k} y_{t-k-1}$,
   $\dot M_t h_{t-1}$, or their adjoint counterparts), and a symbolic zero
   tangent of the coefficients skips that term, so a derivative with respect
-  to `u` alone never forms the lagged outputs or states;
+  to `u` alone never forms the lagged outputs or states; a structure that
+  composes others (`expand`) has its expansion's JVP;
 - transpose: the forward recursion's transpose is the adjoint one and the
   other way round, on the same kernel; the state's cotangent is the
   structure's read-out of the first (or last) cotangents.
@@ -54,10 +60,17 @@ from ._kernel_lowering import (
     register_lowerings,
     varying_like,
 )
+from ._sections_structure import SECTIONS, SECTIONS_STATE
 from ._state_structures import DENSE, DIAGONAL
 
 
-STRUCTURES = {"allpole": ALLPOLE, "diagonal": DIAGONAL, "dense": DENSE}
+STRUCTURES = {
+    "allpole": ALLPOLE,
+    "diagonal": DIAGONAL,
+    "dense": DENSE,
+    "sections": SECTIONS,
+    "sections_state": SECTIONS_STATE,
+}
 
 linear_p = Primitive("recurrence")
 
@@ -89,6 +102,16 @@ def state_recurrence(
     return _bind(structure, a, u, zi, adjoint=adjoint, unroll=unroll)
 
 
+def sections_recurrence(
+    a, u, zi, *, final_state: bool = False, unroll: int = DEFAULT_UNROLL
+):
+    """Bind `linear_p` with the `"sections"` structure, or with
+    `final_state` the `"sections_state"` one (see the module docstring):
+    `a` of shape `(S, 5)`, `zi` of `(2 S,)`."""
+    structure = "sections_state" if final_state else "sections"
+    return _bind(structure, a, u, zi, adjoint=False, unroll=unroll)
+
+
 # ---------------------------------------------------------------- abstract eval
 
 
@@ -106,6 +129,9 @@ def _abstract_eval(a, u, zi, *, structure, adjoint, unroll):
         )
     if not (a.dtype == u.dtype == zi.dtype):
         raise TypeError(f"{pieces.name}: mixed dtypes {a.dtype}, {u.dtype}, {zi.dtype}")
+    if pieces.state_appended:
+        shape = u.shape[:-1] + (u.shape[-1] + zi.shape[-1],)
+        return u.update(shape=shape, weak_type=False)
     return u.update(weak_type=False)
 
 
@@ -115,14 +141,25 @@ linear_p.def_abstract_eval(_abstract_eval)
 # ---------------------------------------------------------------- impl and lowering
 
 
+def _expanded(pieces, a, u, zi, *, adjoint, unroll):
+    """A composed structure's recursion as its expansion."""
+    if adjoint:
+        raise NotImplementedError(f"{pieces.name} runs forward only")
+    return pieces.expand(_bind, a, u, zi, unroll=unroll)
+
+
 def _scan(a, u, zi, *, structure, adjoint, unroll):
-    return STRUCTURES[structure].scan(a, u, zi, adjoint=adjoint, unroll=unroll)
+    pieces = STRUCTURES[structure]
+    if pieces.expand is not None:
+        return _expanded(pieces, a, u, zi, adjoint=adjoint, unroll=unroll)
+    return pieces.scan(a, u, zi, adjoint=adjoint, unroll=unroll)
 
 
 def _cpu_scan(a, u, zi, *, structure, adjoint, unroll):
     pieces = STRUCTURES[structure]
-    scan = pieces.scan if pieces.cpu_scan is None else pieces.cpu_scan
-    return scan(a, u, zi, adjoint=adjoint, unroll=unroll)
+    if pieces.cpu_scan is None:
+        return _scan(a, u, zi, structure=structure, adjoint=adjoint, unroll=unroll)
+    return pieces.cpu_scan(a, u, zi, adjoint=adjoint, unroll=unroll)
 
 
 register_lowerings(
@@ -151,7 +188,28 @@ batching.primitive_batchers[linear_p] = _batch
 # ---------------------------------------------------------------- JVP
 
 
+def _expanded_jvp(pieces, primals, tangents, *, adjoint, unroll):
+    """The JVP of a composed structure's expansion, differentiating only the
+    operands with a tangent (a symbolic zero tangent of the coefficients
+    skips their drive). Its primal is the expansion's too, so reverse mode
+    stores the other structures' residuals and runs nothing else forward."""
+    live = [i for i, t in enumerate(tangents) if type(t) is not ad.Zero]
+
+    def expansion(*operands):
+        full = list(primals)
+        for i, v in zip(live, operands, strict=True):
+            full[i] = v
+        return _expanded(pieces, *full, adjoint=adjoint, unroll=unroll)
+
+    return jax.jvp(
+        expansion, tuple(primals[i] for i in live), tuple(tangents[i] for i in live)
+    )
+
+
 def _jvp(primals, tangents, *, structure, adjoint, unroll):
+    pieces = STRUCTURES[structure]
+    if pieces.expand is not None:
+        return _expanded_jvp(pieces, primals, tangents, adjoint=adjoint, unroll=unroll)
     a, u, zi = primals
     da, du, dzi = tangents
     out = _bind(structure, a, u, zi, adjoint=adjoint, unroll=unroll)
@@ -178,6 +236,8 @@ def _transpose(ct, a, u, zi, *, structure, adjoint, unroll):
     pieces = STRUCTURES[structure]
     if ad.is_undefined_primal(a):
         raise NotImplementedError(f"{pieces.name} is not linear in its coefficients")
+    if pieces.expand is not None:  # its JVP binds the structures it composes
+        raise NotImplementedError(f"{pieces.name} is transposed through its expansion")
     u_aval = u.aval if ad.is_undefined_primal(u) else jax.typeof(u)
     zi_aval = zi.aval if ad.is_undefined_primal(zi) else jax.typeof(zi)
     if type(ct) is ad.Zero:

@@ -2,13 +2,13 @@
 
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._compiled import compiled
 from .._errors import error_if
 from .._validate import check_finite
-from ._lfilter import steady_state, tdf2_apply
+from ._lfilter import steady_state
+from ._linear_primitive import sections_recurrence
 from ._scipy_args import (
     along_axis,
     as_array,
@@ -44,21 +44,25 @@ def checked_sos(sos: Array) -> Array:
     )
 
 
-def sos_cascade(sos: Array, x: Array, zi: Array | None) -> tuple[Array, Array]:
+def sos_cascade(
+    sos: Array, x: Array, zi: Array | None, final_state: bool = True
+) -> tuple[Array, Array | None]:
     """Run the checked sections over one signal `(T,)`; `zi` `(n_sections, 2)`.
 
-    The sections run in a `lax.scan` over the rows of `sos`, so the program
-    (and its derivatives') holds one section's filter whatever their number:
-    unrolled, a cascade's trace and compile times grow with every section."""
-
-    def section(y, row_and_state):
-        row, z = row_and_state
-        return tdf2_apply(row[:3], row[4:], y, z)
-
-    if sos.shape[0] == 1:
-        y, z = section(x, (sos[0], None if zi is None else zi[0]))
-        return y, z[None]
-    return lax.scan(section, x, (sos, zi))
+    Returns `(y, zf)`, `zf` `None` unless `final_state`. The cascade is the
+    recurrence primitive's `"sections"` structure: on the CPU one compiled
+    pass over the signal, elsewhere (and for its derivatives) one FIR and
+    one all-pole pass per section.
+    """
+    n_sections = sos.shape[0]
+    coefficients = jnp.concatenate([sos[:, :3], sos[:, 4:]], axis=1)
+    state = jnp.zeros(2 * n_sections, x.dtype) if zi is None else zi.reshape(-1)
+    if not final_state:
+        return sections_recurrence(coefficients, x, state), None
+    # the final state comes back after the samples (`"sections_state"`)
+    out = sections_recurrence(coefficients, x, state, final_state=True)
+    length = x.shape[0]
+    return out[:length], out[length:].reshape(n_sections, 2)
 
 
 def sosfilt(
@@ -80,8 +84,10 @@ def sosfilt(
     **Convention: scipy's.** The rows include `a0`, which must be 1 (a
     `ValueError` otherwise, as in scipy; under `jax.jit` a run-time error);
     `zi` and `zf` are scipy's layout, each section's transposed-direct-form-II
-    state. Every section runs on retrax's
-    recurrence core, so gradients run the adjoint filters backwards in time.
+    state. The cascade runs on retrax's recurrence core: on the CPU one
+    compiled pass over the signal takes every sample through every section,
+    as scipy's loop does, and gradients run each section's adjoint filter
+    backwards in time.
 
     **Arguments:**
 
@@ -125,7 +131,7 @@ def _sosfilt(sos, x, zi, *, axis: int, dtype: np.dtype):
             )
     sos = checked_sos(sos)
     if zi is None:
-        y = along_axis(lambda s: sos_cascade(sos, s, None)[:1], x, axis)[0]
+        y = along_axis(lambda s: sos_cascade(sos, s, None, False)[:1], x, axis)[0]
         return in_dtype(dtype, y)
     y, zf = along_axis(lambda s, z: sos_cascade(sos, s, z), x, axis, zi)
     return in_dtype(dtype, (y, zf))
