@@ -16,7 +16,10 @@ ballistics, below).
 The losses (ESR, SI-SDR, mel STFT, sum-and-difference STFT) run on stereo
 `(B, 2, T)` predictions and targets of one second, forward (the loss) and
 forward plus the gradient with respect to the prediction, against auraloss's
-classes of the same settings, in the same interleaved run.
+classes of the same settings, in the same interleaved run: retrax under
+`jax.jit` ("fwd", "grad") and called eagerly ("eager fwd", "eager grad": the
+loss module called on arrays, and `jax.grad` of that call), auraloss eagerly
+in both (torch's only way).
 
 A peer's time counts only after its output matched retrax's on the same
 inputs and parameters; each case states its tolerance and why, and a peer
@@ -713,6 +716,14 @@ class LossSetup:
 def retrax_loss_case(setup: LossSetup, mode: str):
     loss = setup.loss.retrax()
     pred, target = jnp.asarray(setup.pred), jnp.asarray(setup.target)
+    # eager: the loss called as it is, on arrays (retrax compiles the
+    # time-domain losses as a whole; its gradient eagerly is `jax.grad`'s
+    # transformation of that call)
+    if mode == "eager fwd":
+        return lambda: jax.block_until_ready(loss(pred, target))
+    if mode == "eager grad":
+        grad = jax.grad(lambda p: loss(p, target))
+        return lambda: jax.block_until_ready(grad(pred))
     # the loss's settings are constants of the compiled call, as inside a
     # training step (eqx.filter_jit's flattening of the module per call would
     # cost more than these losses at B = 1)
@@ -732,6 +743,8 @@ def retrax_loss_output(setup: LossSetup) -> float:
 def auraloss_loss_case(auraloss, torch, setup: LossSetup, mode: str):
     loss = setup.loss.auraloss(auraloss)
     pred, target = torch.from_numpy(setup.pred), torch.from_numpy(setup.target)
+    # torch is eager: its eager rows are its only rows
+    mode = mode.removeprefix("eager ")
     if mode == "fwd":
 
         def run():
@@ -928,7 +941,7 @@ def main(argv=None):
 
     for loss in losses:
         for b in batches:
-            for mode in ("fwd", "grad"):
+            for mode in ("fwd", "grad", "eager fwd", "eager grad"):
                 cases.append(
                     Case(f"{loss.name} B={b} {mode}", {"l": loss, "B": b, "mode": mode})
                 )

@@ -137,3 +137,26 @@ def test_bad_settings_and_signals_raise_naming_the_argument():
         rl.DCLoss()(jnp.array([1.0, jnp.nan]), jnp.ones(2))
     with pytest.raises(eqx.EquinoxRuntimeError, match="non-finite"):
         eqx.filter_jit(rl.DCLoss())(jnp.array([1.0, jnp.nan]), jnp.ones(2))
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("zero_mean", [True, False])
+def test_non_finite_signal_raises_naming_it_for_every_loss(bad, zero_mean):
+    # the check reads the inputs only when the loss is not finite: every loss
+    # must be non-finite where an input is (the SNR without zero mean and an
+    # infinite prediction once gave the finite -10 log10(eps))
+    rng = np.random.default_rng(3)
+    good = jnp.asarray(rng.standard_normal((2, 3, 32)))
+    broken = good.at[1, 2, 5].set(bad)
+    losses = [rl.ESRLoss(), rl.DCLoss(), rl.LogCoshLoss()]
+    losses += [
+        cls(zero_mean=zero_mean) for cls in (rl.SNRLoss, rl.SISDRLoss, rl.SDSDRLoss)
+    ]
+    for loss in losses:
+        for name, args in (("pred", (broken, good)), ("target", (good, broken))):
+            with pytest.raises(ValueError, match=f"`{name}` contains non-finite"):
+                loss(*args)
+            with pytest.raises(eqx.EquinoxRuntimeError, match=f"`{name}`"):
+                eqx.filter_jit(loss)(*args)
+        # finite input: no error, a finite value
+        assert bool(jnp.isfinite(loss(good, 0.5 * good + 0.1)))

@@ -23,6 +23,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PyTree, Shaped
 
 from ._misc import as_inexact, check_value
+from ._unconstrained import SATURATION, bounded, logit, unconstrained
 from ._validate import check_init_range, real_array
 
 
@@ -200,7 +201,7 @@ class AbstractEffect(eqx.Module):
 
 
 class AbstractRangedEffect(AbstractEffect):
-    """An effect whose parameters are fields holding physical values, one
+    r"""An effect whose parameters are fields holding physical values, one
     `Range` each (`ranges()`); its normalised vector lists them in that
     order. The fields are what `eqx.tree_at` replaces and optax trains.
 
@@ -214,6 +215,17 @@ class AbstractRangedEffect(AbstractEffect):
     are built by `ranges()` from it. `n_params`, `to_normalised` and
     `with_normalised` follow from `ranges()` (through the hooks
     `checked_values` and `with_values`).
+
+    To train an effect's parameters with an optimiser that knows nothing of
+    ranges (optax), train its unconstrained vector: `theta =
+    effect.to_unconstrained()` is any real vector, and
+    `effect.with_unconstrained(theta)` inside the loss is a valid effect for
+    every finite `theta`, however large the step that produced it. By
+    default the vector is the logit of the normalised one, $u =
+    \sigma(\theta)$ (entries clipped to $[-15, 15]$, so that $u$ stays in
+    $(0, 1)$ in float32 too). The filters `SVF`, `Biquad`, `ParametricEQ` and
+    `Compressor` map it onto their whole valid regions instead (a cutoff
+    anywhere below Nyquist, any ratio above 1), as their docs say.
     """
 
     @abc.abstractmethod
@@ -274,6 +286,27 @@ class AbstractRangedEffect(AbstractEffect):
             if isinstance(value, dict):
                 values[field] = jnp.stack([value[k] for k in sorted(value)])
         return self.with_values(values)
+
+    def to_unconstrained(self) -> Float[Array, " params"]:
+        r"""The unconstrained vector `(P,)` of this effect, the inverse of
+        `with_unconstrained`: $\operatorname{logit}(u)$ of the normalised
+        vector $u$, clipped to $[-15, 15]$ (a parameter at an end of its
+        range maps to $\pm 15$). A parameter outside its range raises, as
+        `to_normalised` does."""
+        u = self.to_normalised()
+        return jnp.clip(logit(u), -SATURATION, SATURATION)
+
+    def with_unconstrained(
+        self, theta: Shaped[ArrayLike, " params"]
+    ) -> "AbstractEffect":
+        r"""This effect with the normalised vector $\sigma(\theta)$, from any
+        finite real `theta` `(P,)` (entries clipped to $[-15, 15]$ first):
+        train `theta` (e.g. with optax) and build the effect from it inside
+        the loss, and every step gives an effect whose parameters lie in
+        their ranges. A wrong shape raises `ValueError`, non-finite entries
+        an error (also under `jax.jit`)."""
+        theta = unconstrained("theta", theta, self.n_params)
+        return self.with_normalised(bounded(theta))
 
     # The two hooks below serve effects whose fields may hold more than their
     # ranges (a filter's cutoff anywhere below Nyquist, its ranges narrower):

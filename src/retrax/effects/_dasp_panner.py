@@ -6,11 +6,11 @@ from typing import ClassVar
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from .._effect import AbstractRangedEffect, Range
-from .._signal import no_state, output, signal
+from .._effect import Range
+from ._stereo import AbstractStereoEffect, pan
 
 
-class DaspStereoPanner(AbstractRangedEffect):
+class DaspStereoPanner(AbstractStereoEffect):
     r"""dasp-pytorch's panner, `dasp_pytorch.functional.stereo_panner`.
 
     With $\theta = p\,\pi/2$, a mono signal becomes $(g_L x, g_R x)$ with
@@ -43,20 +43,8 @@ class DaspStereoPanner(AbstractRangedEffect):
     def __init__(self, pan: Shaped[ArrayLike, ""] = 0.5):
         self.pan = self.RANGES["pan"].check_init("pan", pan)
 
-    def ranges(self) -> dict[str, Range]:
-        """`pan` in $[0, 1]$."""
-        return self.RANGES
-
-    def __call__(
-        self,
-        x: Shaped[ArrayLike, "*channels time"],
-        *,
-        zi: None = None,
-        return_zf: bool = False,
-    ) -> Float[Array, "2 time"] | tuple[Float[Array, "2 time"], None]:
-        """Pan the mono signal `x` `(time,)`; returns `(2, time)`."""
-        no_state(zi)
-        x = signal(x)
+    def stereo_output(self, x: Array) -> Array:
+        """dasp's panning of the mono signal `x` `(time,)`."""
         if x.ndim != 1:
             raise ValueError(
                 f"`x` must be one mono signal of shape (time,), got shape {x.shape}. "
@@ -68,5 +56,4 @@ class DaspStereoPanner(AbstractRangedEffect):
         # same value as dasp's square root, whose derivative is finite at
         # the ends too (dasp's is NaN there: the square root of 0)
         u = jnp.stack([(math.pi / 2) - theta, theta])
-        gains = u * jnp.sqrt((2 / math.pi) * jnp.sinc(u / math.pi))
-        return output(jnp.einsum("c,t->ct", gains, x), None, return_zf)
+        return pan(u * jnp.sqrt((2 / math.pi) * jnp.sinc(u / math.pi)), x)

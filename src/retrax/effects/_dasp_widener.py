@@ -1,23 +1,23 @@
 """dasp-pytorch's mid/side stereo widener, by its definition."""
 
-import math
 from typing import ClassVar
 
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from .._effect import AbstractRangedEffect, Range
-from .._signal import no_state, output, stereo
+from .._effect import Range
+from .._signal import stereo
+from ._stereo import AbstractStereoEffect, mix
 
 
-class DaspStereoWidener(AbstractRangedEffect):
+class DaspStereoWidener(AbstractStereoEffect):
     r"""dasp-pytorch's stereo widener, `dasp_pytorch.functional.stereo_widener`.
 
     With $M = (x_L + x_R)/\sqrt2$ and $S = (x_L - x_R)/\sqrt2$ scaled to
     $2(1 - w) M$ and $2 w S$, the output is $((M + S)/\sqrt2, (M - S)/\sqrt2)$:
 
-    $$y_L = (1 - w)(x_L + x_R) + w (x_L - x_R),\quad
-    y_R = (1 - w)(x_L + x_R) - w (x_L - x_R).$$
+    $$y_L = (1 - w)(x_L + x_R) + w (x_L - x_R) = x_L + (1 - 2w) x_R,\quad
+    y_R = (1 - w)(x_L + x_R) - w (x_L - x_R) = (1 - 2w) x_L + x_R.$$
 
     $w = 1/2$ leaves the signal as it is, $w = 0$ is the mid channel at
     twice its level, $w = 1$ the side channel at twice its level. It is
@@ -44,24 +44,9 @@ class DaspStereoWidener(AbstractRangedEffect):
     def __init__(self, width: Shaped[ArrayLike, ""] = 0.5):
         self.width = self.RANGES["width"].check_init("width", width)
 
-    def ranges(self) -> dict[str, Range]:
-        """`width` in $[0, 1]$."""
-        return self.RANGES
-
-    def __call__(
-        self,
-        x: Shaped[ArrayLike, "*channels time"],
-        *,
-        zi: None = None,
-        return_zf: bool = False,
-    ) -> Float[Array, "2 time"] | tuple[Float[Array, "2 time"], None]:
-        """Widen `x` `(time,)` or `(2, time)`; returns `(2, time)`."""
-        no_state(zi)
+    def stereo_output(self, x: Array) -> Array:
+        """dasp's widening of `x` `(time,)` or `(2, time)`: the mix
+        $(x_L + (1 - 2w) x_R,\\ (1 - 2w) x_L + x_R)$."""
         x = stereo(x)
         w = self.param("width", x.dtype)
-        root2 = math.sqrt(2.0)
-        # dasp's arithmetic, step by step, for its rounding
-        mid = (x[0] + x[1]) / root2 * (2 * (1 - w))
-        side = (x[0] - x[1]) / root2 * (2 * w)
-        y = jnp.stack([(mid + side) / root2, (mid - side) / root2])
-        return output(y, None, return_zf)
+        return mix(x, jnp.ones_like(w), 1 - 2 * w)

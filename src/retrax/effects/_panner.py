@@ -6,11 +6,11 @@ from typing import ClassVar
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from .._effect import AbstractRangedEffect, Range
-from .._signal import no_state, output, signal
+from .._effect import Range
+from ._stereo import AbstractStereoEffect, pan
 
 
-class StereoPanner(AbstractRangedEffect):
+class StereoPanner(AbstractStereoEffect):
     r"""A constant-power (sine-law) panner.
 
     With $\theta = (\mathrm{pan} + 1)\,\pi / 4$, a mono signal becomes
@@ -36,31 +36,14 @@ class StereoPanner(AbstractRangedEffect):
     def __init__(self, pan: Shaped[ArrayLike, ""] = 0.0):
         self.pan = self.RANGES["pan"].check_init("pan", pan)
 
-    def ranges(self) -> dict[str, Range]:
-        """`pan` in $[-1, 1]$."""
-        return self.RANGES
-
-    def __call__(
-        self,
-        x: Shaped[ArrayLike, "*channels time"],
-        *,
-        zi: None = None,
-        return_zf: bool = False,
-    ) -> Float[Array, "2 time"] | tuple[Float[Array, "2 time"], None]:
-        """Pan `x` `(time,)` or balance `x` `(2, time)`; returns `(2, time)`."""
-        no_state(zi)
-        x = signal(x)
+    def stereo_output(self, x: Array) -> Array:
+        """Pan `x` `(time,)` or balance `x` `(2, time)`."""
         if x.ndim == 2 and x.shape[0] != 2:
             raise ValueError(
                 f"`x` must be mono (time,) or stereo (2, time), got shape {x.shape}."
             )
         theta = (self.param("pan", x.dtype) + 1) * (math.pi / 4)
         gains = jnp.stack([jnp.cos(theta), jnp.sin(theta)])
-        # As einsums, the transposes are dots: XLA's CPU backend turns the
-        # transpose of a broadcasting product (a sum over time of a
-        # broadcast gain) into a reduction over materialised broadcasts, 15x
-        # slower for a batch of eight.
         if x.ndim == 1:
-            return output(jnp.einsum("c,t->ct", gains, x), None, return_zf)
-        y = jnp.einsum("c,ct->ct", math.sqrt(2.0) * gains, x)
-        return output(y, None, return_zf)
+            return pan(gains, x)
+        return jnp.einsum("c,ct->ct", math.sqrt(2.0) * gains, x)

@@ -2,14 +2,14 @@
 
 from typing import ClassVar
 
-import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from .._effect import AbstractRangedEffect, Range
-from .._signal import no_state, output, stereo
+from .._effect import Range
+from .._signal import stereo
+from ._stereo import AbstractStereoEffect, mix
 
 
-class StereoWidener(AbstractRangedEffect):
+class StereoWidener(AbstractStereoEffect):
     r"""A mid/side stereo width control.
 
     With $M = (x_L + x_R)/2$ and $S = (x_L - x_R)/2$, the output is
@@ -32,23 +32,8 @@ class StereoWidener(AbstractRangedEffect):
     def __init__(self, width: Shaped[ArrayLike, ""] = 1.0):
         self.width = self.RANGES["width"].check_init("width", width)
 
-    def ranges(self) -> dict[str, Range]:
-        """`width` in $[0, 2]$."""
-        return self.RANGES
-
-    def __call__(
-        self,
-        x: Shaped[ArrayLike, "*channels time"],
-        *,
-        zi: None = None,
-        return_zf: bool = False,
-    ) -> Float[Array, "2 time"] | tuple[Float[Array, "2 time"], None]:
-        """Widen `x` `(time,)` or `(2, time)`; returns `(2, time)`."""
-        no_state(zi)
+    def stereo_output(self, x: Array) -> Array:
+        """`(M + w S, M - w S)` of `x` `(time,)` or `(2, time)`."""
         x = stereo(x)
         w = self.param("width", x.dtype)
-        # (M + w S, M - w S) as a 2 x 2 matrix times the signal: its
-        # transposes are dots (see the panner)
-        a, b = 0.5 * (1 + w), 0.5 * (1 - w)
-        matrix = jnp.stack([jnp.stack([a, b]), jnp.stack([b, a])])
-        return output(jnp.einsum("ij,jt->it", matrix, x), None, return_zf)
+        return mix(x, 0.5 * (1 + w), 0.5 * (1 - w))

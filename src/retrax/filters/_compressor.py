@@ -10,9 +10,7 @@ from jaxtyping import Array, ArrayLike, Float, Shaped
 from .._effect import AbstractRangedEffect, Range
 from .._misc import as_inexact
 from .._signal import output, per_channel, signal, state_leaf
-from .._validate import check_init_range, check_rate
-from ..dynamics import avg, compexp_gain, db2amp, ms2coef
-from ._unconstrained import (
+from .._unconstrained import (
     SATURATION,
     bounded,
     logit,
@@ -20,6 +18,8 @@ from ._unconstrained import (
     softplus_inverse,
     unconstrained,
 )
+from .._validate import check_init_range, check_rate
+from ..dynamics import avg, compexp_gain, db2amp, ms2coef
 
 
 # The values each parameter may take (`low`, `high`, whether `low` is

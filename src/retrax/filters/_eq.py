@@ -14,10 +14,7 @@ from .._effect import AbstractRangedEffect, Range
 from .._errors import error_if
 from .._misc import as_inexact
 from .._signal import output, per_channel, signal, state_leaf
-from .._validate import check_in_range, check_init_range, check_rate
-from ..ops import sosfilt
-from ._parametrise import biquad_denominator
-from ._unconstrained import (
+from .._unconstrained import (
     bounded,
     field_array,
     logit,
@@ -25,6 +22,9 @@ from ._unconstrained import (
     softplus_inverse,
     unconstrained,
 )
+from .._validate import check_in_range, check_init_range, check_rate
+from ..ops import sosfilt
+from ._parametrise import biquad_denominator
 
 
 Shape = Literal["peak", "lowshelf", "highshelf"]

@@ -9,6 +9,14 @@ from jaxtyping import Array, ArrayLike, Float, Shaped
 from .._effect import AbstractRangedEffect, Range
 from .._misc import as_inexact, result_dtype
 from .._signal import output, per_channel, signal, state_leaf
+from .._unconstrained import (
+    bounded,
+    field_array,
+    logit,
+    positive,
+    softplus_inverse,
+    unconstrained,
+)
 from .._validate import (
     check_in_range,
     check_init_range,
@@ -17,14 +25,6 @@ from .._validate import (
     check_zi,
 )
 from ..ops import state_space
-from ._unconstrained import (
-    bounded,
-    field_array,
-    logit,
-    positive,
-    softplus_inverse,
-    unconstrained,
-)
 
 
 Mode = Literal["lowpass", "bandpass", "highpass", "notch", "allpass", "peak"]

@@ -1,11 +1,42 @@
 """The STFT loss on mel or chroma bands (auraloss's `MelSTFTLoss` and
 `ChromaSTFTLoss`)."""
 
+from typing import Any
+
 import equinox as eqx
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from ._stft import Window
 from ._stft_loss import Distance, Output, Reduction, STFTLoss, STFTLossTerms, Weight
+
+
+# The constructors' arguments that pass to `STFTLoss` as they are, by name.
+_SHARED = (
+    "fft_size",
+    "hop_size",
+    "win_length",
+    "window",
+    "w_sc",
+    "w_log_mag",
+    "w_lin_mag",
+    "w_phs",
+    "eps",
+    "reduction",
+    "mag_distance",
+    "sample_rate",
+    "perceptual_weighting",
+    "scale_invariance",
+    "output",
+)
+
+
+def _stft_loss(scale: str, n_bins: int, arguments: dict[str, Any]) -> STFTLoss:
+    """The `STFTLoss` at `scale` with `n_bins` bins, built from a scaled
+    loss's constructor `arguments` (its `locals()`): the mel and the chroma
+    loss differ only in the scale and the name of the number of bins."""
+    return STFTLoss(
+        scale=scale, n_bins=n_bins, **{name: arguments[name] for name in _SHARED}
+    )
 
 
 class AbstractScaledSTFTLoss(eqx.Module):
@@ -77,25 +108,7 @@ class MelSTFTLoss(AbstractScaledSTFTLoss):
         scale_invariance: bool = False,
         output: Output = "loss",
     ):
-        self.stft = STFTLoss(
-            fft_size,
-            hop_size,
-            win_length,
-            window,
-            w_sc,
-            w_log_mag,
-            w_lin_mag,
-            eps,
-            reduction,
-            mag_distance,
-            w_phs=w_phs,
-            sample_rate=sample_rate,
-            scale="mel",
-            n_bins=n_mels,
-            perceptual_weighting=perceptual_weighting,
-            scale_invariance=scale_invariance,
-            output=output,
-        )
+        self.stft = _stft_loss("mel", n_mels, locals())
 
 
 class ChromaSTFTLoss(AbstractScaledSTFTLoss):
@@ -145,22 +158,4 @@ class ChromaSTFTLoss(AbstractScaledSTFTLoss):
         scale_invariance: bool = False,
         output: Output = "loss",
     ):
-        self.stft = STFTLoss(
-            fft_size,
-            hop_size,
-            win_length,
-            window,
-            w_sc,
-            w_log_mag,
-            w_lin_mag,
-            eps,
-            reduction,
-            mag_distance,
-            w_phs=w_phs,
-            sample_rate=sample_rate,
-            scale="chroma",
-            n_bins=n_chroma,
-            perceptual_weighting=perceptual_weighting,
-            scale_invariance=scale_invariance,
-            output=output,
-        )
+        self.stft = _stft_loss("chroma", n_chroma, locals())

@@ -48,14 +48,20 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def check_signals(
-    pred: ArrayLike, target: ArrayLike, min_length: int, *, fft: bool = True
+    pred: ArrayLike,
+    target: ArrayLike,
+    min_length: int,
+    *,
+    fft: bool = True,
+    finite: bool = True,
 ) -> tuple[jax.Array, jax.Array]:
     """`pred` and `target` as arrays of one float dtype, checked.
 
     Shapes `(time,)`, `(channels, time)` or `(batch, channels, time)`, equal
-    for both, with at least `min_length` samples; values finite (checked under
-    `jit` too). With `fft` (the STFT losses) the dtype must be float32 or
-    float64, XLA's FFT's (`TypeError` otherwise).
+    for both, with at least `min_length` samples; with `finite`, values
+    finite (checked under `jit` too; without, the caller checks them). With
+    `fft` (the STFT losses) the dtype must be float32 or float64, XLA's FFT's
+    (`TypeError` otherwise).
     """
     pred = as_inexact("pred", pred)
     target = as_inexact("target", target)
@@ -81,13 +87,16 @@ def check_signals(
     dtype = result_dtype(pred, target)
     if fft:
         check_float_dtype("`pred` (with `target`)", dtype, "an STFT loss")
+    pred, target = pred.astype(dtype), target.astype(dtype)
+    if not finite:
+        return pred, target
     pred = error_if(
-        pred.astype(dtype),
+        pred,
         ~jnp.all(jnp.isfinite(pred)),
         "`pred` contains non-finite values.",
     )
     target = error_if(
-        target.astype(dtype),
+        target,
         ~jnp.all(jnp.isfinite(target)),
         "`target` contains non-finite values.",
     )

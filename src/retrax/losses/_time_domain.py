@@ -14,8 +14,11 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Real
 
+from .._compiled import compiled
+from .._errors import error_if
 from ._stft_loss import Weight, check_choice, check_signals, check_weight
 
 
@@ -40,8 +43,36 @@ def _energy(x: jax.Array) -> jax.Array:
 
 
 def _ratio_db(num: jax.Array, den: jax.Array, eps: jax.Array) -> jax.Array:
-    """auraloss's $10 \\log_{10}(n / (d + \\varepsilon) + \\varepsilon)$."""
-    return 10 * jnp.log10(num / (den + eps) + eps)
+    """auraloss's $10 \\log_{10}(n / (d + \\varepsilon) + \\varepsilon)$.
+
+    Plus `0 * den`, which is 0 (value and derivative unchanged) unless the
+    denominator is not finite: an infinite error energy would otherwise give
+    the finite $10 \\log_{10} \\varepsilon$, hiding a non-finite `pred` from
+    the check on the loss's value (see `_checked`)."""
+    return 10 * jnp.log10(num / (den + eps) + eps) + 0 * den
+
+
+def _any_not_finite(x: jax.Array) -> jax.Array:
+    return ~jnp.all(jnp.isfinite(x))
+
+
+def _checked(values: jax.Array, pred: jax.Array, target: jax.Array) -> jax.Array:
+    """`values` with the run-time check that `pred` and `target` are finite.
+
+    Every loss here is non-finite where an input is, so the inputs are only
+    read again (to name the one at fault) when the loss is not finite: a
+    check of each input on every call would cost two more passes over the
+    signals and the copies that `error_if` makes of them, more than these
+    losses themselves. A finite input whose squares overflow leaves the
+    value non-finite without an error, as before the check."""
+    bad = _any_not_finite(values)
+    bad_pred, bad_target = lax.cond(
+        bad,
+        lambda: (_any_not_finite(pred), _any_not_finite(target)),
+        lambda: (jnp.zeros((), bool), jnp.zeros((), bool)),
+    )
+    values = error_if(values, bad_pred, "`pred` contains non-finite values.")
+    return error_if(values, bad_target, "`target` contains non-finite values.")
 
 
 class AbstractTimeDomainLoss(eqx.Module):
@@ -76,11 +107,22 @@ class AbstractTimeDomainLoss(eqx.Module):
         `ValueError` for mismatched or empty shapes, or non-finite values (a
         run-time error under `jit`).
         """
-        pred, target = check_signals(pred, target, 1, fft=False)
-        return _reduce(self.per_signal(pred, target), self.reduction)
+        pred, target = check_signals(pred, target, 1, fft=False, finite=False)
+        return _loss(self, pred, target)
 
     def _eps(self, like: jax.Array) -> jax.Array:
         return jnp.asarray(self.eps).astype(like.dtype)
+
+
+@compiled()
+def _loss(
+    loss: AbstractTimeDomainLoss, pred: jax.Array, target: jax.Array
+) -> jax.Array:
+    """The reduced loss, compiled as a whole: an eager call costs one
+    dispatch, not one per operation (and inside a user's `jax.jit`, it is
+    inlined)."""
+    values = _checked(loss.per_signal(pred, target), pred, target)
+    return _reduce(values, loss.reduction)
 
 
 def _init(self, eps: Weight, reduction: Reduction) -> None:
@@ -202,9 +244,16 @@ class _SignalToError(AbstractTimeDomainLoss):
         """The ratio in dB of each signal."""
 
 
-def _scale(pred: jax.Array, target: jax.Array, eps: jax.Array) -> jax.Array:
-    """The least-squares gain of `target` onto `pred`, as auraloss forms it."""
-    return jnp.sum(pred * target, axis=-1) / (_energy(target) + eps)
+def _scaled_energy(
+    pred: jax.Array, target: jax.Array, eps: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The least-squares gain $\\alpha$ of `target` onto `pred`, as auraloss
+    forms it, and the energy of the scaled target, $\\alpha^2 \\sum_t y_t^2$
+    (auraloss sums the squares of $\\alpha y$, equal up to rounding: here
+    the scaled target is never formed, one pass over the signals fewer)."""
+    target_energy = _energy(target)
+    alpha = jnp.sum(pred * target, axis=-1) / (target_energy + eps)
+    return alpha, alpha * alpha * target_energy
 
 
 class SNRLoss(_SignalToError):
@@ -246,8 +295,9 @@ class SISDRLoss(_SignalToError):
     """
 
     def ratio(self, pred: jax.Array, target: jax.Array, eps: jax.Array) -> jax.Array:
-        scaled = target * _scale(pred, target, eps)[..., None]
-        return _ratio_db(_energy(scaled), _energy(pred - scaled), eps)
+        alpha, scaled_energy = _scaled_energy(pred, target, eps)
+        error = _energy(pred - alpha[..., None] * target)
+        return _ratio_db(scaled_energy, error, eps)
 
 
 class SDSDRLoss(_SignalToError):
@@ -270,5 +320,5 @@ class SDSDRLoss(_SignalToError):
     """
 
     def ratio(self, pred: jax.Array, target: jax.Array, eps: jax.Array) -> jax.Array:
-        scaled = target * _scale(pred, target, eps)[..., None]
-        return _ratio_db(_energy(scaled), _energy(pred - target), eps)
+        _, scaled_energy = _scaled_energy(pred, target, eps)
+        return _ratio_db(scaled_energy, _energy(pred - target), eps)

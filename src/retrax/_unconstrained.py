@@ -1,11 +1,13 @@
-"""The filter modules' physical fields and their unconstrained parametrisation.
+"""Effects' physical fields and their unconstrained parametrisation.
 
-The modules store physical values (Hz, resonances, pole radii) as fields, so
+The effects store physical values (Hz, resonances, pole radii) as fields, so
 `eqx.tree_at` replaces them and the call checks them. To train without
-leaving the valid region, a module maps a real vector $\\theta$ to its fields
-through smooth bijections onto the valid intervals, a logistic sigmoid for a
-bounded interval and softplus for a half-line, and back
-(`to_unconstrained` / `with_unconstrained`). The entries are clipped to
+leaving the valid region, an effect maps a real vector $\\theta$ to its
+fields through smooth bijections onto valid intervals, a logistic sigmoid for
+a bounded interval and softplus for a half-line, and back
+(`to_unconstrained` / `with_unconstrained`): every ranged effect through its
+normalised vector, $u = \\sigma(\\theta)$ (see `_effect`), and the filters
+onto their whole valid regions, wider than their ranges. The entries are clipped to
 $[-15, 15]$ (sigmoid) and $[-15, \\infty)$ (softplus) first, where float32
 would otherwise round the fields onto the ends of their intervals.
 """
@@ -17,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike
 
-from .._misc import check_value
+from ._misc import check_value
 
 
 def field_array(
@@ -55,7 +57,7 @@ def unconstrained(
     shape = np.shape(theta)
     if shape != (size,):
         raise ValueError(
-            f"`{name}` must be the {size} unconstrained parameters of this filter, "
+            f"`{name}` must be the {size} unconstrained parameters of this effect, "
             f"shape ({size},), got shape {shape}. Build a batch with "
             "`eqx.filter_vmap`."
         )
