@@ -192,12 +192,23 @@ def choose_solver(graph: FactorGraph, linear_solver: LinearSolver) -> str:
 
 
 def graph_system(
-    graph: FactorGraph, x: Float[Array, " n"], kind: str
+    graph: FactorGraph, x: Float[Array, " n"], kind: str, jacobian_dtype=None
 ) -> AbstractGraphSystem:
-    """The graph's Jacobian at `x` as a `kind` (`"dense"`/`"banded"`) system."""
+    """The graph's Jacobian at `x` as a `kind` (`"dense"`/`"banded"`) system.
+
+    With `jacobian_dtype` (a floating dtype other than `x`'s), the factors are
+    evaluated with their floating arrays and `x` cast to it, and the Jacobian
+    cast back: the system is factorised in `x`'s dtype."""
     lay = graph.layout
+    at = x
+    if jacobian_dtype is not None and jnp.dtype(jacobian_dtype) != x.dtype:
+        graph = jax.tree.map(
+            lambda v: v.astype(jacobian_dtype) if eqx.is_inexact_array(v) else v,
+            graph,
+        )
+        at = x.astype(jacobian_dtype)
     if kind == "dense":
-        return DenseSystem(graph.dense_jacobian(x), lay.var_start, lay.var_dim)
-    return BandedSystem(
-        graph.banded_jacobian(x), graph.banded.padded, lay.var_start, lay.var_dim
-    )
+        matrix = graph.dense_jacobian(at).astype(x.dtype)
+        return DenseSystem(matrix, lay.var_start, lay.var_dim)
+    bands = graph.banded_jacobian(at).astype(x.dtype)
+    return BandedSystem(bands, graph.banded.padded, lay.var_start, lay.var_dim)
