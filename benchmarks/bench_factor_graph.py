@@ -6,6 +6,10 @@ poses) at several lengths, float64. Rows, each a median over repeats after
 compiling:
 
 - `joint solve`: `solve_graph`, the whole chain in one jitted call;
+- `joint solve, float32 Jacobians`: the same with `jacobian_dtype=float32`
+  (Newton's matrix from the float32-trained network in float32, the
+  gradient and the answer in float64); its `max |dx|` column is its distance
+  to the float64 solve;
 - `belief propagation`: `propagate_beliefs` with the sequential schedule
   (a forward and a backward pass along the chain per iteration; flooding
   needs as many iterations as the chain is long), one jitted call;
@@ -76,6 +80,25 @@ def bench(factor, poses, repeats, loop_limit):
             int(sol.stats["num_steps"]),
             ok,
             rmse(sol.values["q"], q_true),
+            None,
+        )
+    )
+
+    mixed = eqx.filter_jit(
+        lambda g, i: rr.solve_graph(g, i, jacobian_dtype=jnp.float32, throw=False)
+    )
+    t, first = timed(lambda: mixed(graph, init).x, repeats)
+    out = mixed(graph, init)
+    rows.append(
+        (
+            "joint solve, float32 Jacobians",
+            poses,
+            t,
+            first,
+            int(out.stats["num_steps"]),
+            rr.RESULTS[out.result] == "",
+            rmse(out.values["q"], q_true),
+            float(jnp.max(jnp.abs(out.x - sol.x))),
         )
     )
 
@@ -95,6 +118,7 @@ def bench(factor, poses, repeats, loop_limit):
             int(out.stats["num_steps"]),
             rr.RESULTS[out.result] == "",
             rmse(out.values["q"], q_true),
+            None,
         )
     )
 
@@ -118,6 +142,7 @@ def bench(factor, poses, repeats, loop_limit):
             int(jnp.max(sols.steps)),
             ok,
             rmse(sols.z[:, :2], q_true),
+            None,
         )
     )
 
@@ -128,7 +153,7 @@ def bench(factor, poses, repeats, loop_limit):
             return [single(factor, xy).z for xy in measured]
 
         t, first = timed(loop, max(1, repeats // 3))
-        rows.append(("loop of factor queries", poses, t, first, None, None, None))
+        rows.append(("loop of factor queries", poses, t, first, None, None, None, None))
 
     def loss(factor):
         g = arm.pose_graph(factor, measured)
@@ -136,7 +161,9 @@ def bench(factor, poses, repeats, loop_limit):
 
     grad = eqx.filter_jit(eqx.filter_grad(loss))
     t_grad, first = timed(lambda: jax.tree.leaves(grad(factor))[0], repeats)
-    rows.append(("gradient of the joint solve", poses, t_grad, first, None, None, None))
+    rows.append(
+        ("gradient of the joint solve", poses, t_grad, first, None, None, None, None)
+    )
     return rows, t_grad / rows[0][2]
 
 
@@ -160,14 +187,15 @@ def main(argv=None):
     )
     factor = arm.arm_factor(pred, jax.random.key(1))
     lines = [
-        "| case | poses | median s | first call s | steps | all successful | q RMSE |",
-        "|---|---|---|---|---|---|---|",
+        "| case | poses | median s | first call s | steps | all successful | q RMSE "
+        "| max \\|dx\\| |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     ratios = []
     for poses in (int(p) for p in args.poses.split(",")):
         rows, ratio = bench(factor, poses, args.repeats, args.loop_limit)
         ratios.append((poses, ratio))
-        for name, n, t, first, steps, ok, err in rows:
+        for name, n, t, first, steps, ok, err, dx in rows:
             cells = [
                 name,
                 str(n),
@@ -176,6 +204,7 @@ def main(argv=None):
                 "" if steps is None else str(steps),
                 "" if ok is None else ("yes" if ok else "no"),
                 "" if err is None else f"{err:.4f}",
+                "" if dx is None else f"{dx:.1e}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
     lines.append("")

@@ -172,6 +172,37 @@ def test_nonlinear_residuals_joint_and_propagation_agree():
     np.testing.assert_allclose(bp.x, sol.x, atol=1e-8)
 
 
+@pytest.mark.parametrize("linear_solver", ["dense", "banded"])
+def test_float32_jacobians_reach_the_same_root(linear_solver):
+    # Newton's matrix in float32, the gradient and the test in float64: the
+    # same root to the tolerance, and the same implicit derivatives (those
+    # use the exact float64 Jacobian at the root)
+    anchors = jnp.array([[0.0, 0.0], [3.0, 0.0], [0.0, 3.0]] * 2)
+    truth = jnp.array([[1.0, 1.0]] * 3 + [[2.0, 1.0]] * 3)
+    ranges = jnp.linalg.norm(truth - anchors, axis=1) + 0.01 * jnp.arange(6.0)
+    init = {"p": jnp.array([[0.5, 0.5], [2.5, 0.5]])}
+
+    def solve(ranges, jacobian_dtype):
+        graph = range_graph(anchors, ranges, 0.1)
+        return rr.solve_graph(
+            graph, init, linear_solver=linear_solver, jacobian_dtype=jacobian_dtype
+        )
+
+    exact = solve(ranges, None)
+    mixed = solve(ranges, jnp.float32)
+    assert mixed.result == rr.RESULTS.successful and bool(mixed.stable)
+    assert mixed.x.dtype == jnp.float64
+    np.testing.assert_allclose(mixed.x, exact.x, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(mixed.gradient, 0, atol=1e-8)
+    grad = jax.grad(lambda r, d: jnp.sum(jnp.sin(solve(r, d).x)))
+    np.testing.assert_allclose(
+        grad(ranges, jnp.float32), grad(ranges, None), rtol=1e-12, atol=1e-14
+    )
+    # the solve's own dtype is the default's path
+    same = solve(ranges, jnp.float64)
+    np.testing.assert_array_equal(same.x, exact.x)
+
+
 def loss_of(meas, smooth, precision_scale):
     factors = [
         rr.GaussianFactor.prior(("x", [0]), jnp.zeros(2), 1.0),
@@ -336,6 +367,8 @@ def test_errors(meas):
         rr.propagate_beliefs(graph, schedule="random")
     with pytest.raises((ValueError, TypeError), match="linear_solver"):
         rr.solve_graph(graph, linear_solver="sparse")
+    with pytest.raises(TypeError, match="jacobian_dtype"):
+        rr.solve_graph(graph, jacobian_dtype=jnp.int32)
     with pytest.raises(ValueError, match="does not have"):
         rr.FactorGraph({"y": (N, 2)}, graph.factors)
     with pytest.raises(ValueError, match=r"must lie in \[0, 3\)"):

@@ -30,9 +30,10 @@ class GraphSolution(AbstractSolution):
     - `x`: the same as one flat vector, `(n,)`.
     - `gradient`: the graph's gradient $\nabla E$ at `x` (about 0).
     - `converged`: whether the last Newton step was within the tolerance.
-    - `stable`: whether the symmetric part of the Jacobian at the last Newton
-      step's point (within the tolerance of `x`) is positive definite (a
-      minimum of the energy, not a saddle).
+    - `stable`: whether the symmetric part of the last Jacobian the solve
+      evaluated (at a point within about $\sqrt{\mathrm{tol}}$ of `x`: the
+      last steps reuse it) is positive definite (a minimum of the energy, not
+      a saddle).
     - `result`: a [`retrax.diffusion.RESULTS`][]: `successful`,
       `unstable_root` (converged to a saddle: an answer, reported, never
       raised), `max_steps_reached` or `nonfinite_iterate`.
@@ -51,7 +52,7 @@ class GraphSolution(AbstractSolution):
     linear_solver: str = eqx.field(static=True)
 
 
-def _newton(graph: FactorGraph, x0, tol, max_steps, kind):
+def _newton(graph: FactorGraph, x0, tol, max_steps, kind, jacobian_dtype):
     r"""Newton's method on the gradient with a backtracking line search on
     $\tfrac12\lVert\nabla E\rVert^2$.
 
@@ -61,18 +62,33 @@ def _newton(graph: FactorGraph, x0, tol, max_steps, kind):
     point is carried to the next step, so the factors' gradients are traced
     twice (before the loop and in the line search) and their Jacobians once:
     compile time grows with the number of traces of a learned field.
+
+    Once a Newton step is within $\sqrt{\mathrm{tol}}$ (scaled like the
+    tolerance), the next step keeps the last Jacobian and its factorisation
+    (a chord step): its error against a Newton step is of the order of the
+    distance between the two points times the step, below the tolerance's
+    square, and the Jacobian of a learned relation costs several of its
+    field's evaluations. The step that confirms convergence is then one
+    solve with the stored factors and one evaluation of the gradient.
     """
     dtype = x0.dtype
+    near_tol = jnp.sqrt(jnp.asarray(tol, dtype))
+
+    def fresh(x):
+        system = graph_system(graph, x, kind, jacobian_dtype)
+        stable, _ = system.symmetric_logdet()
+        return system, stable
 
     def cond(state):
         step, done = state[2], state[4]
         return (step < max_steps) & ~done
 
     def body(state):
-        x, g, step, _, _, _ = state
-        system = graph_system(graph, x, kind)
+        x, g, step, _, _, stable, last, system = state
+        # at most one chord step in a row: a stalled chord gets a fresh Jacobian
+        near = last <= near_tol * (1 + jnp.max(jnp.abs(x)))
+        system, stable = jax.lax.cond(near, lambda: (system, stable), lambda: fresh(x))
         delta = -system.solve(g)
-        stable, _ = system.symmetric_logdet()
         size = jnp.max(jnp.abs(delta))
         finite = jnp.all(jnp.isfinite(delta))
         small = size <= tol * (1 + jnp.max(jnp.abs(x)))
@@ -97,12 +113,27 @@ def _newton(graph: FactorGraph, x0, tol, max_steps, kind):
         x_new = jnp.where(finite, x + alpha * delta, x)
         g_new = jnp.where(finite, g_new, g)
         stop = small | ~finite
-        return x_new, g_new, step + 1, jnp.where(finite, size, inf), stop, stable
+        # a chord step follows only a whole step: a backtracked one says the
+        # Jacobian's model is poor there
+        taken = jnp.where(finite & (alpha == 1.0) & ~near, size, inf)
+        size = jnp.where(finite, size, inf)
+        return x_new, g_new, step + 1, size, stop, stable, taken, system
 
     false = jnp.array(False)
     inf = jnp.asarray(jnp.inf, dtype)
-    init = (x0, graph.gradient(x0), jnp.zeros((), jnp.int32), inf, false, false)
-    x, g, steps, size, done, stable = jax.lax.while_loop(cond, body, init)
+    shapes = eqx.filter_eval_shape(fresh, x0)
+    placeholder = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    init = (
+        x0,
+        graph.gradient(x0),
+        jnp.zeros((), jnp.int32),
+        inf,
+        false,
+        placeholder[1],
+        inf,
+        placeholder[0],
+    )
+    x, g, steps, size, done, stable, _, _ = jax.lax.while_loop(cond, body, init)
     converged = done & jnp.isfinite(size)
     aux = jnp.stack(
         [steps.astype(dtype), converged.astype(dtype), size, stable.astype(dtype)]
@@ -111,15 +142,22 @@ def _newton(graph: FactorGraph, x0, tol, max_steps, kind):
 
 
 @eqx.filter_custom_jvp
-def _map_point(graph, x0, *, tol, max_steps, kind):
-    return _newton(graph, x0, tol, max_steps, kind)
+def _map_point(graph, x0, *, tol, max_steps, kind, jacobian_dtype):
+    return _newton(graph, x0, tol, max_steps, kind, jacobian_dtype)
 
 
 @_map_point.def_jvp
-def _map_point_jvp(primals, tangents, *, tol, max_steps, kind):
+def _map_point_jvp(primals, tangents, *, tol, max_steps, kind, jacobian_dtype):
     graph, x0 = primals
     t_graph, _ = tangents
-    x, g, aux = _map_point(graph, x0, tol=tol, max_steps=max_steps, kind=kind)
+    x, g, aux = _map_point(
+        graph,
+        x0,
+        tol=tol,
+        max_steps=max_steps,
+        kind=kind,
+        jacobian_dtype=jacobian_dtype,
+    )
     # at a root the gradient's tangent is 0 (that is the implicit function
     # theorem's equation), and the statistics have none
     zeros = (jnp.zeros_like(g), jnp.zeros_like(aux))
@@ -150,6 +188,7 @@ def solve_graph(
     max_steps: int = 100,
     linear_solver: LinearSolver = "auto",
     dtype=None,
+    jacobian_dtype=None,
     throw: bool = True,
 ) -> GraphSolution:
     r"""The graph's MAP point: a stable root of $\nabla E$, by Newton's method.
@@ -185,6 +224,16 @@ def solve_graph(
       four blocks, else dense), `"dense"` or `"banded"`.
     - `dtype`: the solve's dtype; `init`'s floating dtype, or JAX's default
       float, by default.
+    - `jacobian_dtype`: the dtype in which Newton's matrix is evaluated (the
+      factors' floating arrays and the iterate cast to it); the solve's
+      dtype by default. `jnp.float32` in a float64 solve of learned relations
+      (networks trained in float32) about halves the cost of their Jacobians,
+      the bulk of a step: the gradient, the convergence test and the answer
+      stay in the solve's dtype, so the answer is the same root to the
+      tolerance, reached by a quasi-Newton iteration (a linear-Gaussian
+      graph then takes a few steps instead of one). The derivatives by the
+      implicit function theorem always use the exact Jacobian in the solve's
+      dtype.
     - `throw`: whether a solve that does not converge raises.
 
     **Returns:**
@@ -198,8 +247,24 @@ def solve_graph(
     kind = choose_solver(graph, linear_solver)
     x0 = graph.flatten(init, dtype)
     dtype = x0.dtype
+    if jacobian_dtype is not None:
+        if not jnp.issubdtype(jacobian_dtype, jnp.floating):
+            raise TypeError(
+                "`jacobian_dtype` must be a real floating dtype, got "
+                f"{jacobian_dtype!r}."
+            )
+        jacobian_dtype = jnp.dtype(jacobian_dtype)
+        if jacobian_dtype == dtype:
+            jacobian_dtype = None
     tol = default_tol(dtype) if tol is None else tol
-    x, g, aux = _map_point(graph, x0, tol=tol, max_steps=max_steps, kind=kind)
+    x, g, aux = _map_point(
+        graph,
+        x0,
+        tol=tol,
+        max_steps=max_steps,
+        kind=kind,
+        jacobian_dtype=jacobian_dtype,
+    )
     aux = jax.lax.stop_gradient(aux)
     steps = aux[0].astype(jnp.int32)
     converged = aux[1] > 0

@@ -10,9 +10,11 @@ function theorem comes from the same code.
 import abc
 from typing import Literal
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import lineax as lx
+import numpy as np
 from jaxtyping import Array, Bool, Float
 
 from ._graph import FactorGraph
@@ -21,8 +23,10 @@ from ._graph import FactorGraph
 LinearSolver = Literal["auto", "dense", "banded"]
 
 
-class AbstractGraphSystem(abc.ABC):
-    """The Jacobian of a graph's gradient at a point, as a linear system."""
+class AbstractGraphSystem(eqx.Module):
+    """The Jacobian of a graph's gradient at a point, as a linear system: a
+    PyTree (its arrays are leaves, the layout static), so a solver can carry
+    it from one iteration to the next."""
 
     @abc.abstractmethod
     def solve(self, rhs: Float[Array, " n"]) -> Float[Array, " n"]:
@@ -42,10 +46,14 @@ class AbstractGraphSystem(abc.ABC):
 class DenseSystem(AbstractGraphSystem):
     """`J` as a dense matrix, solved by LU through lineax."""
 
+    matrix: Float[Array, "n n"]
+    var_start: tuple[int, ...] = eqx.field(static=True)
+    var_dim: tuple[int, ...] = eqx.field(static=True)
+
     def __init__(self, matrix: Float[Array, "n n"], var_start, var_dim):
         self.matrix = matrix
-        self.var_start = var_start
-        self.var_dim = var_dim
+        self.var_start = tuple(int(v) for v in var_start)
+        self.var_dim = tuple(int(v) for v in var_dim)
 
     def solve(self, rhs):
         op = lx.MatrixLinearOperator(self.matrix)
@@ -61,11 +69,9 @@ class DenseSystem(AbstractGraphSystem):
 
     def variable_covariances(self):
         cov = jnp.linalg.inv(self._sym())
-        d = int(self.var_dim.max())
+        d = max(self.var_dim)
         out = []
-        for start, dim in zip(
-            self.var_start.tolist(), self.var_dim.tolist(), strict=True
-        ):
+        for start, dim in zip(self.var_start, self.var_dim, strict=True):
             block = cov[start : start + dim, start : start + dim]
             out.append(jnp.pad(block, ((0, d - dim), (0, d - dim))))
         return jnp.stack(out)
@@ -90,18 +96,25 @@ class BandedSystem(AbstractGraphSystem):
     `FactorGraph.banded`), solved by block elimination: linear in the number
     of variables for chains and trees."""
 
+    bands: Float[Array, "c 3 s s"]
+    schur: Float[Array, "c s s"]
+    padded: tuple[int, ...] = eqx.field(static=True)
+    var_start: tuple[int, ...] = eqx.field(static=True)
+    var_dim: tuple[int, ...] = eqx.field(static=True)
+
     def __init__(self, bands: Float[Array, "c 3 s s"], padded, var_start, var_dim):
         self.bands = bands
         self.schur = _schur(bands)
-        self.padded = padded
-        self.var_start = var_start
-        self.var_dim = var_dim
+        self.padded = tuple(int(v) for v in padded)
+        self.var_start = tuple(int(v) for v in var_start)
+        self.var_dim = tuple(int(v) for v in var_dim)
 
     def solve(self, rhs):
         count, _, s, _ = self.bands.shape
+        padded = np.asarray(self.padded)
         r = (
             jnp.zeros(count * s, rhs.dtype)
-            .at[self.padded]
+            .at[padded]
             .set(rhs, unique_indices=True)
             .reshape(count, s)
         )
@@ -123,7 +136,7 @@ class BandedSystem(AbstractGraphSystem):
 
         _, xs = jax.lax.scan(backward, last, (schur[:-1], upper, ys[:-1]), reverse=True)
         x = jnp.concatenate([xs, last[None]]).reshape(-1)
-        return x[self.padded]
+        return x[padded]
 
     def _sym_bands(self):
         b = self.bands
@@ -155,12 +168,10 @@ class BandedSystem(AbstractGraphSystem):
         _, gs = jax.lax.scan(step, inv[-1], (inv[:-1], upper), reverse=True)
         g = jnp.concatenate([gs, inv[-1:]])
         s = g.shape[-1]
-        d = int(self.var_dim.max())
+        d = max(self.var_dim)
         out = []
-        for start, dim in zip(
-            self.var_start.tolist(), self.var_dim.tolist(), strict=True
-        ):
-            p = int(self.padded[start])
+        for start, dim in zip(self.var_start, self.var_dim, strict=True):
+            p = self.padded[start]
             b, o = divmod(p, s)
             block = g[b, o : o + dim, o : o + dim]
             out.append(jnp.pad(block, ((0, d - dim), (0, d - dim))))
@@ -181,12 +192,23 @@ def choose_solver(graph: FactorGraph, linear_solver: LinearSolver) -> str:
 
 
 def graph_system(
-    graph: FactorGraph, x: Float[Array, " n"], kind: str
+    graph: FactorGraph, x: Float[Array, " n"], kind: str, jacobian_dtype=None
 ) -> AbstractGraphSystem:
-    """The graph's Jacobian at `x` as a `kind` (`"dense"`/`"banded"`) system."""
+    """The graph's Jacobian at `x` as a `kind` (`"dense"`/`"banded"`) system.
+
+    With `jacobian_dtype` (a floating dtype other than `x`'s), the factors are
+    evaluated with their floating arrays and `x` cast to it, and the Jacobian
+    cast back: the system is factorised in `x`'s dtype."""
     lay = graph.layout
+    at = x
+    if jacobian_dtype is not None and jnp.dtype(jacobian_dtype) != x.dtype:
+        graph = jax.tree.map(
+            lambda v: v.astype(jacobian_dtype) if eqx.is_inexact_array(v) else v,
+            graph,
+        )
+        at = x.astype(jacobian_dtype)
     if kind == "dense":
-        return DenseSystem(graph.dense_jacobian(x), lay.var_start, lay.var_dim)
-    return BandedSystem(
-        graph.banded_jacobian(x), graph.banded.padded, lay.var_start, lay.var_dim
-    )
+        matrix = graph.dense_jacobian(at).astype(x.dtype)
+        return DenseSystem(matrix, lay.var_start, lay.var_dim)
+    bands = graph.banded_jacobian(at).astype(x.dtype)
+    return BandedSystem(bands, graph.banded.padded, lay.var_start, lay.var_dim)
