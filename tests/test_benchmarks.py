@@ -58,9 +58,12 @@ def test_bench_effects_smoke(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = table.read_text()
     rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
-    # every effect (the reverb twice) and every loss at both batch sizes,
-    # forward and gradient
-    assert len(rows) == (9 + 1 + 4) * 2 * 2
+    # every effect (the reverb twice) at both batch sizes, forward and
+    # gradient; every loss at both batch sizes, forward and gradient, jitted
+    # and eager (as a torch user calls it)
+    assert len(rows) == (9 + 1) * 2 * 2 + 4 * 2 * 2 * 2
+    eager = [row for row in rows if "eager" in row]
+    assert len(eager) == 4 * 2 * 2
     for row in rows:
         retrax_ms = float(row.split("|")[2])
         assert retrax_ms > 0
