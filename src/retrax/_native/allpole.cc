@@ -27,6 +27,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu.h"
 #include "pages.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
@@ -647,11 +648,6 @@ __attribute__((target("avx2,fma"))) void RunAvx2(const T* a, const T* u,
               batch_major);
 }
 
-bool HasAvx2Fma() {
-  static const bool has =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
 #endif
 
 template <typename T>
@@ -669,7 +665,7 @@ void Run(ffi::ThreadPool& pool, const ffi::AnyBuffer& a,
          int64_t order, bool per_sample, bool adjoint, bool batch_major) {
   auto run = RunPortable<T>;
 #ifdef RETRAX_X86
-  if (HasAvx2Fma()) run = RunAvx2<T>;
+  if (retrax::HasAvx2Fma()) run = RunAvx2<T>;
 #endif
   const T* a_ = static_cast<const T*>(a.untyped_data());
   const T* u_ = static_cast<const T*>(u.untyped_data());
@@ -842,7 +838,7 @@ void RunLags(ffi::ThreadPool& pool, const ffi::AnyBuffer& p,
              int64_t order) {
   auto run = LagsPortable<T>;
 #ifdef RETRAX_X86
-  if (HasAvx2Fma()) run = LagsAvx2<T>;
+  if (retrax::HasAvx2Fma()) run = LagsAvx2<T>;
 #endif
   const T* p_ = static_cast<const T*>(p.untyped_data());
   const T* q_ = static_cast<const T*>(q.untyped_data());

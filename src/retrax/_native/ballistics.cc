@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cpu.h"
 #include "pages.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
@@ -376,11 +377,6 @@ RETRAX_AVX2 void Avx2(const typename Op::T* x, const typename Op::T* at,
   }
 }
 
-bool HasAvx2Fma() {
-  static const bool has =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
 
 template <typename T>
 struct Lanes;
@@ -398,7 +394,7 @@ template <typename T, bool per_sample>
 void Switched(const T* x, const T* at, const T* rt, const T* zi, T* y,
               int64_t batch, int64_t length) {
 #ifdef RETRAX_X86
-  if (HasAvx2Fma()) {
+  if (retrax::HasAvx2Fma()) {
     Avx2<typename Lanes<T>::Op, per_sample>(x, at, rt, zi, y, batch, length);
     return;
   }

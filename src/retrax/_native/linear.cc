@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu.h"
 #include "pages.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
@@ -301,11 +302,6 @@ __attribute__((target("avx2,fma"))) void RunAvx2(const R* a, const R* u,
   Dispatch<R, C>(a, u, zi, y, length, batch, n, dense, per_sample, adjoint);
 }
 
-bool LinearHasAvx2Fma() {
-  static const bool has =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
 #endif
 
 template <typename R, bool C>
@@ -324,7 +320,7 @@ void Run(ffi::ThreadPool& pool, const ffi::AnyBuffer& a,
          int64_t n, bool dense, bool per_sample, bool adjoint) {
   auto run = RunPortable<R, C>;
 #ifdef RETRAX_LINEAR_X86
-  if (LinearHasAvx2Fma()) run = RunAvx2<R, C>;
+  if (retrax::HasAvx2Fma()) run = RunAvx2<R, C>;
 #endif
   retrax::AdviseHugePages(y->untyped_data(), y->size_bytes());
   const R* a_ = static_cast<const R*>(a.untyped_data());

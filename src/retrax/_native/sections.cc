@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu.h"
 #include "pages.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
@@ -280,11 +281,6 @@ __attribute__((target("avx2,fma"))) void RunAvx2(
   Dispatch<R>(a, u, zi, y, samples, batch, n, final_state);
 }
 
-bool SectionsHasAvx2Fma() {
-  static const bool has =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
 #endif
 
 template <typename R>
@@ -302,7 +298,7 @@ void Run(ffi::ThreadPool& pool, const ffi::AnyBuffer& a,
          int64_t n, bool final_state) {
   auto run = RunPortable<R>;
 #ifdef RETRAX_SECTIONS_X86
-  if (SectionsHasAvx2Fma()) run = RunAvx2<R>;
+  if (retrax::HasAvx2Fma()) run = RunAvx2<R>;
 #endif
   retrax::AdviseHugePages(y->untyped_data(), y->size_bytes());
   const R* a_ = static_cast<const R*>(a.untyped_data());
