@@ -1,11 +1,11 @@
 """Build hook: compile retrax's CPU kernels (`src/retrax/_native`).
 
 The kernels speed up loops that XLA runs slowly (see `ballistics.cc`,
-`allpole.cc` and `linear.cc`). They
-are compiled against the XLA FFI headers shipped with jaxlib, so jaxlib is a
-build requirement. Without a C++ compiler, or if compilation fails, the
-build still succeeds: retrax then runs its pure-JAX loops, which give the
-same numbers. `CXX` selects the compiler (default `c++`).
+`allpole.cc`, `linear.cc` and `sections.cc`). They are compiled against the
+XLA FFI headers shipped with jaxlib, so jaxlib is a build requirement.
+Without a C++ compiler, or if compilation fails, the build still succeeds:
+retrax then runs its pure-JAX loops, which give the same numbers. `CXX`
+selects the compiler (default `c++`).
 
 pip shows a build backend's messages only with `pip install -v` (or when the
 build fails), so the warning below is seldom seen. retrax therefore also
@@ -14,11 +14,14 @@ warns (`retrax._native.KernelWarning`), and `retrax.kernels()` gives the
 reason.
 """
 
+import hashlib
+import json
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
@@ -53,25 +56,58 @@ class KernelBuildHook(BuildHookInterface):
             self._skip("jaxlib is not importable in the build environment")
             return False
         include = pathlib.Path(jaxlib.__file__).parent / "include"
-        command = [
-            compiler,
+        flags = [
             "-O3",
             # the all-pole loop's multiply-subtracts fuse where the CPU has FMA
             "-ffp-contract=fast",
             "-std=c++17",
-            "-shared",
             "-fPIC",
-            f"-I{include}",
             f'-DRETRAX_JAXLIB_VERSION="{jaxlib.version.__version__}"',
-            *(str(root / NATIVE / source) for source in SOURCES),
-            "-o",
-            str(library),
         ]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            self._skip(f"compilation failed:\n{result.stderr[-2000:]}")
+        # A library built from the same sources, headers, compiler and flags
+        # is kept: reinstalling (another extra, `pip install -e` again) then
+        # costs no compilation.
+        stamp = library.with_suffix(".stamp")
+        digest = hashlib.sha256(json.dumps([compiler, flags]).encode())
+        for path in sorted((root / NATIVE).iterdir()):
+            if path.suffix in (".cc", ".h"):
+                digest.update(path.name.encode() + path.read_bytes())
+        if (
+            library.exists()
+            and stamp.exists()
+            and stamp.read_text() == digest.hexdigest()
+        ):
+            return True
+        stamp.unlink(missing_ok=True)
+        # one compiler process a source, run together, then one link
+        with tempfile.TemporaryDirectory() as scratch:
+            objects = [pathlib.Path(scratch, f"{s}.o") for s in SOURCES]
+            jobs = [
+                subprocess.Popen(
+                    [compiler, *flags, f"-I{include}", "-c", str(root / NATIVE / s)]
+                    + ["-o", str(o)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+                for s, o in zip(SOURCES, objects, strict=True)
+            ]
+            errors = [
+                out[-2000:]
+                for job in jobs
+                for out in [job.communicate()[0]]
+                if job.returncode != 0
+            ]
+            if not errors:
+                link = [compiler, "-shared", *objects, "-o", str(library)]
+                result = subprocess.run(link, capture_output=True, text=True)
+                if result.returncode != 0:
+                    errors.append(result.stderr[-2000:])
+        if errors:
+            self._skip("compilation failed:\n" + "\n".join(errors))
             library.unlink(missing_ok=True)
             return False
+        stamp.write_text(digest.hexdigest())
         return True
 
     def _skip(self, why: str) -> None:
