@@ -18,7 +18,7 @@ if not FLOAT32_SESSION:
     # the CPU client starts, so set before any computation. Subprocesses that
     # the tests start (the checkpoint fault test) inherit it; the tests of the
     # float32 examples' claimed accuracy run the scripts without it, as users
-    # do (test_examples.run_example_as_users_do).
+    # do (example_support.run_example_as_users_do).
     os.environ["XLA_FLAGS"] = " ".join(
         [os.environ.get("XLA_FLAGS", ""), FUSION_EMITTERS_OFF]
     ).strip()

@@ -4,7 +4,8 @@ They run in a fresh process with `PYTHONPATH=src` (this session's x64 mode is
 not theirs), compiled as this session compiles (conftest.py: XLA's CPU fusion
 emitters off and most optimisation passes skipped): at these sizes the times
 mean nothing and compiling is most of the run, while the values the scripts
-check against scipy and the C loops do not depend on the passes.
+check against scipy and the C loops do not depend on the passes. Each starts a
+process and compiles its programs afresh, so they run in the slow set.
 """
 
 import os
@@ -16,6 +17,8 @@ import sys
 import jax
 import pytest
 
+
+pytestmark = pytest.mark.slow
 
 ROOT = pathlib.Path(__file__).parent.parent
 FUSION_EMITTERS_OFF = "--xla_cpu_use_fusion_emitters=false"
@@ -33,7 +36,6 @@ def _compile_as_this_session(env: dict) -> None:
     )
 
 
-@pytest.mark.slow
 def test_bench_effects_smoke(tmp_path):
     table = tmp_path / "bench_effects.md"
     env = dict(os.environ)

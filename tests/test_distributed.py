@@ -149,6 +149,7 @@ def test_fit_on_a_one_process_mesh_equals_fit_float32(getkey):
 # ---- two processes ----
 
 
+@pytest.mark.slow
 def test_two_processes_filter_and_bad_input(tmp_path):
     """Cheap: a small filtered batch, and each bad input raises on every process."""
     coordinator = f"127.0.0.1:{_free_port()}"

@@ -101,6 +101,7 @@ def test_loopy_propagation_converges_to_the_exact_means(meas, schedule, damping)
     np.testing.assert_allclose(sol.covariances["x"], blocks(cov), atol=5e-3)
 
 
+@pytest.mark.slow
 def test_learned_relations_in_a_graph_match_the_exact_posterior():
     r1, r2, _ = example.graph()
     graph = rr.FactorGraph(

@@ -35,6 +35,7 @@ def two_bumps(weights=(0.7, 0.3), s=0.2):
     return rd.ImplicitDiffusion(mix, nodes, lam=rd.density_lambda(SCHED, nodes))
 
 
+@pytest.mark.slow
 def test_roots_of_the_ring_are_two_branches():
     model = ring_model()
     roots = rd.implicit_roots(
@@ -251,6 +252,7 @@ def thin_line(s, n=4000, schedule=SCHED):
     return rd.GaussianMixtureEps(schedule, means, s), data
 
 
+@pytest.mark.slow
 def test_belief_levels_read_the_thickness_and_calibrate_the_laplace_belief():
     # The sensor-only query of a thin relation: y measured with sd 0.02, x
     # latent. The exact belief about x is N(y, sd^2 + 2 s^2) (x = y - sqrt(2) d

@@ -129,6 +129,7 @@ def test_factors_and_indexed_relations_carry_the_calibration(ring):
     assert float(sol.support_ratio) == pytest.approx(float(direct.support_ratio[0]))
 
 
+@pytest.mark.slow
 def test_products_and_roots_carry_the_calibration(ring):
     _, _, calibrated = ring
     indexed = rr.IndexedRelation(calibrated, [1, 2], 3)

@@ -244,6 +244,7 @@ def test_bad_precision_matrix_is_refused(p):
     assert bool(jnp.all(jnp.isnan(sol.z)))
 
 
+@pytest.mark.slow
 def test_chunked_batch_is_the_queries_one_by_one():
     # 21 queries in chunks of 8 (two full chunks and a remainder), in one loop
     # (a chunk larger than the batch) and one by one: the same answers, steps,
@@ -275,6 +276,7 @@ def test_chunked_batch_is_the_queries_one_by_one():
         np.testing.assert_allclose(grad, grads, rtol=0, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_chunked_batch_of_models():
     # A batch over the model as well as the query (an ensemble): each model
     # answers its own query, chunked or not.

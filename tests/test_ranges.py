@@ -314,6 +314,7 @@ def test_normalised_round_trip_in_float32(name):
 # --- every effect's unconstrained vector -----------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
     [

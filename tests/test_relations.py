@@ -128,6 +128,7 @@ def test_product_gaussians_closed_form(rho):
     assert_close(sol2.z, ref, atol=1e-8, rtol=0)
 
 
+@pytest.mark.slow
 def test_product_density_lambda_trend():
     """With `lam = density_lambda` the answer approaches the conditional mean
     of the product of Gaussians p1^w1 p2^w2 as the node levels shrink."""
@@ -149,6 +150,7 @@ def test_product_density_lambda_trend():
     assert errors[2] < 1e-4 and errors[1] < 0.1 * errors[0]
 
 
+@pytest.mark.slow
 def test_product_gradients_every_member():
     model, _, _ = product()
     z0 = jnp.array([0.8, 0.0, -0.3])
