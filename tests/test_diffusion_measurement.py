@@ -48,7 +48,7 @@ def _tweedie_batch(dtype):
     def one(key, h, y, sigma_y):
         return rd.sample_tweedie_projection(
             pred, key, h, y, sigma_y, steps=5, dtype=dtype
-        )
+        ).x
 
     # one compiled program for the check and for the run-time errors below
     return jax.jit(jax.vmap(one, in_axes=(0, None, None, None)))
@@ -92,7 +92,7 @@ def test_samplers_sample_float32_by_default():
     key = jax.random.key(2)
     for sampler in (rd.sample_tweedie_projection, rd.sample_dps):
         # traced, not compiled: the dtype and shape of the program's output
-        out = jax.eval_shape(lambda k, f=sampler: f(pred, k, H, Y, SIGMA_Y), key)
+        out = jax.eval_shape(lambda k, f=sampler: f(pred, k, H, Y, SIGMA_Y).x, key)
         assert out.dtype == jnp.float32 and out.shape == (3,)
 
 
@@ -138,7 +138,7 @@ def test_dps_bias_is_measured():
     keys = jax.random.split(jax.random.key(0), NUM)
 
     def one(key):
-        return rd.sample_dps(pred, key, H, Y, SIGMA_Y, steps=500, dtype=jnp.float64)
+        return rd.sample_dps(pred, key, H, Y, SIGMA_Y, steps=500, dtype=jnp.float64).x
 
     bias, ratio = standardised_errors(jax.jit(jax.vmap(one))(keys))
     print("DPS: mean error / posterior std", bias, "std ratio", ratio)
@@ -174,7 +174,7 @@ def test_tweedie_projection_derivative_in_y():
         def one(k):
             return rd.sample_tweedie_projection(
                 pred, k, H, y, SIGMA_Y, steps=5, dtype=jnp.float64
-            )
+            ).x
 
         return jax.vmap(one)(keys).mean(0)
 

@@ -60,14 +60,16 @@ def test_dps_stays_on_the_measurement_at_small_noise(dtype):
 
     @jax.jit
     def dps(sigma_y):
-        return jax.vmap(lambda k: rd.sample_dps(pred, k, h, y, sigma_y, dtype=dtype))(
+        return jax.vmap(lambda k: rd.sample_dps(pred, k, h, y, sigma_y, dtype=dtype).x)(
             keys
         )
 
     @jax.jit
     def tweedie(sigma_y):
         return jax.vmap(
-            lambda k: rd.sample_tweedie_projection(pred, k, h, y, sigma_y, dtype=dtype)
+            lambda k: (
+                rd.sample_tweedie_projection(pred, k, h, y, sigma_y, dtype=dtype).x
+            )
         )(keys)
 
     for sigma_y in (0.01, 0.02):

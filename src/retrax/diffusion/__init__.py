@@ -11,8 +11,8 @@
   `load_checkpoint`, `Checkpoint`) are generic and live at the top level, as
   `retrax.save_checkpoint` and so on; the names here are deprecated aliases
   of them, kept for one release. Sampling: `sample_ancestral`,
-  `sample_euler_maruyama`, `sample_ddim`, `sample_ode`, `sample_conditional`,
-  and `log_likelihood`.
+  `sample_euler_maruyama`, `sample_ddim`, `sample_ode`, `sample_conditional`
+  (each returns a `Sample`), and `log_likelihood` (a `LogLikelihood`).
 - Inverse problems: RED-Diff (`REDDiff`, `reddiff_solve`, `REDDiffSolution`,
   `reddiff_weight`, `calibrate_lambda`, `regulariser_gradient`), proximal
   diffusion models (`AbstractProximalPredictor`, `ProxNetwork`, `MixtureProx`,
@@ -66,7 +66,11 @@ from ._models import (
     TimeEmbedding as TimeEmbedding,
     TimeMLP as TimeMLP,
 )
-from ._ode import log_likelihood as log_likelihood, sample_ode as sample_ode
+from ._ode import (
+    LogLikelihood as LogLikelihood,
+    log_likelihood as log_likelihood,
+    sample_ode as sample_ode,
+)
 from ._predictor import (
     AbstractExactPredictor as AbstractExactPredictor,
     AbstractPredictor as AbstractPredictor,
@@ -92,6 +96,7 @@ from ._reddiff import (
     regulariser_gradient as regulariser_gradient,
 )
 from ._sample import (
+    Sample as Sample,
     sample_ancestral as sample_ancestral,
     sample_conditional as sample_conditional,
     sample_ddim as sample_ddim,

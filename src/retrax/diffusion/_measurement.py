@@ -22,12 +22,12 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax.typing import DTypeLike
-from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
+from jaxtyping import ArrayLike, PRNGKeyArray, Shaped
 
 from .._errors import error_if, filter_jit
 from .._misc import check_positive_int, check_value, static_float
 from ._predictor import AbstractPredictor, epsilon_jacobian
-from ._sample import _t_end, _transition
+from ._sample import Sample, _t_end, _transition, finished_sample
 from ._state import as_state
 
 
@@ -170,7 +170,8 @@ def sample_tweedie_projection(
     t_end: float | None = None,
     jacobian_mode: Literal["auto", "fwd", "rev", "fd", "exact"] = "auto",
     dtype: DTypeLike = jnp.float32,
-) -> Float[Array, " n"]:
+    throw: bool = True,
+) -> Sample:
     r"""Draw one sample of $p(x_0 \mid y)$ by Tweedie moment projection.
 
     The measurement is $y = Hx_0 + \sigma_y\xi$, $\xi \sim N(0, I)$. At each
@@ -216,10 +217,12 @@ def sample_tweedie_projection(
       [`retrax.diffusion.epsilon_jacobian`][].
     - `dtype`: the sampling dtype, float32 by default; `H`, `y` and `sigma_y`
       are cast to it.
+    - `throw`: raise if the sample is not finite; otherwise such a sample is
+      NaN with `result` `nonfinite_sample`.
 
     **Returns:**
 
-    One sample of $x_0$, shape `(n,)`.
+    A [`retrax.diffusion.Sample`][]: `x`, one sample of $x_0$, shape `(n,)`.
     """
     dtype = _float_dtype(dtype)
     H, y, sigma_y = _check_measurement(pred, H, y, sigma_y, dtype)
@@ -244,7 +247,7 @@ def sample_tweedie_projection(
     # is the point x_0: it returns the draw of x_0 itself.
     grid = jnp.linspace(1.0, t_end, steps + 1, dtype=dtype)
     ts = jnp.concatenate([grid, jnp.zeros((1,), dtype)])
-    return _chain(key, n, dtype, ts, update)
+    return finished_sample(_chain(key, n, dtype, ts, update), steps + 1, throw)
 
 
 def _dps_likelihood_step(
@@ -297,7 +300,8 @@ def sample_dps(
     step_size: float | None = None,
     t_end: float | None = None,
     dtype: DTypeLike = jnp.float32,
-) -> Float[Array, " n"]:
+    throw: bool = True,
+) -> Sample:
     r"""Draw one sample of $p(x_0 \mid y)$ by diffusion posterior sampling (DPS).
 
     Chung et al., "Diffusion posterior sampling for general noisy inverse
@@ -362,10 +366,12 @@ def sample_dps(
     - `t_end`: the time of the last step, `schedule.t_min` by default.
     - `dtype`: the sampling dtype, float32 by default; `H`, `y` and `sigma_y`
       are cast to it.
+    - `throw`: raise if the sample is not finite; otherwise such a sample is
+      NaN with `result` `nonfinite_sample`.
 
     **Returns:**
 
-    One sample of $x_0$, shape `(n,)`.
+    A [`retrax.diffusion.Sample`][]: `x`, one sample of $x_0$, shape `(n,)`.
     """
     dtype = _float_dtype(dtype)
     H, y, sigma_y = _check_measurement(pred, H, y, sigma_y, dtype)
@@ -401,4 +407,4 @@ def sample_dps(
 
     ts = jnp.linspace(1.0, t_end, steps + 1, dtype=dtype)
     x = _chain(key, H.shape[1], dtype, ts, update)
-    return pred.denoise(x, jnp.asarray(t_end, dtype))
+    return finished_sample(pred.denoise(x, jnp.asarray(t_end, dtype)), steps, throw)

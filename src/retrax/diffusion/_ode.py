@@ -7,13 +7,40 @@ import diffrax
 import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
-from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from .._errors import error_if, filter_jit
 from .._misc import static_float
+from .._solution import AbstractSolution, throw_if_failed
 from ._predictor import AbstractPredictor, epsilon_jacobian
-from ._sample import _dtype, _shape, _t_end
+from ._sample import Sample, _dtype, _shape, _t_end, finished_sample
+from ._solution import RESULTS
 from ._state import as_state
+
+
+class LogLikelihood(AbstractSolution):
+    r"""What [`retrax.diffusion.log_likelihood`][] returns.
+
+    **Attributes:**
+
+    - `log_p`: the scalar $\log p_{t_0}(x)$ (`(batch,)` under `jax.vmap`);
+      NaN when `result` is not `successful`.
+    - `result`: a [`retrax.diffusion.RESULTS`][] code: `successful`,
+      `ode_failed` (the ODE solve did not reach `t1`) or `nonfinite_sample`
+      (it did, with a non-finite value).
+    - `stats`: `{"num_steps": ...}`, the ODE solver's accepted and rejected
+      steps (see [`retrax.diffusion.AbstractSolution`][]).
+    """
+
+    log_p: Float[Array, ""]
+    result: RESULTS
+    stats: dict[str, Int[Array, ""]]
+
+
+def _ode_result(sol) -> RESULTS:
+    """`successful`, or `ode_failed` for any failure diffrax reports."""
+    ok = sol.result == diffrax.RESULTS.successful
+    return RESULTS.where(ok, RESULTS.successful, RESULTS.ode_failed)
 
 
 def _ode_field(pred):
@@ -27,7 +54,7 @@ def _ode_field(pred):
     return field
 
 
-def _solve(term, t0, t1, y0, rtol, atol, max_steps, throw):
+def _solve(term, t0, t1, y0, rtol, atol, max_steps):
     return diffrax.diffeqsolve(
         term,
         diffrax.Tsit5(),
@@ -37,7 +64,7 @@ def _solve(term, t0, t1, y0, rtol, atol, max_steps, throw):
         y0=y0,
         stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
         max_steps=max_steps,
-        throw=throw,
+        throw=False,
     )
 
 
@@ -53,7 +80,7 @@ def sample_ode(
     max_steps: int = 4096,
     dtype: DTypeLike | None = None,
     throw: bool = True,
-) -> Float[Array, "*shape"]:
+) -> Sample:
     r"""Draw one sample by integrating the probability-flow ODE.
 
     $\dot x = f(x,t) - \tfrac12 g(t)^2 \nabla\log p_t(x) =
@@ -70,12 +97,14 @@ def sample_ode(
     - `rtol`, `atol`: the step-size controller's tolerances.
     - `max_steps`: the most solver steps.
     - `dtype`: JAX's default float by default.
-    - `throw`: raise if the solver fails (e.g. `max_steps` reached);
-      otherwise a failed solve returns NaN.
+    - `throw`: raise if the solve fails (e.g. `max_steps` reached) or its
+      sample is not finite; otherwise such a sample is NaN, with `result`
+      `ode_failed` or `nonfinite_sample`.
 
     **Returns:**
 
-    One sample of the given shape.
+    A [`retrax.diffusion.Sample`][]: `x`, one sample of the given shape;
+    `stats["num_steps"]` counts the solver's steps.
     """
     shape, dtype = _shape(shape), _dtype(dtype)
     t_end = _t_end(pred, t_end)
@@ -89,10 +118,8 @@ def sample_ode(
         rtol,
         atol,
         max_steps,
-        throw,
     )
-    ok = sol.result == diffrax.RESULTS.successful
-    return jnp.where(ok, sol.ys[-1], jnp.nan)
+    return finished_sample(sol.ys[-1], sol.stats["num_steps"], throw, _ode_result(sol))
 
 
 def _standard_normal_logdensity(x: Array) -> Array:
@@ -112,7 +139,7 @@ def log_likelihood(
     max_steps: int = 4096,
     jacobian_mode: Literal["auto", "fwd", "rev", "fd", "exact"] = "auto",
     throw: bool = True,
-) -> Float[Array, ""]:
+) -> LogLikelihood:
     r"""The log-density of the model at `x` through the probability-flow ODE.
 
     By the instantaneous change of variables (Chen et al. 2018; Song et al.,
@@ -136,11 +163,14 @@ def log_likelihood(
     - `max_steps`: the most solver steps.
     - `jacobian_mode`: how the Jacobian is formed, as in
       [`retrax.diffusion.epsilon_jacobian`][].
-    - `throw`: raise if the solver fails; otherwise a failed solve returns NaN.
+    - `throw`: raise if the solve fails or its value is not finite;
+      otherwise `log_p` is NaN, with `result` `ode_failed` or
+      `nonfinite_sample`.
 
     **Returns:**
 
-    The scalar $\log p_{t_0}(x)$.
+    A [`retrax.diffusion.LogLikelihood`][]: `log_p`, the scalar
+    $\log p_{t_0}(x)$.
     """
     x = as_state("x", x)
     if x.ndim != 1:
@@ -171,9 +201,16 @@ def log_likelihood(
         rtol,
         atol,
         max_steps,
-        throw,
     )
     z1, integral = sol.ys[0][-1], sol.ys[1][-1]
     prior = _standard_normal_logdensity if prior is None else prior
     logp = prior(z1) + integral
-    return jnp.where(sol.result == diffrax.RESULTS.successful, logp, jnp.nan)
+    result = _ode_result(sol)
+    result = RESULTS.where(
+        jnp.isfinite(logp) | (result != RESULTS.successful),
+        result,
+        RESULTS.nonfinite_sample,
+    )
+    logp = jnp.where(result == RESULTS.successful, logp, jnp.array(jnp.nan, dtype))
+    stats = {"num_steps": jnp.asarray(sol.stats["num_steps"], jnp.int32)}
+    return throw_if_failed(LogLikelihood(logp, result, stats), throw)

@@ -1,14 +1,67 @@
-"""Sampling from a noise predictor: ancestral, reverse SDE, DDIM, conditional."""
+"""Sampling from a noise predictor: ancestral, reverse SDE, DDIM, conditional;
+and `Sample`, the solution every sampler returns."""
 
 import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
-from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .._errors import error_if, filter_jit
 from .._misc import check_positive_int, static_float
+from .._solution import AbstractSolution, throw_if_failed
 from ._predictor import AbstractPredictor
+from ._solution import RESULTS
 from ._state import as_state_like
+
+
+class Sample(AbstractSolution):
+    """What a sampler returns: one sample, with its result code.
+
+    Returned by [`retrax.diffusion.sample_ancestral`][],
+    [`retrax.diffusion.sample_euler_maruyama`][],
+    [`retrax.diffusion.sample_ddim`][],
+    [`retrax.diffusion.sample_conditional`][],
+    [`retrax.diffusion.sample_ode`][],
+    [`retrax.diffusion.sample_tweedie_projection`][] and
+    [`retrax.diffusion.sample_dps`][]. Batch a sampler with `jax.vmap` over
+    keys: every field gains the batch axis (`jax.vmap(...)(keys).x` is
+    `(batch, *shape)`).
+
+    **Attributes:**
+
+    - `x`: the sample, of the shape and dtype asked for; NaN when `result`
+      is not `successful`.
+    - `result`: a [`retrax.diffusion.RESULTS`][] code: `successful`,
+      `nonfinite_sample` (the chain's state became NaN or inf) or, for the
+      ODE sampler, `ode_failed`.
+    - `stats`: `{"num_steps": ...}`, the number of steps the sampler took
+      (see [`retrax.diffusion.AbstractSolution`][]).
+
+    With `throw=True` (every sampler's default) a failed sample raises with
+    the result's message instead, eagerly and under `jax.jit`.
+    """
+
+    x: Float[Array, "*shape"]
+    result: RESULTS
+    stats: dict[str, Int[Array, ""]]
+
+
+def finished_sample(
+    x: Array, num_steps: Int[ArrayLike, ""], throw: bool, result: RESULTS | None = None
+) -> Sample:
+    """The `Sample` of a chain's last state `x`: `nonfinite_sample` (and NaN)
+    unless every entry is finite, or the failure `result` a solver reported;
+    raising by the `throw=` convention."""
+    finite = jnp.all(jnp.isfinite(x))
+    if result is None:
+        result = RESULTS.successful
+    result = RESULTS.where(
+        finite | (result != RESULTS.successful), result, RESULTS.nonfinite_sample
+    )
+    ok = result == RESULTS.successful
+    x = jnp.where(ok, x, jnp.array(jnp.nan, x.dtype))
+    stats = {"num_steps": jnp.asarray(num_steps, jnp.int32)}
+    return throw_if_failed(Sample(x, result, stats), throw)
 
 
 def _shape(shape: int | tuple[int, ...]) -> tuple[int, ...]:
@@ -101,7 +154,8 @@ def sample_ancestral(
     steps: int = 500,
     t_end: float | None = None,
     dtype: DTypeLike | None = None,
-) -> Float[Array, "*shape"]:
+    throw: bool = True,
+) -> Sample:
     r"""Draw one sample by ancestral sampling of the reverse process.
 
     Starting from $x_1 \sim N(0, I)$, each step on a uniform grid from $t=1$
@@ -120,17 +174,20 @@ def sample_ancestral(
     - `t_end`: the final time, `schedule.t_min` by default. The sample is $x$
       at `t_end` (noised at $\sigma(t_{\mathrm{end}})$, not denoised).
     - `dtype`: JAX's default float by default.
+    - `throw`: raise if the sample is not finite; otherwise such a sample is
+      NaN with `result` `nonfinite_sample`.
 
     **Returns:**
 
-    One sample of the given shape.
+    A [`retrax.diffusion.Sample`][]: `x`, one sample of the given shape.
     """
     shape, dtype = _shape(shape), _dtype(dtype)
     check_positive_int("steps", steps)
     t_end = _t_end(pred, t_end)
-    return _reverse_scan(
+    x = _reverse_scan(
         pred, key, shape, dtype, steps, t_end, _ancestral_update(pred), None
     )
+    return finished_sample(x, steps, throw)
 
 
 @filter_jit
@@ -142,7 +199,8 @@ def sample_euler_maruyama(
     steps: int = 1000,
     t_end: float | None = None,
     dtype: DTypeLike | None = None,
-) -> Float[Array, "*shape"]:
+    throw: bool = True,
+) -> Sample:
     r"""Draw one sample by Euler–Maruyama on the reverse-time SDE.
 
     $dx = [f(x,t) - g(t)^2 \nabla\log p_t(x)]\,dt + g(t)\,d\bar w$ from
@@ -158,10 +216,12 @@ def sample_euler_maruyama(
     - `steps`: the number of Euler–Maruyama steps.
     - `t_end`: the final time, `schedule.t_min` by default.
     - `dtype`: JAX's default float by default.
+    - `throw`: raise if the sample is not finite; otherwise such a sample is
+      NaN with `result` `nonfinite_sample`.
 
     **Returns:**
 
-    One sample of the given shape.
+    A [`retrax.diffusion.Sample`][]: `x`, one sample of the given shape.
     """
     shape, dtype = _shape(shape), _dtype(dtype)
     check_positive_int("steps", steps)
@@ -175,7 +235,8 @@ def sample_euler_maruyama(
         noise = jnp.sqrt(beta * h) * jax.random.normal(key, x.shape, x.dtype)
         return x + drift * h + noise
 
-    return _reverse_scan(pred, key, shape, dtype, steps, t_end, update, None)
+    x = _reverse_scan(pred, key, shape, dtype, steps, t_end, update, None)
+    return finished_sample(x, steps, throw)
 
 
 @filter_jit
@@ -188,7 +249,8 @@ def sample_ddim(
     eta: float = 0.0,
     t_end: float | None = None,
     dtype: DTypeLike | None = None,
-) -> Float[Array, "*shape"]:
+    throw: bool = True,
+) -> Sample:
     r"""Draw one sample with DDIM (Song, Meng and Ermon, ICLR 2021).
 
     $x_s = \alpha_s \hat x_0 + \sqrt{\sigma_s^2 - \eta^2 v}\,\hat\epsilon +
@@ -205,10 +267,12 @@ def sample_ddim(
     - `eta`: the stochasticity, in `[0, 1]`.
     - `t_end`: the final time, `schedule.t_min` by default.
     - `dtype`: JAX's default float by default.
+    - `throw`: raise if the sample is not finite; otherwise such a sample is
+      NaN with `result` `nonfinite_sample`.
 
     **Returns:**
 
-    One sample of the given shape.
+    A [`retrax.diffusion.Sample`][]: `x`, one sample of the given shape.
     """
     shape, dtype = _shape(shape), _dtype(dtype)
     check_positive_int("steps", steps)
@@ -229,7 +293,8 @@ def sample_ddim(
             out = out + jnp.sqrt(v) * jax.random.normal(key, x.shape, x.dtype)
         return out
 
-    return _reverse_scan(pred, key, shape, dtype, steps, t_end, update, None)
+    x = _reverse_scan(pred, key, shape, dtype, steps, t_end, update, None)
+    return finished_sample(x, steps, throw)
 
 
 @filter_jit
@@ -241,7 +306,8 @@ def sample_conditional(
     *,
     steps: int = 500,
     t_end: float | None = None,
-) -> Float[Array, "*shape"]:
+    throw: bool = True,
+) -> Sample:
     r"""Draw one sample with some coordinates clamped (the replacement method).
 
     Ancestral sampling as in [`retrax.diffusion.sample_ancestral`][], but
@@ -262,10 +328,13 @@ def sample_conditional(
       ignored), shaped like `mask`.
     - `steps`: the number of reverse steps.
     - `t_end`: the final time, `schedule.t_min` by default.
+    - `throw`: raise if the sample is not finite; otherwise such a sample is
+      NaN with `result` `nonfinite_sample`.
 
     **Returns:**
 
-    One sample, equal to `values` where `mask` is `True`.
+    A [`retrax.diffusion.Sample`][]: `x`, one sample, equal to `values` where
+    `mask` is `True`.
     """
     mask = jnp.asarray(mask)
     if mask.dtype != jnp.bool_:
@@ -279,7 +348,7 @@ def sample_conditional(
     check_positive_int("steps", steps)
     t_end = _t_end(pred, t_end)
     values = jnp.where(mask, values, 0.0)
-    return _reverse_scan(
+    x = _reverse_scan(
         pred,
         key,
         mask.shape,
@@ -289,3 +358,4 @@ def sample_conditional(
         _ancestral_update(pred),
         (mask, values),
     )
+    return finished_sample(x, steps, throw)

@@ -38,6 +38,17 @@ class RESULTS(optx.RESULTS):  # pyright: ignore
         "`data_grad`, undefined or overflowing at that point), or its step size "
         "(`lr`) is too large for the problem. The answer is NaN."
     )
+    nonfinite_sample = (
+        "A sampler's state became non-finite (NaN or inf) along its chain: the "
+        "predictor's noise estimate was not finite there, or a step overflowed "
+        "(too few `steps` for the schedule, or `sample_dps`'s `step_size` too "
+        "large). The sample is NaN."
+    )
+    ode_failed = (
+        "The probability-flow ODE solve did not reach its final time: `max_steps` "
+        "was reached, or the step size collapsed on a non-finite or stiff field. "
+        "Raise `max_steps` or loosen `rtol`/`atol`. The answer is NaN."
+    )
 
 
 class ImplicitSolution(AbstractSolution):
