@@ -108,3 +108,32 @@ def test_a_users_program_under_retrax_filter_jit_leads_with_the_check(decorate):
     text = _raised(lambda: plain(b, a.at[0].set(jnp.nan), x))
     assert not text.startswith("`a` has non-finite")
     assert "`a` has non-finite" in text
+
+
+class _NaNNoise(rd.AbstractPredictor):
+    """A predictor whose noise estimate is NaN everywhere."""
+
+    schedule: rd.VPSDE = rd.VPSDE()
+    conservative = False
+
+    def potential(self, x, t):
+        raise TypeError("not conservative")
+
+    def epsilon(self, x, t):
+        return jnp.full_like(x, jnp.nan)
+
+
+def test_a_check_two_functions_share_never_shows_the_others_place():
+    # Equinox records where a check sits once per distinct check (the same
+    # messages and shapes), when it is first traced. Every sampler makes the
+    # same result-code check, so DDIM's failure was shown as sitting in
+    # `sample_ancestral`, which traced it first. A place recorded in another
+    # function is now left out; the message still leads.
+    pred, key = _NaNNoise(), jax.random.key(0)
+    first = _raised(lambda: rd.sample_ancestral(pred, key, 2, steps=4).x)
+    assert first.startswith("A sampler's state became non-finite"), first[:200]
+    where = first.index("The check, inside the compiled call:")
+    assert "in sample_ancestral" in first[where:]
+    second = _raised(lambda: rd.sample_ddim(pred, key, 2, steps=4).x)
+    assert second.startswith("A sampler's state became non-finite"), second[:200]
+    assert "sample_ancestral" not in second

@@ -1,6 +1,7 @@
 """Run-time checks that also hold inside `shard_map`."""
 
 import functools
+import inspect
 import os
 from collections.abc import Callable
 
@@ -116,26 +117,42 @@ def _frames(stack: str) -> list[str]:
     return frames
 
 
-def _inside(stack: str) -> str:
+def _inside(stack: str, fn: Callable | None = None) -> str:
     """The frames of a traced stack below `filter_jit`'s own call, without
     this module's: where in the compiled function the check was made. The
-    frames above are those of whichever call traced the program first."""
+    frames above are those of whichever call traced the program first.
+
+    Equinox records the stack once per distinct check (its message, or the
+    whole set of a result code's messages, and the shapes it guards), when
+    it is first traced, and reuses it for every later program making the
+    same check: a stack whose first frame is not `fn`'s was recorded inside
+    another function, and is left out (`""`) rather than shown as this
+    check's place."""
     frames = _frames(stack)
     this = f'"{__file__}"'
     calls = [i for i, f in enumerate(frames) if this in f and ", in call" in f]
     if calls:
         frames = frames[calls[-1] + 1 :]
-    return "".join(f for f in frames if this not in f)
+    frames = [f for f in frames if this not in f]
+    if fn is not None:
+        code = getattr(inspect.unwrap(fn), "__code__", None)
+        first = frames[0] if frames else ""
+        if code is None or not first.startswith(f'  File "{code.co_filename}", line '):
+            return ""
+        if not first.split("\n", 1)[0].endswith(f", in {code.co_name}"):
+            return ""
+    return "".join(frames)
 
 
-def lead_with_check(text: str) -> str:
+def lead_with_check(text: str, fn: Callable | None = None) -> str:
     """`eqx.filter_jit`'s rendering of a failed check, reordered so that the
-    check's own message comes first and where it sits after it."""
+    check's own message comes first and where it sits after it (when that
+    place lies in `fn`, the compiled function; see `_inside`)."""
     head, found, rest = text.partition(_EQX_MESSAGE)
     if not found:
         return text
     msg, _, advice = rest.partition(_EQX_ADVICE)
-    stack = _inside(head.removeprefix(_EQX_HEADER)).strip("\n")
+    stack = _inside(head.removeprefix(_EQX_HEADER), fn).strip("\n")
     parts = [msg.strip()]
     if stack:
         parts.append("The check, inside the compiled call:\n" + stack)
@@ -182,7 +199,7 @@ def filter_jit(fn: Callable | None = None, **jit_kwargs) -> Callable:
         try:
             return jitted(*args, **kwargs)
         except eqx.EquinoxRuntimeError as error:
-            raise eqx.EquinoxRuntimeError(lead_with_check(str(error))) from None
+            raise eqx.EquinoxRuntimeError(lead_with_check(str(error), fn)) from None
 
     call.lower = jitted.lower
     return call
