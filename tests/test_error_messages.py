@@ -40,6 +40,30 @@ def test_a_later_call_leads_with_the_failed_check():
     assert "Above is the stack outside of JIT" not in text
 
 
+def test_a_compiled_solver_called_eagerly_raises_a_bad_value_as_value_error():
+    # Before: `implicit_infer` (compiled as a whole) raised a bare
+    # EquinoxRuntimeError for a NaN clamp on concrete input, where code that
+    # catches ValueError (as for scipy's and Python's bad values) broke. Its
+    # arguments are concrete, so a failed argument check is a ValueError;
+    # it is still an EquinoxRuntimeError, as before.
+    model, rho = _relation(), jnp.array([jnp.inf, 0.0])
+    with pytest.raises(ValueError, match="^`z0` must be finite") as info:
+        rd.implicit_infer(model, jnp.array([jnp.nan, 0.5]), rho)
+    assert isinstance(info.value, retrax.InvalidArgumentError)
+    assert isinstance(info.value, eqx.EquinoxRuntimeError)
+    # a failed solve is not a bad value: its result's message, not a ValueError
+    with pytest.raises(eqx.EquinoxRuntimeError) as info:
+        jax.block_until_ready(
+            rd.implicit_infer(model, jnp.array([0.6, 0.5]), rho, max_steps=1)
+        )
+    assert not isinstance(info.value, ValueError), str(info.value)[:200]
+    # under the user's own filter_jit the same bad value raises at run time,
+    # as an EquinoxRuntimeError rendered by Equinox
+    run = eqx.filter_jit(lambda z0: rd.implicit_infer(model, z0, rho).z)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="`z0` must be finite"):
+        jax.block_until_ready(run(jnp.array([jnp.nan, 0.5])))
+
+
 def test_wrapper_keeps_the_function_and_its_values():
     def double(x):
         """Twice `x`, which must be non-negative."""

@@ -40,6 +40,12 @@ def _nan_like(x: jax.Array) -> jax.Array:
     return jnp.full_like(x, np.iinfo(x.dtype).max)
 
 
+# The messages of the argument checks traced so far: a compiled entry point
+# called eagerly (on concrete input) raises one of them as an
+# `InvalidArgumentError`, a failed solve's result code as Equinox does.
+_ARGUMENT_CHECKS: set[str] = set()
+
+
 def _raising() -> bool:
     # equinox's own switch for failed checks (read by equinox at import)
     return os.environ.get("EQX_ON_ERROR", "raise") == "raise"
@@ -79,6 +85,7 @@ def error_if(x: PyTree, pred: Bool[ArrayLike, "..."], msg: str) -> PyTree:
         if np.any(np.asarray(pred)):
             raise InvalidArgumentError(msg)
         return x
+    _ARGUMENT_CHECKS.add(msg.strip())
     axes = tuple(sorted(varying_axes(pred)))
     if axes:
         pred = lax.pmax(jnp.any(pred).astype(jnp.int32), axes) > 0
@@ -144,6 +151,12 @@ def _inside(stack: str, fn: Callable | None = None) -> str:
     return "".join(frames)
 
 
+def _check_message(text: str) -> str | None:
+    """The failed check's own message in `eqx.filter_jit`'s rendering."""
+    _, found, rest = text.partition(_EQX_MESSAGE)
+    return rest.partition(_EQX_ADVICE)[0].strip() if found else None
+
+
 def lead_with_check(text: str, fn: Callable | None = None) -> str:
     """`eqx.filter_jit`'s rendering of a failed check, reordered so that the
     check's own message comes first and where it sits after it (when that
@@ -173,7 +186,12 @@ def filter_jit(fn: Callable | None = None, **jit_kwargs) -> Callable:
     the stack of the call that first traced the program before the
     message. This wrapper raises the same `eqx.EquinoxRuntimeError` with
     the check's message (which names the argument) first, then where the
-    check sits inside the compiled function, then Equinox's advice.
+    check sits inside the compiled function, then Equinox's advice. The
+    arguments of such a call are concrete values, so a failed check of an
+    argument raises as a [`retrax.InvalidArgumentError`][], both a
+    `ValueError` (as Python and scipy raise for a bad value) and an
+    `eqx.EquinoxRuntimeError`; a failed solve's result code (`throw=True`)
+    stays an `eqx.EquinoxRuntimeError`.
 
     Only the outermost compiled call raises: wrap the outermost one. Under a
     plain `jax.jit`, JAX raises a `JaxRuntimeError` whose text contains the
@@ -199,7 +217,12 @@ def filter_jit(fn: Callable | None = None, **jit_kwargs) -> Callable:
         try:
             return jitted(*args, **kwargs)
         except eqx.EquinoxRuntimeError as error:
-            raise eqx.EquinoxRuntimeError(lead_with_check(str(error), fn)) from None
+            # an eager call: its arguments are concrete, so a failed argument
+            # check is a bad value, raised as Python and scipy raise one
+            text = str(error)
+            bad_value = _check_message(text) in _ARGUMENT_CHECKS
+            kind = InvalidArgumentError if bad_value else eqx.EquinoxRuntimeError
+            raise kind(lead_with_check(text, fn)) from None
 
     call.lower = jitted.lower
     return call
