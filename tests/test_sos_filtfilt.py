@@ -243,9 +243,17 @@ def test_freqz_matches_scipy():
     for kwargs in [{}, {"whole": True}, {"fs": 48000.0}]:
         w, h = freqz_sos(sos, 64, **kwargs)
         w_ref, h_ref = ss.freqz_sos(sos, 64, **kwargs)
-        assert_close(sosfreqz(sos, 64, **kwargs)[1], h_ref, rtol=1e-10)
+        assert_close(sosfreqz(sos, 64, **kwargs)[1], h_ref)
         assert_close(w, w_ref)
-        assert_close(h, h_ref, rtol=1e-10)
+        assert_close(h, h_ref)
+    # Horner's rule at z = exp(-jw), as scipy's polyval: every point of a
+    # section cascade's response, deep stopband included, relative to that
+    # point, within 1e-12 of scipy's (a cosine and a sine of every k w was
+    # 5e-12 off at order 8 and 1.5e-11 at order 12)
+    for order in (2, 4, 8, 12):
+        sos = ss.butter(order, 0.2, output="sos")
+        h, h_ref = freqz_sos(sos, 512)[1], ss.freqz_sos(sos, 512)[1]
+        np.testing.assert_allclose(np.asarray(h), h_ref, rtol=1e-12, atol=0)
     # differentiable in the coefficients, e.g. for a magnitude loss
     b, a = ss.butter(2, 0.3)
     args = (jnp.asarray(b), jnp.asarray(a))

@@ -12,7 +12,7 @@ from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._compiled import compiled
 from .._errors import error_if
-from .._validate import check_finite
+from .._validate import check_dtype, check_finite
 from ._scipy_args import as_array, compute_dtype, host_arrays, scipy_dtype
 from ._sosfilt import checked_sos, sos_array
 
@@ -53,37 +53,55 @@ def _frequencies(
     return freqs * (2 * math.pi / fs), freqs
 
 
-def _checked_fs(fs, real) -> Array:
-    """The sample rate `fs` as a 0-d array of `real`: a `ValueError` unless it
-    is a single positive finite number (a run-time error if it is traced)."""
+def _single_number(fs) -> None:
+    """A `ValueError` unless `fs` is one number (a scalar or a 0-d array)."""
     if isinstance(fs, bool) or not (
         isinstance(fs, int | float | np.integer | np.floating)
         or (hasattr(fs, "shape") and jnp.shape(fs) == ())
     ):
         raise ValueError(f"`fs` must be a single number (a sample rate), got {fs!r}.")
+
+
+def _fs_message(fs) -> str:
+    shown = "" if isinstance(fs, jax.core.Tracer) else f", got {fs!r}"
+    return f"`fs` must be a positive, finite number (a sample rate){shown}."
+
+
+def _checked_fs(fs, real) -> Array:
+    """The sample rate `fs` as a 0-d array of `real`: a `ValueError` unless it
+    is a single positive finite number (a run-time error if it is traced)."""
+    _single_number(fs)
     value = as_array("fs", fs, real)
     # a Python or NumPy `fs` is checked by NumPy, so at once also under `jit`
     xp, checked = (jnp, value) if isinstance(fs, jax.Array) else (np, np.asarray(fs))
-    shown = "" if isinstance(fs, jax.core.Tracer) else f", got {fs!r}"
-    return error_if(
-        value,
-        ~(xp.isfinite(checked) & (checked > 0)),
-        f"`fs` must be a positive, finite number (a sample rate){shown}.",
-    )
+    return error_if(value, ~(xp.isfinite(checked) & (checked > 0)), _fs_message(fs))
 
 
-def _poly_at(c: Array, omega: Array) -> Array:
-    r"""$\sum_k c_k e^{-j \omega k}$, `c`'s first axis the coefficients.
+# Up to this many coefficients Horner's rule is unrolled; beyond, one scan.
+_UNROLLED = 32
 
-    `c.shape[1:]` broadcasts with `omega`'s shape, as in scipy.
+
+def _unit(omega: Array) -> Array:
+    r"""$z = e^{-j\omega}$: one cosine and one sine per frequency."""
+    return lax.complex(jnp.cos(omega), -jnp.sin(omega))
+
+
+def _poly_at(c: Array, z: Array) -> Array:
+    r"""$\sum_k c_k z^k$ by Horner's rule (as scipy's `polyval` path), `c`'s
+    first axis the coefficients and $z = e^{-j\omega}$ from `_unit`: one
+    complex multiply-add per coefficient and frequency, instead of a cosine
+    and a sine of every $k\omega$.
+
+    `c.shape[1:]` broadcasts with `z`'s shape, as in scipy.
     """
-    k = jnp.arange(c.shape[0]).astype(omega.dtype)
-    phase = omega[None] * k.reshape((-1,) + (1,) * omega.ndim)
-    powers = lax.complex(jnp.cos(phase), -jnp.sin(phase))
-    c = c.astype(powers.dtype)
-    if c.ndim == 1:
-        return c @ powers
-    return sum(c[i] * powers[i] for i in range(c.shape[0]))
+    c = c.astype(z.dtype)
+    acc = c[-1] + jnp.zeros_like(z)
+    if c.shape[0] <= _UNROLLED:
+        for k in range(c.shape[0] - 2, -1, -1):
+            acc = acc * z + c[k]
+        return acc
+    acc, _ = lax.scan(lambda acc, ck: (acc * z + ck, None), acc, c[-2::-1])
+    return acc
 
 
 def freqz(
@@ -162,11 +180,16 @@ def _worN(worN: WorN) -> tuple[int | None, WorN]:
 
 def _host_fs(fs, real: np.dtype):
     """`fs` checked at once unless it is a JAX array (`_checked_fs` checks that
-    one when it runs), as a NumPy number of `real`."""
+    one when it runs), as a NumPy number of `real`: on the host, with NumPy,
+    so an eager call puts nothing on the device before its program."""
     if isinstance(fs, jax.Array):
         return fs
-    _checked_fs(fs, real)
-    return np.asarray(fs).astype(real)
+    _single_number(fs)
+    check_dtype("fs", fs)
+    if np.iscomplexobj(fs):
+        raise TypeError(f"`fs` is complex but the result dtype is {real}.")
+    value = np.asarray(fs).astype(real)
+    return error_if(value, ~(np.isfinite(value) & (value > 0)), _fs_message(fs))
 
 
 @compiled(static=("n", "whole", "include_nyquist", "dtype"))
@@ -177,7 +200,8 @@ def _freqz(b, a, freqs, fs, *, n, whole, include_nyquist, dtype):
     real = jnp.finfo(dtype).dtype
     fs = _checked_fs(fs, real)
     omega, w = _frequencies(n, freqs, whole, fs, include_nyquist, real)
-    return w, _poly_at(b, omega) / _poly_at(a, omega)
+    z = _unit(omega)
+    return w, _poly_at(b, z) / _poly_at(a, z)
 
 
 def freqz_sos(
@@ -218,9 +242,10 @@ def _freqz_sos(sos, freqs, fs, *, n, whole, dtype):
     real = jnp.finfo(sos.dtype).dtype
     fs = _checked_fs(fs, real)
     omega, w = _frequencies(n, freqs, whole, fs, False, real)
+    z = _unit(omega)
     h = None
     for s in range(sos.shape[0]):
-        section = _poly_at(sos[s, :3], omega) / _poly_at(sos[s, 3:], omega)
+        section = _poly_at(sos[s, :3], z) / _poly_at(sos[s, 3:], z)
         h = section if h is None else h * section
     return w, h
 
