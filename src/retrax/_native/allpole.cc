@@ -20,7 +20,8 @@
 // loop advances a group of W signals per step, so the W chains share SIMD
 // registers and the step costs about what one signal's does. On x86 CPUs
 // with AVX2, a batch-major batch of order 1 to 4 takes the tiled path below
-// (register tiles transposed in place); other batches and orders, and other
+// (register tiles transposed in place); one of order 5 to 8 runs signal by
+// signal with its lags in registers; other batches and orders, and other
 // CPUs, the blocked and grouped loops.
 
 #include <cstdint>
@@ -245,6 +246,22 @@ inline __attribute__((always_inline)) void Singles(const T* a, const T* u,
   }
 }
 
+// A batch-major batch of order 5 to 8 (no tiled path), one signal after
+// another, each with its lags in registers (signal b's samples, coefficients
+// and state are contiguous: a batch of one). The blocked groups' lags,
+// with the order known only at run time, live in memory: order 8, float64,
+// (8, 44,100), 4.4 ms blocked against 2.8 ms signal by signal.
+template <typename T, int K, bool per_sample, bool adjoint>
+inline __attribute__((always_inline)) void SinglesBatchMajor(
+    const T* a, const T* u, const T* zi, T* y, int64_t length, int64_t batch) {
+  const int64_t coeffs = per_sample ? length * K : K;
+  for (int64_t b = 0; b < batch; ++b) {
+    Group<T, K, 1, per_sample, adjoint>(a + b * coeffs, u + b * length,
+                                        zi + b * K, y + b * length, length, 1,
+                                        0, K);
+  }
+}
+
 template <typename T, bool per_sample, bool adjoint>
 inline __attribute__((always_inline)) void ByOrder(const T* a, const T* u,
                                                    const T* zi, T* y,
@@ -252,6 +269,21 @@ inline __attribute__((always_inline)) void ByOrder(const T* a, const T* u,
                                                    int64_t batch,
                                                    int64_t order,
                                                    bool batch_major) {
+  if (batch_major && batch > 1) {
+    switch (order) {
+#define RETRAX_SINGLES(K)                                             \
+  case K:                                                             \
+    return SinglesBatchMajor<T, K, per_sample, adjoint>(a, u, zi, y, \
+                                                        length, batch);
+      RETRAX_SINGLES(5)
+      RETRAX_SINGLES(6)
+      RETRAX_SINGLES(7)
+      RETRAX_SINGLES(8)
+#undef RETRAX_SINGLES
+      default:
+        break;
+    }
+  }
   if (!(batch_major && batch > 1)) {
     switch (order) {
 #define RETRAX_SINGLES(K)                                                 \
