@@ -11,6 +11,8 @@ import sys
 import jax
 import pytest
 
+from helpers import users_compiler
+
 
 EXAMPLES = pathlib.Path(__file__).parent.parent / "examples"
 # The x64 sessions' XLA flag (conftest.py), which users do not set.
@@ -32,13 +34,9 @@ def load_example(relative: str):
     main = module.main
 
     def main_as_users_run_it(*args, **kwargs):
-        disabled = jax.config.read("jax_disable_most_optimizations")
-        jax.config.update("jax_disable_most_optimizations", False)
-        try:
+        with users_compiler():
             with contextlib.nullcontext() if sets_x64 else jax.enable_x64(False):
                 return main(*args, **kwargs)
-        finally:
-            jax.config.update("jax_disable_most_optimizations", disabled)
 
     module.main = main_as_users_run_it
     return module

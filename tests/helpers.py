@@ -1,5 +1,7 @@
 """Shared test utilities: comparisons, references and finite differences."""
 
+import contextlib
+
 import jax
 import jax.extend.core
 import jax.numpy as jnp
@@ -7,6 +9,22 @@ import jax.test_util  # noqa: F401  (explicit import: not loaded by `import jax`
 import numpy as np
 import pytest
 from jax import lax
+
+
+@contextlib.contextmanager
+def users_compiler():
+    """XLA's optimisations on, as users run it, inside the block.
+
+    The x64 test sessions turn most of them off (conftest.py) because compiling
+    is most of their time; code that runs long loops, such as training, runs
+    about 1.7x faster with them.
+    """
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
 
 
 def tree_allclose(x, y, *, rtol=1e-12, atol=0.0):

@@ -3,6 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import helpers
 from helpers import assert_close, check_grads, np_ballistics, unchecked
 from retrax import _native
 from retrax.ops import ballistics, linear_recurrence
@@ -190,10 +191,8 @@ def users_compiler():
     as XLA's optimised CPU code rounds the scan's `(1 - c) y + c x`: fused
     into one multiply-add whose addend is the rounded `(1 - c) y`; without
     the optimisations XLA rounds the product and the sum apart."""
-    before = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", False)
-    yield
-    jax.config.update("jax_disable_most_optimizations", before)
+    with helpers.users_compiler():
+        yield
 
 
 def _looped(x, at, rt, zi):
