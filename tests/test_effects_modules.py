@@ -723,6 +723,16 @@ def test_parametric_eq_ordered_mode_keeps_the_bands_in_frequency_order():
     spread = eq.with_unconstrained(theta + rng.uniform(-4, 4, theta.shape))
     assert bool(jnp.all(jnp.diff(spread.freqs) > 0))
     assert bool(jnp.all(jnp.isfinite(run(spread, x))))
+    # Before: entries pushed past the logits' clipping (or a step's softplus
+    # rounding to 0) put two sections on one frequency, which the call
+    # refused. Far beyond any optimiser step, in float32 too, the sections
+    # stay at least 0.1% apart and inside (0, fs/2).
+    for value in (1e30, -1e30, 40.0, -40.0):
+        for dtype in (jnp.float32, jnp.float64):
+            theta = jnp.full((9,), value, dtype).at[1].set(-value)
+            far = eq.with_unconstrained(theta)
+            f = np.asarray(far.checked_values()["freqs"], np.float64)
+            assert np.all(f[1:] / f[:-1] >= 1 + 0.99e-3) and 0 < f[0] < f[-1] < 4_000
     with pytest.raises(TypeError, match="`ordered` must be a Python bool"):
         unchecked(ParametricEQ.__init__)(
             object.__new__(ParametricEQ), [20.0, 200.0], ordered=1

@@ -315,24 +315,7 @@ def test_normalised_round_trip_in_float32(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            name,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="known: the ordered equaliser's map (a cumulative sum of "
-                "softplus steps of the logits, then a clipped sigmoid) puts "
-                "sections pushed past the clipping on the same frequency, "
-                "which its call refuses",
-            ),
-        )
-        if name == "ParametricEQ(ordered)"
-        else name
-        for name in EFFECTS
-    ],
-)
+@pytest.mark.parametrize("name", list(EFFECTS))
 def test_adam_steps_on_any_effects_unconstrained_vector_stay_valid(name):
     # Adam with learning rates 1 and 100 (every entry moves by about lr a
     # step: far past the clipping, in either direction) on the unconstrained

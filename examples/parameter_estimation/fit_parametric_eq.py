@@ -17,10 +17,10 @@ its bands in the wrong places, learns all twelve parameters in two stages:
    when no step lowers the loss any more (its floating-point floor).
 
 Both stages train the equaliser's unconstrained vector
-(`ParametricEQ.to_unconstrained` of an `ordered=True` equaliser: the low
-shelf's logit of `freq / nyquist`
-and inverse softplus of the logit steps to the next sections, the gains in
-dB, inverse softplus of the Qs), from which each loss builds the equaliser
+(`ParametricEQ.to_unconstrained` of an `ordered=True` equaliser: the
+logarithms of the gaps of log frequency between the sections, and below and
+above them, relative to the last gap, the gains in dB, inverse softplus of
+the Qs), from which each loss builds the equaliser
 with `ParametricEQ.with_unconstrained`, so every step, and every point a line
 search tries, is a valid equaliser: frequencies in range and in order, stable
 sections. The equaliser runs as one `sosfilt` cascade, whose gradient is the
@@ -171,7 +171,7 @@ def save_plot(path, losses, stage_one, true_eq, fitted, initial, sample_rate):
 def main(smoke: bool = False, plot: str | None = None) -> dict:
     sample_rate = 44_100
     length = sample_rate // 4 if smoke else sample_rate // 2
-    spectral_iterations, waveform_iterations = (20, 0) if smoke else (40, 20)
+    spectral_iterations, waveform_iterations = (30, 0) if smoke else (40, 20)
     x = jax.random.normal(jax.random.key(0), (length,))
 
     # --8<-- [start:target]

@@ -301,14 +301,13 @@ class ParametricEQ(AbstractRangedEffect):
     vector of `to_unconstrained()` and build the equaliser from it inside
     the loss with `with_unconstrained`: the frequencies are
     $\frac{f_s}{2}\,\sigma(\ell_k)$ of logits $\ell_k$, one entry each
-    (with `ordered=True`: $\ell_k$ start at the first entry and rise by the
-    softplus of each next one, so they stay in increasing order); gains as
-    they are and Qs through softplus. Every real vector gives a valid
-    equaliser of stable sections, short of float32 rounding: the logits are
-    clipped to $[-15, 15]$ before the sigmoid and the other entries below at
-    -15 before softplus (with derivative 0 there; with `ordered=True`, two
-    sections closer than float32 can tell apart raise when the equaliser
-    runs).
+    (with `ordered=True`: the gaps of log frequency below, between and above
+    the sections are a softmax of the entries, with at least 0.1% between
+    neighbours, so they stay strictly increasing); gains as they are and Qs
+    through softplus. Every real vector gives a valid equaliser of stable
+    sections, in float32 too: the logits are clipped to $[-15, 15]$ before
+    the sigmoid and the other entries below at -15 before softplus (with
+    derivative 0 there).
 
     It is a [ranged effect][retrax.effects.AbstractRangedEffect], also
     `retrax.effects.ParametricEQ` (the same class, re-exported): its `3 n`
@@ -400,33 +399,37 @@ class ParametricEQ(AbstractRangedEffect):
 
     def to_unconstrained(self) -> Float[Array, " params"]:
         r"""The unconstrained vector `(3 n,)` of this equaliser, the inverse
-        of `with_unconstrained`: with $\ell_k = \operatorname{logit}(2 f_k /
-        f_s)$, the frequencies' entries $\ell_k$ (with `ordered=True`:
-        $\ell_0$ and $\operatorname{softplus}^{-1}(\ell_k - \ell_{k-1})$ for
-        $k \ge 1$), then the gains in dB, then
-        $\operatorname{softplus}^{-1}(q_k)$. Entries beyond the map's
-        clipping do not round-trip. Invalid fields raise (also under
+        of `with_unconstrained`: the frequencies' entries
+        $\ell_k = \operatorname{logit}(2 f_k / f_s)$ (with `ordered=True`:
+        $\log w_k - \log w_n$ of the gaps $w$ of `with_unconstrained`), then
+        the gains in dB, then $\operatorname{softplus}^{-1}(q_k)$. Entries
+        beyond the map's clipping (with `ordered=True`, neighbours closer than
+        its least gap) do not round-trip. Invalid fields raise (also under
         `jax.jit`)."""
         freqs, gains_db, qs = self._checked()
-        logits = logit(freqs / (self.sample_rate / 2))
         if self.ordered:
-            logits = jnp.concatenate([logits[:1], softplus_inverse(jnp.diff(logits))])
+            logits = _ordered_logits(freqs, self.sample_rate)
+        else:
+            logits = logit(freqs / (self.sample_rate / 2))
         return jnp.concatenate([logits, gains_db, softplus_inverse(qs)])
 
     def with_unconstrained(self, theta: Shaped[ArrayLike, " params"]) -> "ParametricEQ":
         r"""This equaliser from any real `theta` `(3 n,)`: frequencies
         $\frac{f_s}{2}\sigma(\ell_k)$ with $\ell_k = \theta_k$ (with
-        `ordered=True`: $\ell_0 = \theta_0$ and
-        $\ell_k = \ell_{k-1} + \operatorname{softplus}(\theta_k)$, so in
-        increasing order); gains `theta[n:2n]` in dB; Qs
+        `ordered=True`: $\log f_k = \log f_{\min} + k\,\delta +
+        S \sum_{j \le k} w_j$ with $w = \operatorname{softmax}(\theta_0,
+        \dots, \theta_{n-1}, 0)$, $\delta = 10^{-3}$ the least gap,
+        $f_{\min}$ and $f_{\max}$ the frequencies of the logits $\mp 15$ and
+        $S = \log(f_{\max}/f_{\min}) - (n-1)\delta$: strictly increasing for
+        every finite `theta`); gains `theta[n:2n]` in dB; Qs
         $\operatorname{softplus}(\theta_{2n+k})$. Train `theta` (e.g. with
         optax) and build the equaliser from it inside the loss."""
         n = self.n_sections
         theta = unconstrained("theta", theta, 3 * n)
-        logits = theta[:n]
         if self.ordered:
-            logits = jnp.cumsum(jnp.concatenate([logits[:1], positive(logits[1:])]))
-        freqs = bounded(logits) * (self.sample_rate / 2)
+            freqs = _ordered_freqs(theta[:n], self.sample_rate)
+        else:
+            freqs = bounded(theta[:n]) * (self.sample_rate / 2)
         qs = positive(theta[2 * n :])
         return eqx.tree_at(
             lambda e: (e.freqs, e.gains_db, e.qs), self, (freqs, theta[n : 2 * n], qs)
@@ -492,6 +495,48 @@ def _sections(freqs, gains_db, qs, default_float=False):
     if gains_db.shape != (n,) or qs.shape != (n,):
         raise ValueError("`gains_db` and `qs` need one entry per frequency.")
     return freqs, gains_db, qs
+
+
+# The ordered map's reach: the frequencies of the unordered map's clipped
+# logits, and the least gap between neighbours in log frequency (0.1%, far
+# above float32's resolution, so no two sections ever round onto one value).
+_ORDERED_REACH = (1 / (1 + math.exp(15.0)), 1 / (1 + math.exp(-15.0)))
+_MIN_LOG_GAP = 1e-3
+
+
+def _ordered_span(n: int, sample_rate: float) -> tuple[float, float]:
+    """The lowest log frequency of the ordered map and the span of log
+    frequency its `n + 1` free gaps share."""
+    lo, hi = (math.log(r * sample_rate / 2) for r in _ORDERED_REACH)
+    return lo, hi - lo - (n - 1) * _MIN_LOG_GAP
+
+
+def _ordered_freqs(theta: Array, sample_rate: float) -> Array:
+    r"""The ordered map: `n` real entries to `n` strictly increasing
+    frequencies. The `n + 1` gaps of log frequency (below the first section,
+    between neighbours, above the last) are the softmax of `theta` and a
+    fixed 0, sharing the span left after the least gap between neighbours."""
+    n = theta.shape[0]
+    lo, span = _ordered_span(n, sample_rate)
+    weights = jax.nn.softmax(jnp.concatenate([theta, jnp.zeros((1,), theta.dtype)]))
+    steps = jnp.arange(n, dtype=theta.dtype) * _MIN_LOG_GAP
+    return jnp.exp(lo + steps + span * jnp.cumsum(weights[:-1]))
+
+
+def _ordered_logits(freqs: Array, sample_rate: float) -> Array:
+    """The inverse of `_ordered_freqs` for increasing `freqs` inside its
+    reach, at least the least gap apart (others come back at the nearest
+    point the map reaches)."""
+    n = freqs.shape[0]
+    lo, span = _ordered_span(n, sample_rate)
+    steps = jnp.arange(n, dtype=freqs.dtype) * _MIN_LOG_GAP
+    cumulative = (jnp.log(freqs) - lo - steps) / span
+    edges = jnp.concatenate(
+        [jnp.zeros((1,), freqs.dtype), cumulative, jnp.ones((1,), freqs.dtype)]
+    )
+    tiny = jnp.finfo(freqs.dtype).tiny
+    log_weights = jnp.log(jnp.maximum(jnp.diff(edges), tiny))
+    return log_weights[:-1] - log_weights[-1]
 
 
 def _increasing(freqs):
