@@ -61,9 +61,10 @@ def _jax_type(leaf) -> bool:
     precision would narrow (`int64` without x64), which the function
     converts or refuses itself. Floating arrays narrow (float64 to float32
     without x64) in `jax.jit` as in `jnp.asarray`."""
-    if isinstance(leaf, jax.Array | bool | int | float | complex):
+    # (NumPy arrays first: what eager calls mostly pass, and the cheapest test)
+    if type(leaf) is np.ndarray and leaf.dtype in INEXACT:
         return True
-    if isinstance(leaf, np.ndarray) and leaf.dtype in INEXACT:
+    if isinstance(leaf, jax.Array | bool | int | float | complex):
         return True
     if isinstance(leaf, np.ndarray | np.generic):
         try:

@@ -251,6 +251,8 @@ def _filtfilt(b, a, x, *, axis, padtype, padlen, method, irlen, dtype):
 def _first_order(xp, sos):
     """scipy's count of first-order sections for the default `padlen`: the
     fewer of the zero `b2` and the zero `a2`; `xp` is numpy or jnp."""
+    if xp is np:  # counted on the host: a fifth of `np.sum`'s cost
+        return min(np.count_nonzero(sos[:, 2] == 0), np.count_nonzero(sos[:, 5] == 0))
     return xp.minimum(xp.sum(sos[:, 2] == 0), xp.sum(sos[:, 5] == 0))
 
 
