@@ -12,6 +12,7 @@ reports median ms and scipy's time over retrax's (above 1: retrax is faster).
 Run from the repository root, e.g.
 
     python benchmarks/bench_scipy.py --quick
+    python benchmarks/bench_scipy.py --samples 64 --batches 1
     python benchmarks/bench_scipy.py --markdown docs/assets/bench_scipy.md
 """
 
@@ -60,7 +61,7 @@ class Setup:
     name: str
     order: int
     dtype: str
-    seconds: float
+    length: int  # samples
     batch: int
 
 
@@ -74,7 +75,7 @@ def _calls(setup: Setup):
     """`{name: (retrax_fn, scipy_fn, args)}`: the same call in both libraries."""
     dtype = np.dtype(setup.dtype)
     b, a, sos = _design(setup.order, dtype)
-    length = int(setup.seconds * RATE)
+    length = setup.length
     shape = (length,) if setup.batch == 1 else (setup.batch, length)
     x = np.random.default_rng(0).standard_normal(shape).astype(dtype)
     zi = np.broadcast_to(ss.lfilter_zi(b, a), shape[:-1] + (len(a) - 1,))
@@ -172,6 +173,9 @@ def main(argv=None):
     parser.add_argument("--orders", default="2,4,8")
     parser.add_argument("--dtypes", default="float32,float64")
     parser.add_argument("--seconds", default="1,10")
+    parser.add_argument(
+        "--samples", help="signal lengths in samples (e.g. 64), instead of --seconds"
+    )
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--names", default=",".join(NAMES))
     parser.add_argument("--repeats", type=int, default=3)
@@ -184,10 +188,14 @@ def main(argv=None):
     unknown = sorted(set(names) - set(NAMES))
     if unknown:
         parser.error(f"unknown names {unknown}; choose from {NAMES}")
+    if args.samples:
+        lengths = [(f"T={n}", int(n)) for n in args.samples.split(",")]
+    else:
+        lengths = [(f"{s}s", int(float(s) * RATE)) for s in args.seconds.split(",")]
     setups = [
-        Setup(f"o{o} f{d[5:]} {s}s B={bt}", int(o), d, float(s), int(bt))
+        Setup(f"o{o} f{d[5:]} {label} B={bt}", int(o), d, length, int(bt))
         for d in args.dtypes.split(",")
-        for s in args.seconds.split(",")
+        for label, length in lengths
         for bt in args.batches.split(",")
         for o in args.orders.split(",")
     ]
