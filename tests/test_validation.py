@@ -908,7 +908,8 @@ def test_check_needs_an_array_to_carry_it():
 
 def test_check_gives_nan_with_eqx_on_error_nan():
     # `EQX_ON_ERROR=nan` (read by equinox at import) turns a failed check
-    # into NaN for the whole checked value, as `eqx.error_if` does.
+    # into NaN for the whole checked value, as `eqx.error_if` does, whether
+    # the check runs in the program or on the host before it.
     code = (
         "import jax, jax.numpy as jnp\n"
         "from retrax.ops import allpole\n"
@@ -918,6 +919,10 @@ def test_check_gives_nan_with_eqx_on_error_nan():
         "    y = f(x, a)\n"
         "    assert bool(jnp.all(jnp.isnan(y))), y\n"
         "    assert bool(jnp.all(jnp.isfinite(f(x, a.at[5, 0].set(0.1)))))\n"
+        "# a check made on the host, at once (a Python sample rate), too\n"
+        "from retrax.ops import freqz\n"
+        "w, _ = freqz([1.0, 0.5], worN=4, fs=-1.0)\n"
+        "assert bool(jnp.all(jnp.isnan(w))), w\n"
         "print('ok')\n"
     )
     env = {**os.environ, "EQX_ON_ERROR": "nan"}

@@ -79,14 +79,15 @@ def error_if(x: PyTree, pred: Bool[ArrayLike, "..."], msg: str) -> PyTree:
 
     As with `eqx.error_if`, only the returned value carries the check.
     """
-    if not isinstance(x, np.ndarray | jax.Array) and not any(
-        eqx.is_array(v) for v in jax.tree.leaves(x)
+    # (the cheapest tests first: every eager call's host checks pay for them)
+    if (
+        type(x) is not np.ndarray
+        and not isinstance(x, jax.Array)
+        and not any(eqx.is_array(v) for v in jax.tree.leaves(x))
     ):
         raise ValueError("error_if: `x` has no arrays to carry the check.")
     if not isinstance(pred, jax.core.Tracer) and _raising():
-        # (the array method: a third of `np.any`'s cost, paid by every
-        # eager call's host checks)
-        if np.asarray(pred).any():
+        if pred if type(pred) is bool else np.asarray(pred).any():
             raise InvalidArgumentError(msg)
         return x
     _ARGUMENT_CHECKS.add(msg.strip())

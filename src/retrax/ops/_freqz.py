@@ -11,7 +11,7 @@ from jax import lax
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._compiled import compiled
-from .._errors import InvalidArgumentError, error_if
+from .._errors import error_if
 from .._validate import check_dtype, check_finite
 from ._scipy_args import as_array, compute_dtype, host_arrays, scipy_dtype
 from ._sosfilt import checked_sos, sos_array
@@ -184,19 +184,16 @@ def _host_fs(fs, real: np.dtype):
     so an eager call puts nothing on the device before its program."""
     if isinstance(fs, jax.Array):
         return fs
-    if type(fs) is float or (type(fs) is int and abs(fs) < 2**63):
-        # the common case, at once (checked after the cast: 1e300 is no
-        # float32 sample rate)
-        value = np.asarray(fs, real)
-        if not (math.isfinite(value) and value > 0):
-            raise InvalidArgumentError(_fs_message(fs))
-        return value
-    _single_number(fs)
-    check_dtype("fs", fs)
-    if np.iscomplexobj(fs):
-        raise TypeError(f"`fs` is complex but the result dtype is {real}.")
+    if not (type(fs) is float or (type(fs) is int and abs(fs) < 2**63)):
+        # (a Python number, the usual `fs`, is one real number already)
+        _single_number(fs)
+        check_dtype("fs", fs)
+        if np.iscomplexobj(fs):
+            raise TypeError(f"`fs` is complex but the result dtype is {real}.")
+    # checked after the cast: 1e300 is no float32 sample rate
     value = np.asarray(fs).astype(real)
-    return error_if(value, ~(np.isfinite(value) & (value > 0)), _fs_message(fs))
+    bad = not (math.isfinite(value) and value > 0)
+    return error_if(value, bad, _fs_message(fs))
 
 
 @compiled(static=("n", "whole", "include_nyquist", "dtype"))
