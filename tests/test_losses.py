@@ -8,6 +8,7 @@ import importlib.util
 import json
 import pathlib
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -496,3 +497,51 @@ def test_float32_decay_time_and_loss():
     value, grad = jax.value_and_grad(loss)(x, 0.5 * x[::-1])
     assert value.dtype == grad.dtype == jnp.float32
     assert np.all(np.isfinite(grad))
+
+
+def test_eager_call_is_the_jitted_call():
+    # `__call__` compiles the loss as a whole; an eager call, a jitted one and
+    # a gradient through either give the same numbers, and a weight given as
+    # a Python zero still skips its term (it stays static, not traced).
+    from retrax.losses import MelSTFTLoss, SumAndDifferenceSTFTLoss
+
+    key1, key2 = jax.random.split(jax.random.key(3))
+    pred = jax.random.normal(key1, (2, 2, 2048), jnp.float32)
+    target = jax.random.normal(key2, (2, 2, 2048), jnp.float32)
+    losses = [
+        STFTLoss(fft_size=256, hop_size=64, win_length=256, w_sc=0.0),
+        MelSTFTLoss(44100, fft_size=512, hop_size=128, win_length=512, n_mels=32),
+        MultiResolutionSTFTLoss(
+            fft_sizes=(128, 256), hop_sizes=(32, 64), win_lengths=(128, 256)
+        ),
+        SumAndDifferenceSTFTLoss(
+            fft_sizes=(128, 256), hop_sizes=(32, 64), win_lengths=(128, 256)
+        ),
+    ]
+    for loss in losses:
+        eager = loss(pred, target)
+        jitted = jax.jit(lambda p, t, loss=loss: loss(p, t))(pred, target)
+        assert_close(eager, jitted, rtol=1e-6)
+        g_eager = jax.grad(lambda p, loss=loss: loss(p, target))(pred)
+        g_jit = jax.jit(jax.grad(lambda p, loss=loss: loss(p, target)))(pred)
+        assert_close(g_eager, g_jit, rtol=1e-5, atol=1e-9)
+    full = STFTLoss(fft_size=256, hop_size=64, win_length=256, w_sc=0.0, output="full")
+    terms = full(pred, target)
+    assert float(terms.sc_mag) == 0.0 and float(terms.log_mag) > 0.0
+    # A traced zero weight is honoured too: the term is computed and weighed.
+    traced = jax.jit(lambda w: eqx.tree_at(lambda m: m.w_sc, full, w)(pred, target))
+    assert float(traced(jnp.float32(0.0)).sc_mag) > 0.0
+
+
+def test_inexact_arrays_pass_without_a_primitive():
+    # Under an eager `jax.grad` every primitive costs a linearisation, so the
+    # checks leave an array of the right dtype untouched.
+    from retrax._misc import as_inexact, cast
+
+    jaxpr = jax.make_jaxpr(lambda x: cast(as_inexact("x", x), x.dtype))(
+        jnp.ones(3, jnp.float32)
+    )
+    assert not jaxpr.eqns
+    assert cast(jnp.ones(3, jnp.float32), jnp.float64).dtype == jnp.float64
+    weak = jnp.asarray(1.0)
+    assert not jax.typeof(cast(weak, weak.dtype)).weak_type

@@ -11,6 +11,7 @@ import numpy as np
 from jaxtyping import ArrayLike
 
 from ._errors import error_if
+from ._float_dtypes import INEXACT
 
 
 def result_dtype(*args: ArrayLike | None) -> np.dtype:
@@ -36,6 +37,11 @@ def as_inexact(name: str, value: ArrayLike) -> jax.Array:
     JAX). `name` is kept in the signature for the callers' messages.
     """
     del name
+    # A JAX array that is already inexact is returned as it is: under an
+    # eager `jax.grad` every primitive bound here, even a conversion to the
+    # same dtype, costs a linearisation of its own (about 0.4 ms).
+    if isinstance(value, jax.Array) and value.dtype in INEXACT:
+        return value
     arr = jnp.asarray(value)
     if jnp.issubdtype(arr.dtype, jnp.inexact):
         return arr
@@ -43,6 +49,15 @@ def as_inexact(name: str, value: ArrayLike) -> jax.Array:
     # keeps the result weakly typed (`astype` would make it strong).
     with jax.numpy_dtype_promotion("standard"):
         return arr * 1.0
+
+
+def cast(x: jax.Array, dtype) -> jax.Array:
+    """`x.astype(dtype)`, but `x` itself when that would change nothing (the
+    same dtype, strongly typed), so that no primitive is bound: under an
+    eager `jax.grad` each one costs a linearisation of its own."""
+    if x.dtype == dtype and not jax.typeof(x).weak_type:
+        return x
+    return x.astype(dtype)
 
 
 def check_value(value: Any, bad: Callable[[ModuleType, Any], Any], msg: str) -> Any:

@@ -11,7 +11,7 @@ from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._misc import check_positive_int
 from ._stft import WINDOWS, Window, analysis_window, stft_power
-from ._stft_loss import Weight, check_choice, check_signals
+from ._stft_loss import Weight, check_choice, check_signals, compiled_terms
 
 
 def check_stft_settings(
@@ -102,6 +102,10 @@ class AbstractBandEnergyLoss(eqx.Module):
         has no such transform) raises `TypeError` naming it.
         """
         pred, target = check_signals(pred, target, self.fft_size)
+        return compiled_terms(self, pred, target)
+
+    def unchecked_terms(self, pred: jax.Array, target: jax.Array) -> jax.Array:
+        """The loss of checked signals, without `__call__`'s checks."""
         return log_band_l1(
             self.band_energies(pred), self.band_energies(target), self.eps
         )

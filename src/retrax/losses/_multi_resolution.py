@@ -17,6 +17,7 @@ from ._stft_loss import (
     STFTLossTerms,
     Weight,
     check_signals,
+    compiled_terms,
 )
 
 
@@ -166,7 +167,7 @@ class MultiResolutionSTFTLoss(eqx.Module):
         `TypeError` naming it.
         """
         pred, target = check_signals(pred, target, max(self.fft_sizes))
-        terms = self.unchecked_terms(pred, target)
+        terms = compiled_terms(self, pred, target)
         return terms if self.output == "full" else terms.loss
 
 

@@ -10,7 +10,7 @@ from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._errors import error_if
 from .._float_dtypes import check_float_dtype
-from .._misc import as_inexact, check_positive_int, check_value, result_dtype
+from .._misc import as_inexact, cast, check_positive_int, check_value, result_dtype
 from .._validate import check_rate
 from ._a_weighting import a_weighting_taps, fir_same
 from ._chroma import chroma_filterbank
@@ -87,7 +87,7 @@ def check_signals(
     dtype = result_dtype(pred, target)
     if fft:
         check_float_dtype("`pred` (with `target`)", dtype, "an STFT loss")
-    pred, target = pred.astype(dtype), target.astype(dtype)
+    pred, target = cast(pred, dtype), cast(target, dtype)
     if not finite:
         return pred, target
     pred = error_if(
@@ -127,6 +127,18 @@ def _is_zero(w: Weight) -> bool:
 
 def _cast(w: Weight, x: jax.Array) -> jax.Array:
     return jnp.asarray(w).astype(x.dtype)
+
+
+@eqx.filter_jit
+def compiled_terms(loss, pred: jax.Array, target: jax.Array):
+    """`loss.unchecked_terms(pred, target)` compiled as a whole.
+
+    An eager call costs one dispatch instead of one per operation, and an
+    eager `jax.grad` one linearisation. The loss's arrays are traced and its
+    Python numbers and settings fixed, as when a user's `jax.jit` closes over
+    the loss: a zero weight still skips its term, and a new weight compiles
+    anew. Inside a user's `jax.jit` it is inlined."""
+    return loss.unchecked_terms(pred, target)
 
 
 class STFTLossTerms(eqx.Module):
@@ -428,5 +440,5 @@ class STFTLoss(eqx.Module):
         `TypeError` naming it.
         """
         pred, target = check_signals(pred, target, self.fft_size)
-        terms = self.unchecked_terms(pred, target)
+        terms = compiled_terms(self, pred, target)
         return terms if self.output == "full" else terms.loss

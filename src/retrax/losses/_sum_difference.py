@@ -4,12 +4,20 @@
 from collections.abc import Sequence
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from ._multi_resolution import MultiResolutionSTFTLoss
 from ._stft import Window
-from ._stft_loss import Output, Weight, check_choice, check_signals, check_weight
+from ._stft_loss import (
+    Output,
+    Weight,
+    check_choice,
+    check_signals,
+    check_weight,
+    compiled_terms,
+)
 
 
 class SumAndDifferenceTerms(eqx.Module):
@@ -101,6 +109,14 @@ class SumAndDifferenceSTFTLoss(eqx.Module):
                 "`pred` and `target` must be stereo, (2, time) or "
                 f"(batch, 2, time), got shape {pred.shape}."
             )
+        terms = compiled_terms(self, pred, target)
+        return terms if self.output == "full" else terms.loss
+
+    def unchecked_terms(
+        self, pred: jax.Array, target: jax.Array
+    ) -> SumAndDifferenceTerms:
+        """The loss and its two terms of checked stereo signals, without
+        `__call__`'s checks."""
 
         def sum_and_difference(x):
             left, right = x[..., :1, :], x[..., 1:, :]
@@ -115,6 +131,4 @@ class SumAndDifferenceSTFTLoss(eqx.Module):
             jnp.asarray(self.w_sum).astype(dtype) * sum_loss
             + jnp.asarray(self.w_diff).astype(dtype) * diff_loss
         ) / 2
-        if self.output == "full":
-            return SumAndDifferenceTerms(loss, sum_loss, diff_loss)
-        return loss
+        return SumAndDifferenceTerms(loss, sum_loss, diff_loss)
