@@ -209,3 +209,13 @@ def test_bench_eager_smoke():
     ]
     for row in rows:
         assert all(float(c) > 0 for c in row.split("|")[2:4])
+
+
+def test_bench_fit_checks_smoke():
+    out = _run(
+        "bench_fit_checks.py", "--widths", "8", "--steps", "20", "--repeats", "1"
+    )
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == 1
+    width, checked, unchecked, ratio = (float(c) for c in rows[0].split("|")[1:5])
+    assert width == 8 and checked > 0 and unchecked > 0 and ratio > 0

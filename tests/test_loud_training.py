@@ -76,6 +76,44 @@ def test_fit_diverging_schedule_keeps_the_finite_checkpoints(getkey, tmp_path):
         rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
 
 
+def _poisoned(step, part):
+    """SGD that writes inf into the updates (`part="parameters"`) or into a
+    state entry the updates never read (`part="state"`) at `step`."""
+
+    def init(params):
+        del params
+        return {"count": jnp.zeros((), jnp.int32), "extra": jnp.zeros(())}
+
+    def update(grads, state, params=None):
+        del params
+        hit = state["count"] == step
+        poison = hit if part == "parameters" else False
+        updates = jax.tree.map(lambda g: jnp.where(poison, jnp.inf, -1e-3 * g), grads)
+        extra = jnp.where(hit & (part == "state"), jnp.inf, state["extra"])
+        return updates, {"count": state["count"] + 1, "extra": extra}
+
+    return optax.GradientTransformation(init, update)
+
+
+@pytest.mark.parametrize(
+    "part, why", [("parameters", "parameters"), ("state", "optimiser state")]
+)
+def test_fit_names_the_step_whose_update_failed(getkey, part, why):
+    """A chunk checks its losses at every step and its parameters and
+    optimiser state after it; the step named is still the one whose update
+    failed: here a loss that stays finite (a non-finite state nothing
+    reads), or one that fails a step after the parameters did."""
+    pred, data = _problem(getkey)
+    kw = _kw(optimizer=_poisoned(5, part), steps=12, chunk_size=4)
+    with pytest.raises(FloatingPointError, match=f"stopped at step 5 .*{why}"):
+        rd.fit(pred, data, getkey(), **kw)
+    # with "skip" every step from 5 on is skipped: the count that reaches
+    # the poison is part of the state each skip throws away
+    with pytest.warns(RuntimeWarning, match="skipped 7 of 12 steps"):
+        run = rd.fit_solution(pred, data, getkey(), nonfinite="skip", **kw)
+    assert _finite(run.pred) and _finite(run.state.opt_state)
+
+
 def test_fit_nonfinite_skip_keeps_the_last_finite_state(getkey):
     pred, data = _problem(getkey)
     key = getkey()

@@ -116,14 +116,26 @@ _WHY = {
     1: "the minibatch loss is not finite",
     2: "its update made the parameters non-finite",
     3: "its update made the optimiser state non-finite",
+    4: "the parameters or optimiser state became non-finite by this step",
 }
+
+
+def _local(values, mesh):
+    """The chunk's losses and report: this process's copy of the replicated
+    values (reading it is no collective, so processes may differ in
+    `progress`), the report as Python ints."""
+    losses, report = values
+    if mesh is not None:
+        losses = losses.addressable_data(0)
+        report = report.addressable_data(0)
+    return losses, np.asarray(report)
 
 
 @eqx.filter_jit
 def _train_chunk(
     params, opt_state, average, static, optimizer, data, key, start, end, config
 ):
-    chunk, batch_size, t0, t1, ema, split, skip = config
+    chunk, batch_size, t0, t1, ema, split, skip, per_step = config
     num, dtype = data.shape[0], data.dtype
     # data parallel: each device computes its rows of every minibatch, drawn
     # from the one stream (threefry draws do not depend on their sharding), and
@@ -155,20 +167,27 @@ def _train_chunk(
             new_average = jax.tree.map(
                 lambda a, p: ema * a + (1 - ema) * p, average, new_params
             )
-        # a step whose loss, parameters or optimiser state is not finite is
-        # never applied: with `nonfinite="raise"` the run stands still from
-        # there (and `fit` raises after the chunk), with "skip" it goes on
-        # from the last finite state. One reduction over the parameters per
-        # step, no more than the update itself costs.
-        why_here = jnp.where(
-            ~jnp.isfinite(loss),
-            1,
-            jnp.where(
-                ~all_finite(new_params),
-                2,
-                jnp.where(~all_finite(new_opt_state), 3, 0),
-            ),
-        ).astype(jnp.int32)
+        # a step whose loss is not finite is never applied: with
+        # `nonfinite="raise"` the run stands still from there (and `fit`
+        # raises after the chunk), with "skip" it goes on from the last finite
+        # state. With `per_step` the step's parameters and optimiser state are
+        # checked too (a reduction over each of their arrays); without it they
+        # are checked once, after the chunk, and `fit` reruns a chunk that
+        # fails with `per_step` to find the step. Those reductions are a few
+        # small operations per array on the CPU, 5% of a step of the circle
+        # MLP, and the update would have to wait for them.
+        why_here = jnp.where(~jnp.isfinite(loss), 1, 0)
+        if per_step:
+            why_here = jnp.where(
+                why_here > 0,
+                why_here,
+                jnp.where(
+                    ~all_finite(new_params),
+                    2,
+                    jnp.where(~all_finite(new_opt_state), 3, 0),
+                ),
+            )
+        why_here = why_here.astype(jnp.int32)
         # steps past the end of the run (the tail of the last chunk) are no-ops
         live = i < end
         failed = live & (why_here > 0)
@@ -193,7 +212,10 @@ def _train_chunk(
     (params, opt_state, average, bad, why, skipped), losses = jax.lax.scan(
         step, carry, idx
     )
-    report = jnp.stack([bad, why, skipped])
+    # the state after the chunk: not finite without a non-finite loss only
+    # when a step's update was (found by rerunning the chunk with `per_step`)
+    state_bad = ~(all_finite(params) & all_finite(opt_state))
+    report = jnp.stack([bad, why, skipped, state_bad.astype(jnp.int32)])
     if split is not None:
         # the same on every device, so that each process reads its own copy
         whole = NamedSharding(split.mesh, PartitionSpec())
@@ -284,12 +306,15 @@ def fit(
     same `optimizer`.
 
     **A diverging run stops.** Every step checks that its minibatch loss,
-    and the parameters and optimiser state its update makes, are finite (a
-    reduction over the parameters, inside the compiled scan). A step that
-    fails is not applied: with `nonfinite="raise"` (the default) the run
-    stands still from there and `fit` raises a `FloatingPointError` naming
-    the step (a NaN learning rate fails at step 0; a schedule that grows to
-    1e12 at the step where the loss overflows). No checkpoint of a
+    and the parameters and optimiser state its update makes, are finite. A
+    step that fails is not applied: with `nonfinite="raise"` (the default)
+    the run stands still from there and `fit` raises a `FloatingPointError`
+    naming the step (a NaN learning rate fails at step 0; a schedule that
+    grows to 1e12 at the step where the loss overflows). With "raise" the
+    compiled scan checks each step's loss and, after each chunk, the
+    parameters and optimiser state; a chunk that fails runs again with every
+    step's update checked, to name the step, so the checks cost a healthy
+    run next to nothing. No checkpoint of a
     non-finite state is written, so `checkpoint_dir` still holds the last
     finite states. With `nonfinite="skip"` such steps are skipped (the
     parameters, optimiser state and average stay those of the last finite
@@ -616,7 +641,10 @@ def fit_solution(
     split = None
     if mesh is not None:
         split = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
-    config = (chunk, batch_size, t0, t1, ema, split, skip)
+    # "skip" decides at every step; "raise" checks the parameters and
+    # optimiser state after each chunk, and a chunk that fails runs again
+    # with the checks of every step to name the step
+    config = (chunk, batch_size, t0, t1, ema, split, skip, skip)
     history = []
     done = 0
     skipped = 0
@@ -683,26 +711,29 @@ def fit_solution(
     ) as bar:
         while done < steps:
             first = jnp.asarray(start + done, jnp.int32)
-            params, opt, average, losses, report = _train_chunk(
-                params,
-                opt,
-                average,
+            chunk_args = (
                 static,
                 optimizer,
                 data,
                 run_key,
                 first,
                 jnp.asarray(end, jnp.int32),
-                config,
             )
-            if mesh is not None:
-                # this process's copy of the replicated losses: reading it is
-                # no collective, so processes may differ in `progress`
-                losses = losses.addressable_data(0)
-                report = report.addressable_data(0)
+            new = _train_chunk(params, opt, average, *chunk_args, config)
+            losses, report = _local(new[3:], mesh)
+            bad, why, skipped_here, state_bad = (int(v) for v in report)
+            if (bad >= 0 or state_bad) and not skip:
+                # the same steps again, each checking its update, to name the
+                # first that failed
+                per_step = config[:-1] + (True,)
+                new = _train_chunk(params, opt, average, *chunk_args, per_step)
+                losses, report = _local(new[3:], mesh)
+                bad, why, _, _ = (int(v) for v in report)
+                if bad < 0:  # not reproduced: name the chunk
+                    bad, why = start + done + min(chunk, steps - done) - 1, 4
+            params, opt, average = new[:3]
             n = min(chunk, steps - done)
             history.append(losses[:n])
-            bad, why, skipped_here = (int(v) for v in np.asarray(report))
             skipped += skipped_here
             if bad >= 0 and not skip:
                 saved = ""
