@@ -470,7 +470,8 @@ def test_comb_gradient_is_the_adjoint_recursion():
 
 def test_fdn_gradient_is_the_adjoint_recursion():
     # One scan each way over blocks of the shortest line (3), each carrying
-    # the lines' last max(delays) = 7 values: N x 7 numbers.
+    # the lines' history: the max(delays) = 7 values before the start and the
+    # 34 blocks of the signal, N x (7 + 34 x 3) numbers, updated in place.
     rng = np.random.default_rng(14)
     x = jnp.asarray(rng.standard_normal(100))
     A, b, c = (jnp.asarray(v) for v in _fdn_case(rng, 3))
@@ -482,8 +483,44 @@ def test_fdn_gradient_is_the_adjoint_recursion():
     assert _recurrences(jaxpr) == [False, True]
     for eqn in scans_in(jaxpr):
         carry = _carry(eqn)
-        assert sum(int(np.prod(v.shape)) for v in carry) == 3 * 7
+        assert sum(int(np.prod(v.shape)) for v in carry) == 3 * (7 + 34 * 3)
         assert eqn.params["length"] == 34  # ceil(100 / 3) blocks
+
+
+def _loop_bodies(hlo: str) -> dict[str, str]:
+    """The computations of compiled HLO text that run as `while` bodies."""
+    names = set(re.findall(r"body=%([\w.\-]+)", hlo))
+    bodies = {}
+    for block in re.split(r"\n(?=%)", hlo):
+        name = re.match(r"%([\w.\-]+)", block)
+        if name and name.group(1) in names:
+            bodies[name.group(1)] = block
+    assert set(bodies) == names
+    return bodies
+
+
+@pytest.mark.parametrize("shortest", [1, 3])
+def test_fdn_loops_update_the_history_in_place(shortest):
+    # Neither loop copies the lines' history at a step, forward or backward:
+    # a copy a step costs O(N T) a step, O(N T^2) in all, what shifting a
+    # buffer of the last max(delays) values once cost (FDNReverb, whose
+    # filters are one-sample lines, took seconds for a second of audio).
+    rng = np.random.default_rng(15)
+    x = jnp.asarray(rng.standard_normal(100))
+    A, b, c = (jnp.asarray(v) for v in _fdn_case(rng, 3))
+    delays = (shortest, 4, 7)
+
+    def loss(x, A):
+        return jnp.sum(jnp.sin(fdn(x, delays, A, b, c)))
+
+    rows = -(-100 // shortest)
+    shape = rf"f{x.dtype.itemsize * 8}\[{7 + rows * shortest},3\]"
+    for fn in (loss, jax.grad(loss, argnums=(0, 1))):
+        hlo = jax.jit(fn).lower(x, A).compile().as_text()
+        bodies = _loop_bodies(hlo)
+        assert any(re.search(shape, body) for body in bodies.values())
+        for body in bodies.values():
+            assert not re.search(shape + r"\{[\d,]*\} copy\(", body)
 
 
 def test_fdn_reverse_mode_saves_no_history_of_lines(capsys):

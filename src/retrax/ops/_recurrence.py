@@ -76,26 +76,45 @@ _scan_dense = functools.partial(scan_linear, "dense")
 
 
 def _scan_delay_lines(delays, A, u, zi, unroll):
-    # `zi[i, k] = s_i[-k-1]`; the carry keeps every line's last `longest`
-    # values oldest first, so that a line of length m reads its block of L
-    # feedback values at the static offset `longest - m`.
+    # The whole history of the lines, time first, oldest first: `hist[M + t]`
+    # starts as the drive $u_t$ and ends as $s_t$, and `hist[M - k - 1]` is
+    # `zi[:, k]`, with M the longest line. Step r reads line i (of length m)
+    # as the block of L values (L the shortest line) at `M + r L - m` and adds
+    # the feedback to its own block in place, so a step costs O(N L) whatever
+    # M is (shifting a buffer of the last M values instead cost O(N M) a step,
+    # hundreds of times the network's arithmetic with the one-sample lines of
+    # `FDNReverb`'s filters). Adding (a scatter-add) rather than writing keeps
+    # the transposed loop in place too: its cotangent passes through the add
+    # unchanged and is read once a step, where a write's transpose reads and
+    # then zeroes the block, which made XLA copy the whole history a step.
     longest, block = max(delays), min(delays)
-    length = u.shape[0]
+    length, lines = u.shape
     rows = -(-length // block)
     u = jnp.pad(u, ((0, rows * block - length), (0, 0)))
-    u = u.reshape(rows, block, u.shape[-1])
-    buf = varying_like(zi[:, ::-1], A, u)
+    hist = varying_like(jnp.concatenate([zi[:, ::-1].T, u]), A, u)
+    offsets = jnp.arange(block)
 
-    def step(buf, ut):
-        reads = jnp.stack(
-            [buf[i, longest - m : longest - m + block] for i, m in enumerate(delays)],
-            axis=-1,
+    def step(r, hist):
+        start = r * block + longest
+        reads = jnp.concatenate(
+            [
+                lax.dynamic_slice(hist, (start - m, i), (block, 1))
+                for i, m in enumerate(delays)
+            ],
+            axis=1,
         )
-        s = ut + reads @ A.T
-        return jnp.concatenate([buf[:, block:], s.T], axis=1), s
+        return hist.at[start + offsets].add(
+            reads @ A.T, indices_are_sorted=True, unique_indices=True
+        )
 
-    _, s = lax.scan(step, buf, u, unroll=unroll)
-    return s.reshape(-1, s.shape[-1])[:length]
+    # Not unrolled: unrolled twice, the forward loop took 2.4x as long
+    # (16 lines of 1 to 2,800 samples, T = 44,100, float32, 2-core x86 CPU).
+    # The indices are recomputed in the transposed loop rather than saved, a
+    # stack of them per line and step, from the block numbers scanned over.
+    del unroll
+    step = jax.checkpoint(step, policy=jax.checkpoint_policies.nothing_saveable)
+    hist, _ = lax.scan(lambda h, r: (step(r, h), None), hist, jnp.arange(rows))
+    return hist[longest : longest + length]
 
 
 _SCANS = {"allpole": _scan_allpole, "diagonal": _scan_diagonal, "dense": _scan_dense}
