@@ -123,7 +123,7 @@ _WHY = {
 def _local(values, mesh):
     """The chunk's losses and report: this process's copy of the replicated
     values (reading it is no collective, so processes may differ in
-    `progress`), the report as Python ints."""
+    `progress`), the report as a NumPy array."""
     losses, report = values
     if mesh is not None:
         losses = losses.addressable_data(0)
@@ -711,6 +711,7 @@ def fit_solution(
     ) as bar:
         while done < steps:
             first = jnp.asarray(start + done, jnp.int32)
+            n = min(chunk, steps - done)
             chunk_args = (
                 static,
                 optimizer,
@@ -730,9 +731,8 @@ def fit_solution(
                 losses, report = _local(new[3:], mesh)
                 bad, why, _, _ = (int(v) for v in report)
                 if bad < 0:  # not reproduced: name the chunk
-                    bad, why = start + done + min(chunk, steps - done) - 1, 4
+                    bad, why = start + done + n - 1, 4
             params, opt, average = new[:3]
-            n = min(chunk, steps - done)
             history.append(losses[:n])
             skipped += skipped_here
             if bad >= 0 and not skip:
