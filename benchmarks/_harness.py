@@ -8,6 +8,7 @@ peer's ratio to retrax (above 1: retrax is faster).
 
 import dataclasses
 import importlib
+import os
 import statistics
 import sys
 import time
@@ -41,6 +42,23 @@ def repeated_medians_ms(
     once = time.perf_counter() - start
     number = int(min(max(budget_s / max(once, 1e-6), 3), 50))
     return [median_ms(fn, number) for _ in range(repeats)]
+
+
+def pin_cpus(spec: str | None) -> str:
+    """Pin every thread of this process, and those it starts later, to the
+    comma-separated CPUs of `spec` (`None`: leave the affinity alone), and
+    describe the affinity for a table's header.
+
+    On a small machine the operating system may run XLA's worker thread on
+    one core and the Python thread (and the C loops it calls) on another, so
+    that a kernel reads operands another core's cache holds: pinning one
+    core compares every library in the same place."""
+    if spec:
+        cpus = {int(c) for c in spec.split(",")}
+        for task in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(task), cpus)
+        return f"pinned to CPU {spec}"
+    return f"not pinned ({len(os.sched_getaffinity(0))} CPUs allowed)"
 
 
 def optional_import(name: str, notes: list[str]):

@@ -61,7 +61,7 @@ import numpy as np  # noqa: E402
 
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import Case, optional_import, run_table  # noqa: E402
+from _harness import Case, optional_import, pin_cpus, run_table  # noqa: E402
 
 from retrax.ops import allpole, ballistics  # noqa: E402
 
@@ -559,8 +559,15 @@ def main(argv=None):
     parser.add_argument("--no-loop", action="store_true", help="no C loops")
     parser.add_argument("--filter-rounds", type=int, default=150)
     parser.add_argument("--torch-threads", type=int, default=2)
+    parser.add_argument(
+        "--cpus",
+        default=None,
+        help="comma-separated CPUs to pin the process to (e.g. 1): on a 2-core "
+        "machine, the kernels and the C loops then run on the same core",
+    )
     parser.add_argument("--markdown", default=None, help="also write the report here")
     args = parser.parse_args(argv)
+    affinity = pin_cpus(args.cpus)
 
     length = args.length or SAMPLE_RATE
     lengths = [length] if args.quick else [length, 10 * length]
@@ -570,7 +577,8 @@ def main(argv=None):
     libraries = libraries_for(args, checks, notes)
     cases = all_cases(batches, lengths)
     header = (
-        f"jax {jax.__version__}, {os.cpu_count()} CPU cores, float32, median ms "
+        f"jax {jax.__version__}, {os.cpu_count()} CPU cores ({affinity}), float32, "
+        "median ms "
         f"over {args.repeats} interleaved repeats of up to {args.number} calls "
         f"(about {args.budget:g} s a case)"
     )

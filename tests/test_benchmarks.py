@@ -111,8 +111,10 @@ def test_bench_ops_smoke(tmp_path):
     report = tmp_path / "bench_ops.md"
     args = ["--quick", "--length", "300", "--batches", "1,8,16"]
     args += ["--repeats", "1", "--number", "1", "--no-filters", "--no-peers"]
-    _run("bench_ops.py", *args, "--markdown", str(report))
+    cpu = min(os.sched_getaffinity(0))
+    _run("bench_ops.py", *args, "--cpus", str(cpu), "--markdown", str(report))
     text = report.read_text()
+    assert f"(pinned to CPU {cpu})" in text.splitlines()[0]
     allpole_rows = _table_rows(text, "All-pole filter")
     ballistics_rows = _table_rows(text, "Ballistics")
     assert [row[0].split(" T=")[0] for row in ballistics_rows] == [
