@@ -7,7 +7,9 @@ the joint angles are latent. Linearised, the true belief about the joint
 angles is N(q, J^{-1} Sigma J^{-T}) with J the kinematics Jacobian and
 Sigma = 0.02^2 I. For each choice of field-node levels this prints, over a
 grid of true poses inside the workspace, the ratio of the Laplace belief's sd
-(`factor_messages` on q) to that truth, per coordinate, and the bias: how far
+(`factor_messages` on q) to that truth, per coordinate (for `belief_levels`
+also with the nodes' smoothing removed: `ImplicitDiffusion(...,
+deblur=True)`), and the bias: how far
 the answer's end effector lies from the kinematics of its joint angles, and
 how far its joint angles lie from the true ones.
 
@@ -74,17 +76,22 @@ def measure(pred, data, key, poses=POSES, dtype=jnp.float64):
     schedule = pred.schedule
     q_true = jnp.asarray(poses, dtype)
     out = {}
+    query = eqx.filter_jit(eqx.filter_vmap(sensor_only, in_axes=(None, 0)))
     for name, levels in level_choices(schedule, data).items():
         nodes = rr.field_nodes(key, 4, levels=levels, dtype=dtype)
-        factor = rr.Factor(rr.ImplicitDiffusion(pred, nodes), {"q": 2, "xy": 2})
-        query = eqx.filter_vmap(sensor_only, in_axes=(None, 0))
-        res = eqx.filter_jit(query)(factor, q_true)
         t = jnp.unique(nodes.t)
-        out[name] = {
-            "levels": np.asarray(t).tolist(),
-            "noise_sd": np.asarray(schedule.sigma(t) / schedule.alpha(t)).tolist(),
-            **{k: np.asarray(v).tolist() for k, v in res.items()},
-        }
+        # the calibrated levels also with their own smoothing removed
+        variants = {name: False, f"{name}, deblur": True}
+        for label, deblur in variants.items():
+            if deblur and name != "belief_levels":
+                continue
+            model = rr.ImplicitDiffusion(pred, nodes, deblur=deblur)
+            res = query(rr.Factor(model, {"q": 2, "xy": 2}), q_true)
+            out[label] = {
+                "levels": np.asarray(t).tolist(),
+                "noise_sd": np.asarray(schedule.sigma(t) / schedule.alpha(t)).tolist(),
+                **{k: np.asarray(v).tolist() for k, v in res.items()},
+            }
     return out
 
 

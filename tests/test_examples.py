@@ -208,10 +208,19 @@ def test_arm_beliefs_smoke(monkeypatch):
     # it imports the arm from arm_pose_graph.py, next to it (as a script does)
     monkeypatch.syspath_prepend(str(EXAMPLES))
     result = load_example("arm_beliefs.py").main(smoke=True)
-    assert set(result) == {"default", "data_levels", "0.002-0.005", "belief_levels"}
+    assert set(result) == {
+        "default",
+        "data_levels",
+        "0.002-0.005",
+        "belief_levels",
+        "belief_levels, deblur",
+    }
     for r in result.values():
         assert np.asarray(r["ratio"]).shape == (2, 2)
         assert np.all(np.isfinite(r["ratio"])) and np.all(np.asarray(r["ratio"]) > 0)
     # belief_levels hold at the schedule's t_min (the arm's data are thinner
     # than its noise there)
     assert result["belief_levels"]["levels"] == [1e-3]
+    # removing the levels' smoothing only narrows the belief
+    deblurred = np.asarray(result["belief_levels, deblur"]["ratio"])
+    assert np.all(deblurred < np.asarray(result["belief_levels"]["ratio"]))

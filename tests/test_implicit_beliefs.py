@@ -214,6 +214,82 @@ def test_laplace_covariance_of_a_gaussian():
     assert bool(jnp.all(jnp.isnan(rd.implicit_laplace(model, bad, rho))))
 
 
+def _gaussian_relation(s, n, levels=None, deblur=True):
+    mix = rd.GaussianMixtureEps(SCHED, jnp.zeros((1, n)), s)
+    nodes = rd.field_nodes(jax.random.key(0), n, levels=levels)
+    return rd.ImplicitDiffusion(
+        mix, nodes, lam=rd.density_lambda(SCHED, nodes), deblur=deblur
+    )
+
+
+def test_deblurred_laplace_covariance_is_the_data_covariance():
+    # One component N(0, s^2 I): the field's Laplace covariance is s^2 plus
+    # the node levels' smoothing (previous test); with `deblur=True` it is
+    # s^2 itself, for the default levels (eight of them, noisier than s
+    # here) and for one level about as noisy as s.
+    z0, free = jnp.array([0.3, 0.2]), jnp.zeros(2)
+    for s, levels in ((0.5, None), (0.05, [0.01])):
+        model = _gaussian_relation(s, 2, levels)
+        blurred = _gaussian_relation(s, 2, levels, deblur=False)
+        sol = jax.jit(rd.implicit_infer)(model, z0, free)
+        cov = jax.jit(rd.implicit_laplace)(model, sol, free)
+        assert_close(cov, s**2 * jnp.eye(2), rtol=1e-9)
+        wide = rd.implicit_laplace(blurred, sol, free)
+        assert float(wide[0, 0]) > 1.01 * s**2
+        # the answer itself does not change
+        assert_close(rd.implicit_infer(blurred, z0, free).z, sol.z, rtol=0, atol=0)
+        # a soft input adds its precision rho^2 to the data's; a clamp is known
+        rho = jnp.array([INF, 3.0])
+        belief = rd.laplace_belief(model, rd.implicit_infer(model, z0, rho), rho)
+        assert_close(belief.cov[1, 1], 1 / (1 / s**2 + 9.0), rtol=1e-9)
+        assert float(belief.cov[0, 0]) == 0.0
+        # a factor, and a relation indexed into a larger joint state, keep it
+        factor = rr.Factor(model, {"a": 1, "b": 1})
+        assert_close(rd.implicit_laplace(factor, sol, free), cov, rtol=1e-12)
+        wider = rr.ProductRelation(
+            [rr.IndexedRelation(model, [0, 2], 3), rr.IndexedRelation(model, [1, 2], 3)]
+        )
+        big = wider.belief_precision(jnp.array([0.0, 0.0, 0.0]))
+        assert_close(jnp.diag(big), jnp.array([1.0, 1.0, 2.0]) / s**2, rtol=1e-9)
+
+
+def test_deblurring_sharpens_at_most_tenfold():
+    # Data far thinner than every level: the deblurred variance would be
+    # s^2, below a tenth of the blurred one, so it is held at that tenth.
+    z0, free = jnp.array([0.3, 0.2]), jnp.zeros(2)
+    model = _gaussian_relation(0.005, 2)
+    sol = rd.implicit_infer(model, z0, free)
+    blurred = rd.implicit_laplace(_gaussian_relation(0.005, 2, deblur=False), sol, free)
+    assert_close(rd.implicit_laplace(model, sol, free), blurred / 10, rtol=1e-9)
+    # a direction of negative curvature (between two bumps) is kept as measured
+    bumps = two_bumps()
+    saddle = jnp.array([0.0, 0.0])
+    sharp = rd.ImplicitDiffusion(bumps.pred, bumps.nodes, lam=bumps.lam, deblur=True)
+    kept = sharp.belief_precision(saddle)
+    assert_close(kept[0, 0], bumps.belief_precision(saddle)[0, 0], rtol=1e-12)
+    assert float(kept[0, 0]) < 0
+
+
+def test_deblurred_variance_has_the_data_variances_derivative():
+    # In one dimension (no repeated eigenvalue) the deblurred variance is s^2
+    # as a function of the data's sd: derivative 2 s, through the bisection
+    # by the implicit function theorem, under jit.
+    def variance(s):
+        model = _gaussian_relation(s, 1)
+        return model.belief_precision(jnp.zeros(1))[0, 0] ** -1
+
+    s = jnp.asarray(0.3)
+    assert_close(variance(s), s**2, rtol=1e-9)
+    assert_close(jax.jit(jax.grad(variance))(s), 2 * s, rtol=1e-7)
+
+
+def test_deblur_must_be_a_bool():
+    mix = rd.GaussianMixtureEps(SCHED, jnp.zeros((1, 2)), 0.5)
+    nodes = rd.field_nodes(jax.random.key(0), 2)
+    with pytest.raises(TypeError, match="deblur"):
+        rd.ImplicitDiffusion(mix, nodes, deblur=1)
+
+
 def test_mixture_weights_follow_the_mass():
     model = two_bumps()
     z0, rho = jnp.array([0.0, 0.0]), jnp.array([0.0, 0.0])

@@ -132,6 +132,25 @@ class AbstractImplicitRelation(eqx.Module):
         z = self.check_point("z", z)
         return jax.jacfwd(self.prior_field)(z)
 
+    def belief_precision(self, z: Float[ArrayLike, " n"]) -> Float[Array, "n n"]:
+        r"""The precision of the relation's Laplace belief at `z`, before a
+        query's clamps and soft inputs: $\mathrm{sym}(J)/\lambda_{\mathrm{eff}}$
+        (see [`retrax.relations.implicit_laplace`][]). An
+        [`retrax.relations.ImplicitDiffusion`][] built with `deblur=True`
+        also removes its nodes' smoothing from it.
+
+        **Arguments:**
+
+        - `z`: a point of the joint space, shape `(n,)`.
+
+        **Returns:**
+
+        The symmetric `(n, n)` precision.
+        """
+        z = self.check_point("z", z)
+        jac = self.prior_jacobian(z)
+        return 0.5 * (jac + jac.T) / self.effective_lambda(z.dtype)
+
     def implicit_residual(
         self,
         z: Float[ArrayLike, " n"],

@@ -41,6 +41,10 @@ def implicit_laplace(
     where $J_{FF}$ includes the soft inputs' $\rho_F^2$ (their evidence) and
     the query's `coupling` (the off-diagonal part of a full precision).
     Clamped coordinates are known exactly: their rows and columns are 0.
+    The relation's part, $\mathrm{sym}(J)/\lambda_{\mathrm{eff}}$, is its
+    [`retrax.relations.AbstractImplicitRelation.belief_precision`][]: with the
+    nodes' smoothing removed for an `ImplicitDiffusion` built with
+    `deblur=True`.
 
     **Arguments:**
 
@@ -58,14 +62,15 @@ def implicit_laplace(
     dtype = z.dtype
     rho = model.check_point("rho", rho).astype(dtype)
     clamped = clamp_mask(rho)
-    jac = model.prior_jacobian(z) + jnp.diag(soft_stiffness(rho))
     both = ~clamped[:, None] & ~clamped[None, :]
+    # the query's own terms are in field units: over lambda_eff, precisions
+    query = jnp.diag(soft_stiffness(rho))
     if coupling is not None:
-        jac = jac + jnp.where(both, jnp.asarray(coupling, dtype), 0)
-    sym = 0.5 * (jac + jac.T)
-    mat = jnp.where(both, sym, 0) + jnp.diag(clamped.astype(dtype))
-    cov = jnp.linalg.inv(mat) * _effective_lambda(model, dtype)
-    cov = jnp.where(both, cov, 0)
+        coupling = jnp.where(both, jnp.asarray(coupling, dtype), 0)
+        query = query + 0.5 * (coupling + coupling.T)
+    precision = model.belief_precision(z) + query / _effective_lambda(model, dtype)
+    mat = jnp.where(both, precision, 0) + jnp.diag(clamped.astype(dtype))
+    cov = jnp.where(both, jnp.linalg.inv(mat), 0)
     return nan_unless(sol.converged & sol.stable, cov)
 
 

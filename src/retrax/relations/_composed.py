@@ -95,6 +95,14 @@ class IndexedRelation(AbstractImplicitRelation):
     def effective_lambda(self, dtype) -> Float[Array, ""]:
         return self.relation.effective_lambda(dtype)
 
+    def belief_precision(self, z: Float[ArrayLike, " n"]) -> Float[Array, "n n"]:
+        """The member's belief precision on its coordinates, 0 elsewhere."""
+        z = self.check_point("z", z)
+        idx = np.asarray(self.index)
+        block = self.relation.belief_precision(self.restrict(z)).astype(z.dtype)
+        full = jnp.zeros((z.shape[0], z.shape[0]), z.dtype)
+        return full.at[np.ix_(idx, idx)].set(block)
+
     def field_unit(self, dtype) -> Float[Array, " n"]:
         """The member's unit on its coordinates, 0 (no field) elsewhere."""
         unit = self.relation.field_unit(dtype)
@@ -239,6 +247,19 @@ class ProductRelation(AbstractImplicitRelation):
         its coordinates is not calibrated for them."""
         ratios = jnp.stack([r.support_ratio(z, clamped) for r in self.relations])
         return jnp.max(ratios)
+
+    def belief_precision(self, z: Float[ArrayLike, " n"]) -> Float[Array, "n n"]:
+        r"""$\sum_i w_i P_i(z)$ of the members' belief precisions (each
+        deblurred if its relation is), on the common scale
+        $\lambda_{\mathrm{eff}}$."""
+        z = self.check_point("z", z)
+        lam = self.effective_lambda(z.dtype)
+        w = self.weights.astype(z.dtype)
+        total = jnp.zeros((z.shape[0], z.shape[0]), z.dtype)
+        for i, r in enumerate(self.relations):
+            scale = w[i] * r.effective_lambda(z.dtype) / lam
+            total = total + scale * r.belief_precision(z).astype(z.dtype)
+        return total
 
     def effective_lambda(self, dtype) -> Float[Array, ""]:
         r"""The members' common $\lambda_{\mathrm{eff}}$ (an error, under `jit`

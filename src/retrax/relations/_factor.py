@@ -168,6 +168,10 @@ class Factor(AbstractImplicitRelation):
     def effective_lambda(self, dtype) -> Float[Array, ""]:
         return self.relation.effective_lambda(dtype)
 
+    def belief_precision(self, z: Float[ArrayLike, " n"]) -> Float[Array, "n n"]:
+        """The member relation's belief precision."""
+        return self.relation.belief_precision(self.check_point("z", z))
+
     def field_unit(self, dtype) -> Float[Array, " n"]:
         return self.relation.field_unit(dtype)
 

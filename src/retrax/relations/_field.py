@@ -1,5 +1,6 @@
 """The implicit field of a noise predictor."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,8 +9,14 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 from .._misc import check_value
 from ..diffusion._predictor import AbstractPredictor
 from ._abstract_relation import AbstractImplicitRelation
+from ._deblur import deblurred_precision, node_levels
 from ._nodes import FieldNodes, density_lambda
 from ._support import DataSupport
+
+
+# A deblurred belief's variance along a direction is at least this fraction
+# of the measured one's inverse: no direction sharpens more than tenfold.
+_MAX_SHARPENING = 10.0
 
 
 class ImplicitDiffusion(AbstractImplicitRelation):
@@ -41,12 +48,26 @@ class ImplicitDiffusion(AbstractImplicitRelation):
     - `support`: the training rows of the calibrated off-data test, or
       `None` (not calibrated); set by
       [`retrax.relations.calibrate_off_data`][].
+    - `deblur`: whether the relation's Laplace beliefs (its
+      `belief_precision`, and so [`retrax.relations.implicit_laplace`][],
+      the beliefs and the factor messages built on it) remove the smoothing
+      of the nodes' own noise levels. At level $r_k = \sigma_k/\alpha_k$
+      the field reads the data smoothed by $r_k$, which widens a belief
+      about a relation thinner than the noise at the schedule's `t_min` (see
+      [`retrax.relations.belief_levels`][]): along each eigenvector of the
+      precision with curvature $p > 0$, the variance becomes the $v$ with
+      $\sum_k c_k/(v + r_k^2) = p$ ($c_k = w_k r_k^2/\sum_j w_j r_j^2$; for
+      one level, $v = 1/p - r^2$), exact for locally Gaussian data, and never
+      below a tenth of $1/p$ (a network sharper than its own noise is not
+      sharpened further). Directions of zero or negative curvature are kept.
+      Answers and their derivatives do not change. Default `False`.
     """
 
     pred: AbstractPredictor
     nodes: FieldNodes
     lam: float | Float[Array, ""]
     support: DataSupport | None
+    deblur: bool = eqx.field(static=True)
 
     def __init__(
         self,
@@ -54,6 +75,8 @@ class ImplicitDiffusion(AbstractImplicitRelation):
         nodes: FieldNodes,
         lam: float | Float[ArrayLike, ""] = 1.0,
         support: DataSupport | None = None,
+        *,
+        deblur: bool = False,
     ):
         if not isinstance(pred, AbstractPredictor):
             raise TypeError(
@@ -101,6 +124,9 @@ class ImplicitDiffusion(AbstractImplicitRelation):
                     f"but the relation's joint dimension is {n}."
                 )
         self.support = support
+        if not isinstance(deblur, bool):
+            raise TypeError(f"`deblur` must be True or False, got {deblur!r}.")
+        self.deblur = deblur
 
     @property
     def dim(self) -> int:
@@ -195,6 +221,15 @@ class ImplicitDiffusion(AbstractImplicitRelation):
         $-\nabla\log p$ (1 with `lam = density_lambda(schedule, nodes)`)."""
         lam = jnp.asarray(self.lam).astype(dtype)
         return lam / density_lambda(self.pred.schedule, self.nodes).astype(dtype)
+
+    def belief_precision(self, z: Float[ArrayLike, " n"]) -> Float[Array, "n n"]:
+        r"""$\mathrm{sym}(J)/\lambda_{\mathrm{eff}}$, with the nodes' smoothing
+        removed when the relation was built with `deblur=True`."""
+        precision = super().belief_precision(z)
+        if not self.deblur:
+            return precision
+        r2, c = node_levels(self.pred.schedule, self.nodes, precision.dtype)
+        return deblurred_precision(precision, r2, c, _MAX_SHARPENING)
 
     def support_ratio(
         self, z: Float[Array, " n"], clamped: Bool[Array, " n"]
