@@ -413,3 +413,39 @@ def test_precision_forms():
         rows3, eye, jnp.zeros(2), [[1.0, 2.0]] * 3
     ).precision
     np.testing.assert_array_equal(per_row_diag[0], jnp.diag(jnp.array([1.0, 2.0])))
+
+
+def test_deblurred_relation_beliefs_in_a_graph():
+    # A relation N(0, s^2 I) over (a, b) built with `deblur=True`, b measured:
+    # the graph's Laplace covariances and propagation's are those of the
+    # data's own s^2 (exact), not of the smoothed field; the answer is the
+    # field's, as without `deblur`.
+    s, noise, y = 0.3, 0.2, 0.5
+    sched = rd.VPSDE()
+    mix = rd.GaussianMixtureEps(sched, jnp.zeros((1, 2)), s)
+    nodes = rr.field_nodes(jax.random.key(0), 2)
+    lam = rr.density_lambda(sched, nodes)
+
+    def graph(deblur):
+        relation = rr.ImplicitDiffusion(mix, nodes, lam=lam, deblur=deblur)
+        factor = rr.Factor(relation, {"a": 1, "b": 1})
+        return rr.FactorGraph(
+            {"a": 1, "b": 1},
+            [
+                rr.RelationFactor(factor, {"a": "a", "b": "b"}),
+                rr.GaussianFactor(["b"], [[1.0]], [y], 1 / noise**2),
+            ],
+        )
+
+    sharp, blurred = graph(True), graph(False)
+    sol = rr.solve_graph(sharp)
+    np.testing.assert_allclose(sol.x, rr.solve_graph(blurred).x, rtol=1e-12)
+    laplace = rr.graph_laplace(sharp, sol)
+    want = {"a": s**2, "b": 1 / (1 / s**2 + 1 / noise**2)}
+    for k in "ab":
+        np.testing.assert_allclose(laplace[k][0, 0], want[k], rtol=1e-9)
+    wide = rr.graph_laplace(blurred, sol)
+    assert float(wide["a"][0, 0]) > 1.01 * s**2
+    bp = rr.propagate_beliefs(sharp)
+    for k in "ab":
+        np.testing.assert_allclose(bp.covariances[k][0, 0], want[k], rtol=1e-9)

@@ -50,7 +50,8 @@ class ImplicitDiffusion(AbstractImplicitRelation):
       [`retrax.relations.calibrate_off_data`][].
     - `deblur`: whether the relation's Laplace beliefs (its
       `belief_precision`, and so [`retrax.relations.implicit_laplace`][],
-      the beliefs and the factor messages built on it) remove the smoothing
+      the beliefs and factor messages built on it, and a factor graph's
+      `graph_laplace` and `propagate_beliefs`) remove the smoothing
       of the nodes' own noise levels. At level $r_k = \sigma_k/\alpha_k$
       the field reads the data smoothed by $r_k$, which widens a belief
       about a relation thinner than the noise at the schedule's `t_min` (see

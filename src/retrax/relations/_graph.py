@@ -321,31 +321,39 @@ class FactorGraph(eqx.Module):
 
     def row_blocks(self, x: Float[Array, " n"], kind: str = "jacobian"):
         """Per factor, the rows' `(m, d, d)` Jacobians (or local precisions,
-        `kind="precision"`) and their `(m, d)` flat coordinates."""
+        `kind="precision"`, or Laplace precisions, `kind="belief"`) and their
+        `(m, d)` flat coordinates."""
         out = []
+        methods = {"jacobian": "row_jacobian", "precision": "row_precision"}
+        methods["belief"] = "row_belief"
         for k, f in enumerate(self.factors):
-            method = f.row_jacobian if kind == "jacobian" else f.row_precision
+            method = getattr(f, methods[kind])
             blocks = jax.vmap(method)(f.rows(), self._gather(k, x)).astype(x.dtype)
             out.append((blocks, self._row_coords(k)))
         return out
 
-    def dense_jacobian(self, x: Float[Array, " n"]) -> Float[Array, "n n"]:
-        r"""The Jacobian of $\nabla E$ as a dense `(n, n)` matrix."""
+    def dense_jacobian(
+        self, x: Float[Array, " n"], kind: str = "jacobian"
+    ) -> Float[Array, "n n"]:
+        r"""The Jacobian of $\nabla E$ as a dense `(n, n)` matrix (with
+        `kind="belief"`, the rows' Laplace precisions in its place)."""
         n = self.size
         mat = jnp.zeros((n, n), x.dtype)
-        for blocks, idx in self.row_blocks(x):
+        for blocks, idx in self.row_blocks(x, kind):
             mat = mat.at[idx[:, :, None], idx[:, None, :]].add(blocks)
         return mat
 
-    def banded_jacobian(self, x: Float[Array, " n"]) -> Float[Array, "c 3 s s"]:
-        r"""The Jacobian of $\nabla E$ in the block-tridiagonal layout of
-        `banded`: `(count, 3, size, size)`, band 0 the block left of the
-        diagonal, 1 the diagonal, 2 the block right of it; padding is the
-        identity."""
+    def banded_jacobian(
+        self, x: Float[Array, " n"], kind: str = "jacobian"
+    ) -> Float[Array, "c 3 s s"]:
+        r"""The Jacobian of $\nabla E$ (or, `kind="belief"`, the rows' Laplace
+        precisions) in the block-tridiagonal layout of `banded`:
+        `(count, 3, size, size)`, band 0 the block left of the diagonal, 1 the
+        diagonal, 2 the block right of it; padding is the identity."""
         band = self.banded
         s = band.size
         mat = jnp.zeros((band.count, 3, s, s), x.dtype)
-        for blocks, idx in self.row_blocks(x):
+        for blocks, idx in self.row_blocks(x, kind):
             p = band.padded[idx]
             pr, pc = p[:, :, None], p[:, None, :]
             br, bc = pr // s, pc // s

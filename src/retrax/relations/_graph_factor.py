@@ -154,13 +154,22 @@ class AbstractGraphFactor(eqx.Module):
         blocks = jax.jacfwd(lambda ys: self.row_gradient(row, ys))(tuple(xs))
         return jnp.concatenate(blocks, axis=1)
 
+    def row_belief(
+        self, row: PyTree, xs: tuple[Float[Array, " _"], ...]
+    ) -> Float[Array, "d d"]:
+        """The matrix whose symmetric part is the row's Laplace precision at
+        `xs` (`graph_laplace`'s and belief propagation's curvature): the
+        Jacobian by default; a relation's `belief_precision` (deblurred if the
+        relation is) for a `RelationFactor`."""
+        return self.row_jacobian(row, xs)
+
     def row_precision(
         self, row: PyTree, xs: tuple[Float[Array, " _"], ...]
     ) -> Float[Array, "d d"]:
         """A symmetric positive semidefinite local precision at `xs`, belief
-        propagation's curvature of the row: the symmetric part of the
-        Jacobian with its negative eigenvalues set to 0."""
-        jac = self.row_jacobian(row, xs)
+        propagation's curvature of the row: the symmetric part of
+        `row_belief` with its negative eigenvalues set to 0."""
+        jac = self.row_belief(row, xs)
         vals, vecs = jnp.linalg.eigh(0.5 * (jac + jac.T))
         return (vecs * jnp.maximum(vals, 0)) @ vecs.T
 
@@ -493,6 +502,11 @@ class RelationFactor(AbstractGraphFactor):
         z = self._state(row, xs)
         field = self.factor.prior_field(z) / self.factor.effective_lambda(z.dtype)
         return field[self._coords()]
+
+    def row_belief(self, row, xs):
+        z = self._state(row, xs)
+        idx = self._coords()
+        return self.factor.belief_precision(z)[np.ix_(idx, idx)]
 
     def row_energy(self, row, xs):
         if not self.factor.conservative:

@@ -34,7 +34,9 @@ def graph_laplace(graph: FactorGraph, sol: GraphSolution) -> dict[str, Array]:
     The diagonal blocks of $\mathrm{sym}(J)^{-1}$, the inverse of the
     symmetric part of the graph's Jacobian at `sol.x` (the Hessian of the
     energy for Gaussian and residual factors): the exact marginal
-    covariances of a linear-Gaussian graph. Computed with the solve's own
+    covariances of a linear-Gaussian graph. A learned relation's rows enter
+    as its `belief_precision`: with the nodes' smoothing removed for an
+    `ImplicitDiffusion` built with `deblur=True`. Computed with the solve's own
     structure (for a banded graph, by a backward recursion over the blocks:
     linear in the number of variables). The belief means are `sol.values`.
 
@@ -50,7 +52,8 @@ def graph_laplace(graph: FactorGraph, sol: GraphSolution) -> dict[str, Array]:
     converged to a stable point.
     """
     _check(graph, sol)
-    covs = graph_system(graph, sol.x, sol.linear_solver).variable_covariances()
+    system = graph_system(graph, sol.x, sol.linear_solver, rows="belief")
+    covs = system.variable_covariances()
     return graph.by_variable(nan_unless(sol.converged & sol.stable, covs))
 
 

@@ -192,9 +192,14 @@ def choose_solver(graph: FactorGraph, linear_solver: LinearSolver) -> str:
 
 
 def graph_system(
-    graph: FactorGraph, x: Float[Array, " n"], kind: str, jacobian_dtype=None
+    graph: FactorGraph,
+    x: Float[Array, " n"],
+    kind: str,
+    jacobian_dtype=None,
+    rows: str = "jacobian",
 ) -> AbstractGraphSystem:
-    """The graph's Jacobian at `x` as a `kind` (`"dense"`/`"banded"`) system.
+    """The graph's Jacobian at `x` as a `kind` (`"dense"`/`"banded"`) system;
+    with `rows="belief"`, the rows' Laplace precisions in its place.
 
     With `jacobian_dtype` (a floating dtype other than `x`'s), the factors are
     evaluated with their floating arrays and `x` cast to it, and the Jacobian
@@ -208,7 +213,7 @@ def graph_system(
         )
         at = x.astype(jacobian_dtype)
     if kind == "dense":
-        matrix = graph.dense_jacobian(at).astype(x.dtype)
+        matrix = graph.dense_jacobian(at, rows).astype(x.dtype)
         return DenseSystem(matrix, lay.var_start, lay.var_dim)
-    bands = graph.banded_jacobian(at).astype(x.dtype)
+    bands = graph.banded_jacobian(at, rows).astype(x.dtype)
     return BandedSystem(bands, graph.banded.padded, lay.var_start, lay.var_dim)

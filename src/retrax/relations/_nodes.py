@@ -326,7 +326,9 @@ def belief_levels(
     the noise at `t_min` all levels coincide, which only adds noise draws
     there). Pass them as `field_nodes(key, n, levels=belief_levels(schedule,
     data))`; the covariance scale $\lambda_{\mathrm{eff}}$ of the Laplace
-    belief holds for any `lam`.
+    belief holds for any `lam`. For data thinner than the noise at `t_min`,
+    build the relation with `ImplicitDiffusion(..., deblur=True)` too, which
+    removes the levels' own smoothing from its beliefs.
 
     Unlike [`retrax.relations.data_levels`][] (the spacing between points,
     for where answers land), this reads the spread across the relation
