@@ -51,7 +51,7 @@ import numpy as np
 
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import Case, optional_import, run_table  # noqa: E402
+from _harness import Case, optional_import, pin_cpus, run_table  # noqa: E402
 
 from retrax import (
     effects as fx,  # noqa: E402
@@ -843,7 +843,14 @@ def main(argv=None):
     parser.add_argument(
         "--check-only", action="store_true", help="compare the outputs, time nothing"
     )
+    parser.add_argument(
+        "--cpus",
+        default=None,
+        help="comma-separated CPUs to pin the process to (e.g. 1): on a 2-core "
+        "machine, XLA's programs and torch then run on the same core",
+    )
     args = parser.parse_args(argv)
+    affinity = pin_cpus(args.cpus)
 
     sizes = Sizes()
     batches = (1, 8)
@@ -993,7 +1000,8 @@ def main(argv=None):
         )
 
     header = (
-        f"jax {jax.__version__}, {os.cpu_count()} CPU cores, float32, T = "
+        f"jax {jax.__version__}, {os.cpu_count()} CPU cores ({affinity}), float32, "
+        "T = "
         f"{sizes.length} ({sizes.length / SR:.3g} s at 44.1 kHz), median ms over "
         f"{args.repeats} interleaved repeats of up to {args.number} calls"
     )

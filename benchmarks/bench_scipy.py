@@ -34,7 +34,7 @@ jax.config.update("jax_enable_x64", True)  # float64 cases; float32 stays float3
 
 import numpy as np  # noqa: E402
 import scipy.signal as ss  # noqa: E402
-from _harness import Case, run_table  # noqa: E402
+from _harness import Case, pin_cpus, run_table  # noqa: E402
 
 import retrax.ops as rops  # noqa: E402
 
@@ -180,8 +180,15 @@ def main(argv=None):
     parser.add_argument("--names", default=",".join(NAMES))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budget", type=float, default=0.2, help="s per median")
+    parser.add_argument(
+        "--cpus",
+        default=None,
+        help="comma-separated CPUs to pin the process to (e.g. 1): on a 2-core "
+        "machine, XLA's programs and scipy then run on the same core",
+    )
     parser.add_argument("--markdown", type=pathlib.Path, help="also write the table")
     args = parser.parse_args(argv)
+    affinity = pin_cpus(args.cpus)
     if args.quick:
         args.orders, args.seconds, args.batches = "4", "1", "1"
     names = [n for n in args.names.split(",") if n]
@@ -229,6 +236,7 @@ def main(argv=None):
         f"eager rows more than 1.5x their jitted time ({len(eager_far)} of "
         f"{len(rows)}): " + (", ".join(eager_far) if eager_far else "none")
     )
+    lines.append(f"CPU affinity: {affinity}.")
     lines.extend(notes)
     text = "\n".join(lines)
     print(text)

@@ -189,6 +189,7 @@ def test_bench_scipy_smoke(tmp_path):
     args += ["--batches", "1,8", "--repeats", "1", "--budget", "0.001"]
     _run("bench_scipy.py", *args, "--markdown", str(report))
     text = report.read_text()
+    assert "CPU affinity: not pinned" in text
     rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
     # every name, both dtypes, one signal and a batch: each matched scipy
     # (a mismatch is reported and its row dropped)
