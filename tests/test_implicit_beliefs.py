@@ -271,16 +271,50 @@ def test_deblurring_sharpens_at_most_tenfold():
 
 
 def test_deblurred_variance_has_the_data_variances_derivative():
-    # In one dimension (no repeated eigenvalue) the deblurred variance is s^2
-    # as a function of the data's sd: derivative 2 s, through the bisection
-    # by the implicit function theorem, under jit.
-    def variance(s):
-        model = _gaussian_relation(s, 1)
-        return model.belief_precision(jnp.zeros(1))[0, 0] ** -1
+    # The deblurred variance is s^2 as a function of the data's sd: derivative
+    # 2 s, through the bisection by the implicit function theorem, under jit;
+    # in two dimensions too, where the precision's two eigenvalues coincide.
+    for n in (1, 2):
 
-    s = jnp.asarray(0.3)
-    assert_close(variance(s), s**2, rtol=1e-9)
-    assert_close(jax.jit(jax.grad(variance))(s), 2 * s, rtol=1e-7)
+        def variance(s, n=n):
+            model = _gaussian_relation(s, n)
+            return jnp.linalg.inv(model.belief_precision(jnp.zeros(n)))[0, 0]
+
+        s = jnp.asarray(0.3)
+        assert_close(variance(s), s**2, rtol=1e-9)
+        assert_close(jax.jit(jax.grad(variance))(s), 2 * s, rtol=1e-7)
+
+
+@pytest.mark.parametrize("repeated", [False, True])
+def test_deblurred_precision_derivative_is_central_differences(repeated):
+    from retrax.relations._deblur import deblurred_precision
+
+    rng = np.random.default_rng(0)
+    if repeated:  # an eigenvalue of multiplicity two
+        q, _ = np.linalg.qr(rng.standard_normal((3, 3)))
+        p = q @ np.diag([40.0, 40.0, 300.0]) @ q.T
+    else:
+        a = rng.standard_normal((3, 3))
+        p = 30 * (a @ a.T + np.eye(3))
+    r2 = jnp.asarray([1e-3, 4e-3, 9e-3])
+    c = jnp.asarray([0.2, 0.3, 0.5])
+    d = rng.standard_normal((3, 3))
+    d = jnp.asarray(d + d.T)
+    dr2 = jnp.asarray(rng.standard_normal(3) * 1e-3)
+    dc = jnp.asarray(rng.standard_normal(3) * 0.1)
+
+    def f(t):
+        return deblurred_precision(
+            jnp.asarray(p) + t * d, r2 + t * dr2, c + t * dc, 10.0
+        )
+
+    _, jvp = jax.jvp(f, (0.0,), (1.0,))
+    h = 1e-6
+    assert_close(jvp, (f(h) - f(-h)) / (2 * h), rtol=1e-6)
+    # reverse mode is the transpose of the same rule
+    w = jnp.asarray(rng.standard_normal((3, 3)))
+    g = jax.grad(lambda t: jnp.sum(w * f(t)))(0.0)
+    assert_close(g, jnp.sum(w * jvp), rtol=1e-10)
 
 
 def test_deblur_must_be_a_bool():

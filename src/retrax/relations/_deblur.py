@@ -16,6 +16,9 @@ one level, $v = 1/p - r^2$. The precision with $1/v$ in place of $p$ is the
 data's, exactly for Gaussian data.
 """
 
+import functools
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float
@@ -30,28 +33,13 @@ def _level_sum(v: Array, r2: Array, c: Array) -> Array:
     return jnp.sum(c / (v[:, None] + r2), axis=-1)
 
 
-def deblurred_precision(
-    precision: Float[Array, "n n"],
-    r2: Float[Array, " K"],
-    c: Float[Array, " K"],
-    max_sharpening: float,
-) -> Float[Array, "n n"]:
-    r"""`precision` with the smoothing of levels `r2` (weights `c`, summing to
-    1) removed along each of its eigenvectors with a positive eigenvalue.
-
-    Directions of zero or negative curvature are kept as measured (no
-    Gaussian explains them). Where the measured curvature is at least what
-    the levels' noise alone allows ($p \ge \sum_k c_k/r_k^2$: the network is
-    sharper than its own noise), the root is not positive; the variance is
-    then held at `1 / (max_sharpening * p)`, as it is wherever the root is
-    smaller, so that no direction sharpens by more than `max_sharpening`.
-
-    The root is found by bisection and differentiated by the implicit
-    function theorem (one Newton step whose start carries no derivative).
-    Derivatives through the eigendecomposition are those of `jnp.linalg.eigh`:
-    not finite where eigenvalues coincide.
-    """
-    evals, evecs = jnp.linalg.eigh(0.5 * (precision + precision.T))
+def _deblurred_levels(
+    evals: Array, r2: Array, c: Array, max_sharpening: float
+) -> Array:
+    """Each eigenvalue of the precision mapped to the data's: `1 / v` for
+    `p > 0` (see `deblurred_precision`), `p` itself otherwise. The root is
+    found by bisection and differentiated by the implicit function theorem
+    (one Newton step whose start carries no derivative)."""
     positive = evals > 0
     p = jnp.where(positive, evals, jnp.ones((), evals.dtype))
     floor = 1 / (max_sharpening * p)
@@ -72,8 +60,61 @@ def deblurred_precision(
     root = root - (_level_sum(root, r2, c) - p) / slope
     capped = lax.stop_gradient(root) <= lax.stop_gradient(floor)
     variance = jnp.where(capped, floor, root)
-    new = jnp.where(positive, 1 / variance, evals)
-    return (evecs * new) @ evecs.T
+    return jnp.where(positive, 1 / variance, evals)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _spectral(sym: Array, r2: Array, c: Array, max_sharpening: float) -> Array:
+    evals, evecs = jnp.linalg.eigh(sym)
+    return (evecs * _deblurred_levels(evals, r2, c, max_sharpening)) @ evecs.T
+
+
+@_spectral.defjvp
+def _spectral_jvp(max_sharpening, primals, tangents):
+    # The derivative of a spectral function V g(L) V^T (Daleckii and Krein):
+    # V (G o (V^T dS V)) V^T with G_ij the divided difference of g at the
+    # eigenvalues i and j, and g' where they coincide, so that it is finite
+    # at repeated eigenvalues (an isotropic relation), where the derivative
+    # of the eigenvectors is not; plus g's own dependence on the levels.
+    sym, r2, c = primals
+    dsym, dr2, dc = tangents
+    evals, evecs = jnp.linalg.eigh(sym)
+
+    def level(e, r2, c):
+        return _deblurred_levels(e, r2, c, max_sharpening)
+
+    new, dlevels = jax.jvp(lambda r2, c: level(evals, r2, c), (r2, c), (dr2, dc))
+    slope = jax.vmap(jax.grad(lambda e: level(e[None], r2, c)[0]))(evals)
+    gap = evals[:, None] - evals[None, :]
+    scale = jnp.max(jnp.abs(evals)) + jnp.finfo(evals.dtype).tiny
+    close = jnp.abs(gap) <= 100 * jnp.finfo(evals.dtype).eps * scale
+    divided = (new[:, None] - new[None, :]) / jnp.where(close, 1, gap)
+    mean_slope = 0.5 * (slope[:, None] + slope[None, :])
+    weights = jnp.where(close, mean_slope, divided)
+    inner = evecs.T @ (0.5 * (dsym + dsym.T)) @ evecs
+    out = (evecs * new) @ evecs.T
+    return out, evecs @ (weights * inner + jnp.diag(dlevels)) @ evecs.T
+
+
+def deblurred_precision(
+    precision: Float[Array, "n n"],
+    r2: Float[Array, " K"],
+    c: Float[Array, " K"],
+    max_sharpening: float,
+) -> Float[Array, "n n"]:
+    r"""`precision` with the smoothing of levels `r2` (weights `c`, summing to
+    1) removed along each of its eigenvectors with a positive eigenvalue.
+
+    Directions of zero or negative curvature are kept as measured (no
+    Gaussian explains them). Where the measured curvature is at least what
+    the levels' noise alone allows ($p \ge \sum_k c_k/r_k^2$: the network is
+    sharper than its own noise), the root is not positive; the variance is
+    then held at `1 / (max_sharpening * p)`, as it is wherever the root is
+    smaller, so that no direction sharpens by more than `max_sharpening`.
+
+    Differentiable in all three arrays, also where eigenvalues repeat.
+    """
+    return _spectral(0.5 * (precision + precision.T), r2, c, max_sharpening)
 
 
 def node_levels(schedule, nodes, dtype) -> tuple[Array, Array]:

@@ -61,7 +61,8 @@ class ImplicitDiffusion(AbstractImplicitRelation):
       one level, $v = 1/p - r^2$), exact for locally Gaussian data, and never
       below a tenth of $1/p$ (a network sharper than its own noise is not
       sharpened further). Directions of zero or negative curvature are kept.
-      Answers and their derivatives do not change. Default `False`.
+      Answers and their derivatives do not change; the deblurred beliefs
+      are differentiable, also where eigenvalues repeat. Default `False`.
     """
 
     pred: AbstractPredictor
