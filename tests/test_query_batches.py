@@ -37,9 +37,10 @@ def batch(factor, xs, starts, precisions, throw=False):
 
 def test_one_bad_query_fails_alone():
     # A bad clamp, a bad start and a bad precision in turn, each against the
-    # same good batch (one set of compiled solves serves the three).
+    # same good batch of 64 (one set of compiled solves serves the three): the
+    # 63 other answers are the good batch's.
     factor = ring_factor()
-    n, bad = 16, 5
+    n, bad = 64, 5
     xs = jnp.linspace(-0.8, 0.8, n)
     starts = jnp.full((n,), 0.5)
     precisions = jnp.full((n,), 4.0)
