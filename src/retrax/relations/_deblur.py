@@ -80,11 +80,13 @@ def _spectral_jvp(max_sharpening, primals, tangents):
     dsym, dr2, dc = tangents
     evals, evecs = jnp.linalg.eigh(sym)
 
-    def level(e, r2, c):
-        return _deblurred_levels(e, r2, c, max_sharpening)
-
-    new, dlevels = jax.jvp(lambda r2, c: level(evals, r2, c), (r2, c), (dr2, dc))
-    slope = jax.vmap(jax.grad(lambda e: level(e[None], r2, c)[0]))(evals)
+    new, linear = jax.linearize(
+        lambda e, r2, c: _deblurred_levels(e, r2, c, max_sharpening), evals, r2, c
+    )
+    # one bisection serves both: the map acts on each eigenvalue alone, so
+    # its derivative in them is the diagonal a tangent of ones reads off
+    slope = linear(jnp.ones_like(evals), jnp.zeros_like(r2), jnp.zeros_like(c))
+    dlevels = linear(jnp.zeros_like(evals), dr2, dc)
     gap = evals[:, None] - evals[None, :]
     scale = jnp.max(jnp.abs(evals)) + jnp.finfo(evals.dtype).tiny
     close = jnp.abs(gap) <= 100 * jnp.finfo(evals.dtype).eps * scale
