@@ -324,10 +324,8 @@ class FactorGraph(eqx.Module):
         `kind="precision"`, or Laplace precisions, `kind="belief"`) and their
         `(m, d)` flat coordinates."""
         out = []
-        methods = {"jacobian": "row_jacobian", "precision": "row_precision"}
-        methods["belief"] = "row_belief"
         for k, f in enumerate(self.factors):
-            method = getattr(f, methods[kind])
+            method = getattr(f, f"row_{kind}")
             blocks = jax.vmap(method)(f.rows(), self._gather(k, x)).astype(x.dtype)
             out.append((blocks, self._row_coords(k)))
         return out
