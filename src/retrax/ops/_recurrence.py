@@ -88,7 +88,7 @@ def _scan_delay_lines(delays, A, u, zi, unroll):
     # unchanged and is read once a step, where a write's transpose reads and
     # then zeroes the block, which made XLA copy the whole history a step.
     longest, block = max(delays), min(delays)
-    length, lines = u.shape
+    length = u.shape[0]
     rows = -(-length // block)
     u = jnp.pad(u, ((0, rows * block - length), (0, 0)))
     hist = varying_like(jnp.concatenate([zi[:, ::-1].T, u]), A, u)
