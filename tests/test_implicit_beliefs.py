@@ -322,6 +322,13 @@ def test_deblur_must_be_a_bool():
     nodes = rd.field_nodes(jax.random.key(0), 2)
     with pytest.raises(TypeError, match="deblur"):
         rd.ImplicitDiffusion(mix, nodes, deblur=1)
+    # a point of another dimension is refused by name, eagerly and under jit
+    model = _gaussian_relation(0.5, 2)
+    raises_eagerly_and_under_jit(
+        lambda z: model.belief_precision(z),
+        jnp.zeros(3),
+        match="`z` must be a vector of length 2",
+    )
 
 
 def test_mixture_weights_follow_the_mass():
