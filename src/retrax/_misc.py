@@ -135,3 +135,19 @@ def check_tol(tol: Any) -> float | None:
 def cast_all(dtype: np.dtype, *args: jax.Array | None) -> tuple[jax.Array | None, ...]:
     """Cast every present array to `dtype` (real to complex where needed)."""
     return tuple(None if a is None else a.astype(dtype) for a in args)
+
+
+def scipy_signal(what: str) -> ModuleType:
+    """`scipy.signal`, imported when retrax first designs `what` with it (a
+    filter, named as the user asked for it): scipy is an optional dependency,
+    and importing it takes most of a second, so no module imports it at
+    import time."""
+    try:
+        import scipy.signal
+    except ImportError as e:
+        raise ImportError(
+            f"scipy.signal is needed to design {what}, and scipy is not "
+            'installed: install it with `pip install "retrax[scipy]"` (or '
+            "`pip install scipy`)."
+        ) from e
+    return scipy.signal

@@ -6,7 +6,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.signal
+
+from .._misc import scipy_signal
 
 
 # Poles (Hz) and 1 kHz gain (dB) of the analog A-weighting filter, IEC/CD 1672,
@@ -24,9 +25,10 @@ def _taps(sample_rate: float, n_taps: int) -> np.ndarray:
         [1, 4 * np.pi * _F1, (2 * np.pi * _F1) ** 2],
     )
     den = np.polymul(np.polymul(den, [1, 2 * np.pi * _F3]), [1, 2 * np.pi * _F2])
-    b, a = scipy.signal.bilinear(num, den, fs=sample_rate)
-    freqs, response = scipy.signal.freqz(b, a, worN=512, fs=sample_rate)
-    taps = scipy.signal.firls(n_taps, freqs, np.abs(response), fs=sample_rate)
+    signal = scipy_signal("the A-weighting filter (`perceptual_weighting=True`)")
+    b, a = signal.bilinear(num, den, fs=sample_rate)
+    freqs, response = signal.freqz(b, a, worN=512, fs=sample_rate)
+    taps = signal.firls(n_taps, freqs, np.abs(response), fs=sample_rate)
     # auraloss stores the taps in float32; the same rounding keeps float64
     # losses equal to its float64 ones.
     taps = taps.astype(np.float32).astype(np.float64)

@@ -4,10 +4,9 @@ filters."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.signal
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from .._misc import as_inexact, check_positive_int
+from .._misc import as_inexact, check_positive_int, scipy_signal
 from .._validate import check_rate
 from ..ops import sosfilt
 
@@ -149,7 +148,8 @@ def octave_band_sos(
     btype="bandpass", fs=sample_rate, output="sos")` with the edges of
     `octave_bands`: a common realisation of fractional-octave band filters,
     e.g. for measuring decay times per band (ISO 3382-1). (Whether a given
-    order meets an IEC 61260-1 tolerance class is not checked here.)
+    order meets an IEC 61260-1 tolerance class is not checked here.) The
+    design needs scipy (`pip install "retrax[scipy]"`).
 
     **Arguments:**
 
@@ -167,9 +167,9 @@ def octave_band_sos(
     sample_rate, lower, _, upper = _bands_below_nyquist(
         sample_rate, fraction, f_min, f_max
     )
+    butter = scipy_signal("the octave band filters (`octave_band_sos`)").butter
     return np.stack([
-        scipy.signal.butter(order, [lo, hi], btype="bandpass", fs=sample_rate,
-                            output="sos")
+        butter(order, [lo, hi], btype="bandpass", fs=sample_rate, output="sos")
         for lo, hi in zip(lower, upper, strict=True)
     ])  # fmt: skip
 

@@ -239,7 +239,8 @@ class STFTLoss(eqx.Module):
     - `scale`: `None`, `"mel"` or `"chroma"`.
     - `n_bins`: the number of mel or chroma bands, in `[1, fft_size]`, needed
       by `scale`.
-    - `perceptual_weighting`: A-weight both signals first.
+    - `perceptual_weighting`: A-weight both signals first (the filter's design
+      needs scipy: `pip install "retrax[scipy]"`).
     - `scale_invariance`: compare with the optimally scaled target.
     - `output`: `"loss"` (a scalar) or `"full"` (`STFTLossTerms`).
 
