@@ -39,6 +39,8 @@ from here as `retrax.diffusion.X`, the same object as `retrax.relations.X`:
 aliases will be removed.
 """
 
+import typing
+
 from .._checkpoint import (
     Checkpoint as Checkpoint,
     load_checkpoint as load_checkpoint,
@@ -112,52 +114,116 @@ from ._train import (
 )
 
 
-# isort: split
-# The deprecated aliases of `retrax.relations`, imported last: the relation
-# modules import this package's modules.
-from ..relations import (
-    AbstractChannel as AbstractChannel,
-    AbstractGaussian as AbstractGaussian,
-    AbstractImplicitRelation as AbstractImplicitRelation,
-    CanonicalGaussian as CanonicalGaussian,
-    Factor as Factor,
-    FieldNodes as FieldNodes,
-    GuardedNewton as GuardedNewton,
-    ImplicitDiffusion as ImplicitDiffusion,
-    ImplicitPullback as ImplicitPullback,
-    ImplicitRoots as ImplicitRoots,
-    IndexedRelation as IndexedRelation,
-    InferenceHistory as InferenceHistory,
-    LaplaceBelief as LaplaceBelief,
-    Latent as Latent,
-    MixtureBelief as MixtureBelief,
-    MomentGaussian as MomentGaussian,
-    Observed as Observed,
-    ProductRelation as ProductRelation,
-    TaskGradient as TaskGradient,
-    Unobserved as Unobserved,
-    assemble_state as assemble_state,
-    blockranges as blockranges,
-    channel_anchor as channel_anchor,
-    combine as combine,
-    data_levels as data_levels,
-    density_lambda as density_lambda,
-    divide as divide,
-    factor_infer as factor_infer,
-    factor_messages as factor_messages,
-    factor_pullback as factor_pullback,
-    field_nodes as field_nodes,
-    fit_through_inference as fit_through_inference,
-    implicit_energy as implicit_energy,
-    implicit_infer as implicit_infer,
-    implicit_laplace as implicit_laplace,
-    implicit_mixture as implicit_mixture,
-    implicit_pullback as implicit_pullback,
-    implicit_roots as implicit_roots,
-    laplace_belief as laplace_belief,
-    local_free_energy as local_free_energy,
-    named_relation as named_relation,
-    noisefree_nodes as noisefree_nodes,
-    roots_by_energy as roots_by_energy,
-    task_gradient as task_gradient,
+if typing.TYPE_CHECKING:
+    from ..relations import (
+        AbstractChannel as AbstractChannel,
+        AbstractGaussian as AbstractGaussian,
+        AbstractImplicitRelation as AbstractImplicitRelation,
+        CanonicalGaussian as CanonicalGaussian,
+        Factor as Factor,
+        FieldNodes as FieldNodes,
+        GuardedNewton as GuardedNewton,
+        ImplicitDiffusion as ImplicitDiffusion,
+        ImplicitPullback as ImplicitPullback,
+        ImplicitRoots as ImplicitRoots,
+        IndexedRelation as IndexedRelation,
+        InferenceHistory as InferenceHistory,
+        LaplaceBelief as LaplaceBelief,
+        Latent as Latent,
+        MixtureBelief as MixtureBelief,
+        MomentGaussian as MomentGaussian,
+        Observed as Observed,
+        ProductRelation as ProductRelation,
+        TaskGradient as TaskGradient,
+        Unobserved as Unobserved,
+        assemble_state as assemble_state,
+        blockranges as blockranges,
+        channel_anchor as channel_anchor,
+        combine as combine,
+        data_levels as data_levels,
+        density_lambda as density_lambda,
+        divide as divide,
+        factor_infer as factor_infer,
+        factor_messages as factor_messages,
+        factor_pullback as factor_pullback,
+        field_nodes as field_nodes,
+        fit_through_inference as fit_through_inference,
+        implicit_energy as implicit_energy,
+        implicit_infer as implicit_infer,
+        implicit_laplace as implicit_laplace,
+        implicit_mixture as implicit_mixture,
+        implicit_pullback as implicit_pullback,
+        implicit_roots as implicit_roots,
+        laplace_belief as laplace_belief,
+        local_free_energy as local_free_energy,
+        named_relation as named_relation,
+        noisefree_nodes as noisefree_nodes,
+        roots_by_energy as roots_by_energy,
+        task_gradient as task_gradient,
+    )
+
+# The deprecated aliases of `retrax.relations`, resolved on first use (PEP 562):
+# the relation modules import this package's modules, so importing
+# `retrax.relations` here would make `import retrax.relations` circular.
+_RELATIONS_ALIASES = frozenset(
+    {
+        "AbstractChannel",
+        "AbstractGaussian",
+        "AbstractImplicitRelation",
+        "CanonicalGaussian",
+        "Factor",
+        "FieldNodes",
+        "GuardedNewton",
+        "ImplicitDiffusion",
+        "ImplicitPullback",
+        "ImplicitRoots",
+        "IndexedRelation",
+        "InferenceHistory",
+        "LaplaceBelief",
+        "Latent",
+        "MixtureBelief",
+        "MomentGaussian",
+        "Observed",
+        "ProductRelation",
+        "TaskGradient",
+        "Unobserved",
+        "assemble_state",
+        "blockranges",
+        "channel_anchor",
+        "combine",
+        "data_levels",
+        "density_lambda",
+        "divide",
+        "factor_infer",
+        "factor_messages",
+        "factor_pullback",
+        "field_nodes",
+        "fit_through_inference",
+        "implicit_energy",
+        "implicit_infer",
+        "implicit_laplace",
+        "implicit_mixture",
+        "implicit_pullback",
+        "implicit_roots",
+        "laplace_belief",
+        "local_free_energy",
+        "named_relation",
+        "noisefree_nodes",
+        "roots_by_energy",
+        "task_gradient",
+    }
 )
+
+
+def __getattr__(name: str) -> typing.Any:
+    if name not in _RELATIONS_ALIASES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .. import relations
+
+    value = getattr(relations, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_RELATIONS_ALIASES})
