@@ -5,7 +5,6 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
-import lineax as lx
 import numpy as np
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
@@ -96,6 +95,10 @@ def _forward_backward(
 
 
 def _lstsq(matrix: Array, rhs: Array) -> Array:
+    # Imported here: lineax takes about 40 ms to import (most of what
+    # `import retrax.ops` adds to jax), for Gustafsson's method alone.
+    import lineax as lx
+
     operator = lx.MatrixLinearOperator(matrix)
     return lx.linear_solve(operator, rhs, lx.QR()).value
 
