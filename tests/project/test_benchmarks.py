@@ -8,6 +8,7 @@ check against scipy and the C loops do not depend on the passes. Each starts a
 process and compiles its programs afresh, so they run in the slow set.
 """
 
+import json
 import os
 import pathlib
 import shutil
@@ -20,7 +21,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-ROOT = pathlib.Path(__file__).parent.parent
+ROOT = pathlib.Path(__file__).parents[2]
 FUSION_EMITTERS_OFF = "--xla_cpu_use_fusion_emitters=false"
 
 
@@ -222,3 +223,25 @@ def test_bench_fit_checks_smoke():
     assert len(rows) == 1
     width, checked, unchecked, ratio = (float(c) for c in rows[0].split("|")[1:5])
     assert width == 8 and checked > 0 and unchecked > 0 and ratio > 0
+
+
+def test_bench_first_call_smoke(tmp_path):
+    # every route in its own fresh process, at tiny sizes: each answers, and
+    # the table and the JSON report the same routes
+    report, results = tmp_path / "first_call.md", tmp_path / "first_call.json"
+    cpu = min(os.sched_getaffinity(0))
+    _run("bench_first_call.py", "--small", "--repeats", "1", "--cpus", str(cpu),
+         "--markdown", str(report), "--json", str(results), timeout=900)  # fmt: skip
+    text = report.read_text()
+    assert f"(pinned to CPU {cpu})" in text.splitlines()[0]
+    rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
+    routes = json.loads(results.read_text())["routes"]
+    assert [r["route"] for r in routes] == [
+        "import", "import-ops", "relation", "relation-grad", "sosfiltfilt",
+        "lfilter", "sosfilt-grad", "train-step", "solve-graph",
+    ]  # fmt: skip
+    assert len(rows) == len(routes)
+    for r in routes:
+        assert 0 < r["retrax_import_s"] <= r["first_s"] and r["jax_import_s"] > 0
+        # the import routes have no warm call; every other route one
+        assert len(r["warm_all_s"]) == (0 if r["route"].startswith("import") else 1)
