@@ -37,17 +37,36 @@ jax.config.update(
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+# The tests live in one folder per area of the library; each test carries its
+# area's name as a marker (`python3 -m pytest -m relations`).
+TESTS = pathlib.Path(__file__).parent
+AREAS = {
+    "ops": "retrax.ops: recurrences, scipy.signal's names, delay networks",
+    "filters": "retrax.filters: SVF, biquads, EQ, compressor modules",
+    "effects": "retrax.effects: effect modules, ranges, dasp-pytorch parity",
+    "losses": "retrax.losses: STFT, time-domain and decay losses",
+    "dynamics": "retrax.dynamics: conversions and gain computers",
+    "synth": "retrax.synth: oscillators",
+    "diffusion": "retrax.diffusion: schedules, predictors, training, samplers",
+    "relations": "retrax.relations: implicit queries, beliefs, factors",
+    "graph": "retrax.relations' factor-graph engine",
+    "checkpoints": "checkpoints and resumed training",
+    "distribution": "several devices and processes",
+    "project": "imports, examples, docs, benchmarks, error plumbing",
+}
+
+
 def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "float32: runs only in the float32 session (RETRAX_TEST_FLOAT32=1), "
-        "where x64 is off",
-    )
+    for area, what in AREAS.items():
+        config.addinivalue_line("markers", f"{area}: {what}")
 
 
 def pytest_collection_modifyitems(config, items):
     keep, drop = [], []
     for item in items:
+        area = pathlib.Path(str(item.path)).relative_to(TESTS).parts[0]
+        if area in AREAS:
+            item.add_marker(area)
         in_session = (item.get_closest_marker("float32") is not None) == FLOAT32_SESSION
         (keep if in_session else drop).append(item)
     if drop:

@@ -1,4 +1,5 @@
-"""One process of the two-process agreement test (`tests/test_loud_training.py`).
+"""One process of the two-process agreement test
+(`tests/distribution/test_distributed.py`).
 
 Run as `distributed_agreement_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID
 OUT`; every process writes a JSON file `OUT.<process id>` with the error that

@@ -1,4 +1,4 @@
-"""One process of the cheap two-process test (`tests/test_distributed.py`).
+"""One process of the cheap two-process test (`tests/distribution/test_distributed.py`).
 
 Run as `distributed_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID OUT`; every
 process writes a JSON file `OUT.<process id>` with what it saw. Checks a small

@@ -2,6 +2,7 @@
 
 import contextlib
 
+import equinox as eqx
 import jax
 import jax.extend.core
 import jax.numpy as jnp
@@ -319,3 +320,117 @@ def scans_in(jaxpr):
         for sub in jax.extend.core.jaxprs_in_params(eqn.params):
             found.extend(scans_in(sub))
     return found
+
+
+# The float32 session's comparisons: float32 against float64 at this
+# tolerance of the reference's largest magnitude.
+FLOAT32_RTOL = 1e-4
+
+
+def _weights(shape):
+    return np.random.default_rng(123).standard_normal(shape)
+
+
+def check_float32(f, args, reference=None):
+    """`f(*args)` and the gradient of `sum(w * f(*args))` with respect to every
+    argument: float32 against float64 (and `reference`, float64 numpy)."""
+    args32 = tuple(jnp.asarray(a, jnp.float32) for a in args)
+    y32 = jax.jit(f)(*args32)
+    assert y32.dtype == jnp.float32
+    w = _weights(y32.shape)
+
+    def loss(*v):
+        y = f(*v)
+        return jnp.sum(jnp.asarray(w, y.dtype) * y)
+
+    grad = jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))
+    g32 = grad(*args32)
+    with jax.enable_x64(True):
+        args64 = tuple(jnp.asarray(a, jnp.float64) for a in args)
+        y64 = np.asarray(jax.jit(f)(*args64))
+        g64 = [np.asarray(g) for g in grad(*args64)]
+    assert y64.dtype == np.float64
+    if reference is not None:
+        assert_close(y64, reference, rtol=1e-10)
+        assert_close(y32, reference, rtol=FLOAT32_RTOL)
+    assert_close(y32, y64, rtol=FLOAT32_RTOL)
+    for g, r in zip(g32, g64, strict=True):
+        assert g.dtype == jnp.float32
+        assert np.max(np.abs(r)) > 0  # a derivative that is there to compare
+        assert_close(g, r, rtol=FLOAT32_RTOL)
+
+
+def check_module_float32(make, x):
+    """A module built in float32 (`make()` in this process) against the same
+    module built under x64: output and parameter gradients."""
+    w = _weights(np.shape(x))
+
+    def loss(m, x):
+        y = m(x)
+        return jnp.sum(jnp.asarray(w, y.dtype) * y)
+
+    m32 = make()
+    for leaf in jax.tree.leaves(eqx.filter(m32, eqx.is_inexact_array)):
+        assert leaf.dtype == jnp.float32
+    y32 = eqx.filter_jit(lambda m, x: m(x))(m32, jnp.asarray(x, jnp.float32))
+    g32 = eqx.filter_jit(eqx.filter_grad(loss))(m32, jnp.asarray(x, jnp.float32))
+    assert y32.dtype == jnp.float32
+    with jax.enable_x64(True):
+        m64 = make()
+        y64 = np.asarray(eqx.filter_jit(lambda m, x: m(x))(m64, jnp.asarray(x)))
+        g64 = eqx.filter_jit(eqx.filter_grad(loss))(m64, jnp.asarray(x))
+        g64 = [np.asarray(g) for g in jax.tree.leaves(g64)]
+    assert_close(y32, y64, rtol=FLOAT32_RTOL)
+    g32 = jax.tree.leaves(g32)
+    assert len(g32) == len(g64) > 0
+    for g, r in zip(g32, g64, strict=True):
+        assert g.dtype == jnp.float32
+        assert np.max(np.abs(r)) > 0  # a derivative that is there to compare
+        assert_close(g, r, rtol=FLOAT32_RTOL)
+    return y64
+
+
+class QuadraticEnergy(eqx.Module):
+    """The energy 0.5 (x - b)^T A (x - b): a Gaussian relation."""
+
+    a: jax.Array
+    b: jax.Array
+
+    def __call__(self, x, t):
+        d = x - self.b
+        return 0.5 * d @ self.a @ d
+
+
+def gaussian_energy_factor(schedule, dtype=jnp.float64):
+    """A factor over `x` (1 coordinate) and `y` (2) whose relation is the
+    exact Gaussian energy of `QuadraticEnergy`, on noise-free nodes."""
+    import retrax.relations as rr
+    from retrax.diffusion import EnergyNetwork
+
+    a = jnp.asarray([[2.0, 0.5, 0.0], [0.5, 1.0, 0.2], [0.0, 0.2, 1.5]], dtype)
+    b = jnp.asarray([0.3, -0.2, 0.1], dtype)
+    nodes = rr.noisefree_nodes(3, 0.01)
+    pred = EnergyNetwork(QuadraticEnergy(a, b), schedule)
+    rel = rr.ImplicitDiffusion(pred, nodes, lam=rr.density_lambda(schedule, nodes))
+    return rr.Factor(rel, {"x": 1, "y": 2})
+
+
+def tiny_training_problem(getkey, dtype=jnp.float64):
+    """A small network's noise predictor and 32 points of 2-D data to fit."""
+    from retrax.diffusion import VPSDE, NoisePredictor, TimeMLP
+
+    data = jax.random.normal(getkey(), (32, 2), dtype)
+    model = TimeMLP(2, hidden=8, depth=1, key=getkey(), dtype=dtype)
+    return NoisePredictor(model, VPSDE()), data
+
+
+def tree_is_finite(tree) -> bool:
+    leaves = jax.tree.leaves(eqx.filter(tree, eqx.is_inexact_array))
+    return all(bool(jnp.all(jnp.isfinite(x))) for x in leaves)
+
+
+def fit_kwargs(**changes):
+    """`fit`'s keyword arguments for the tiny problems: batches of 8, quiet."""
+    kw = dict(batch_size=8, progress=False)
+    kw.update(changes)
+    return kw

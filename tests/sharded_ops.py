@@ -1,7 +1,7 @@
 """Every public op and module of `retrax.ops`, `retrax.dynamics` and
 `retrax.filters` on a batch sharded over 8 devices, against one device.
 
-Run by `tests/test_sharding.py` in a subprocess (the device count is fixed
+Run by `tests/distribution/test_sharding.py` in a subprocess (the device count is fixed
 when JAX starts): `XLA_FLAGS=--xla_force_host_platform_device_count=8`.
 Each case is one function of one example, vmapped over a batch of 16
 examples; its batched arguments are split over the mesh's `"batch"` axis and

@@ -1,7 +1,7 @@
 """Reference values of dasp-pytorch's compressor, stereo bus, widener and
 panner for the tests.
 
-`tests/test_dasp.py` compares `retrax.effects.DaspCompressor`,
+`tests/effects/test_dasp.py` compares `retrax.effects.DaspCompressor`,
 `retrax.effects.stereo_bus`, `retrax.effects.DaspStereoWidener` and
 `retrax.effects.DaspStereoPanner` with dasp-pytorch 0.0.1 directly when it is
 importable, and otherwise with the values this script stored in

@@ -1,7 +1,7 @@
 """Reference values of auraloss's `MultiResolutionSTFTLoss` (and librosa's mel
 filterbank) for the tests.
 
-`tests/test_losses.py` compares `retrax.losses.MultiResolutionSTFTLoss` with
+`tests/losses/test_stft_losses.py` compares `retrax.losses.MultiResolutionSTFTLoss` with
 auraloss directly when auraloss is importable, and otherwise with the values
 this script stored in `stft_loss_reference.json`; likewise for
 `librosa.filters.mel`. Regenerate them with a Python that has numpy, torch,

@@ -1,7 +1,7 @@
 """Reference values of auraloss's STFT options and its other STFT losses for
 the tests.
 
-`tests/test_stft_options.py` compares `retrax.losses`' `STFTLoss` and
+`tests/losses/test_stft_options.py` compares `retrax.losses`' `STFTLoss` and
 `MultiResolutionSTFTLoss` with auraloss 0.4.0's options (`w_phs`,
 `scale_invariance`, `perceptual_weighting`, mel and chroma `scale`,
 `output="full"`, the Kaiser window) and its `SumAndDifferenceSTFTLoss`,

@@ -1,6 +1,6 @@
 """Reference values of auraloss's time-domain losses for the tests.
 
-`tests/test_time_losses.py` compares `retrax.losses`' `ESRLoss`, `DCLoss`,
+`tests/losses/test_time_losses.py` compares `retrax.losses`' `ESRLoss`, `DCLoss`,
 `LogCoshLoss`, `SNRLoss`, `SISDRLoss` and `SDSDRLoss` with auraloss 0.4.0
 directly when auraloss is importable, and otherwise with the values this
 script stored in `time_loss_reference.json`. Regenerate them with a Python

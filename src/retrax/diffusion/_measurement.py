@@ -335,7 +335,7 @@ def sample_dps(
     where the exact posterior is known. Measured on such a problem (a prior
     $N(\mu, 0.8^2 I)$ in 3 dimensions, 2 measurements with
     $\sigma_y = 0.3$; `test_dps_bias_is_measured` in
-    `tests/test_diffusion_measurement.py`: 10,000 samples, 500 steps,
+    `tests/diffusion/test_measurement.py`: 10,000 samples, 500 steps,
     `step_size=None`, Monte Carlo errors 0.01 and 0.007): the sample mean is
     off the exact posterior mean by 0.073, 0.055 and -0.086 posterior
     standard deviations, and the sample standard deviations are 0.905, 0.983
@@ -346,7 +346,7 @@ def sample_dps(
     up to 2.1 times. [`retrax.diffusion.sample_tweedie_projection`][] is
     exact there. Where the step bound holds (small $\sigma_y$) DPS projects
     onto the measurement rather than weighing it: on the mixture above
-    (`tests/test_loud_diffusion.py`) $H x_0$ lands within 0.1 $\sigma_y$ of
+    (`tests/diffusion/test_measurement.py`) $H x_0$ lands within 0.1 $\sigma_y$ of
     $y$ on average, but spreads by 0.86 to 0.93 $\sigma_y$ at
     $\sigma_y = 0.01$ and by 0.47 to 0.52 $\sigma_y$ at $0.02$, where the
     posterior spreads by nearly $\sigma_y$ (over-confident again).

@@ -1,0 +1,302 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import (
+    assert_close,
+    check_float32,
+    check_grads,
+    np_state_space,
+    stable_poly,
+    unchecked,
+)
+from retrax.ops import allpole, diag_state_space, lfilter_tv, state_space
+
+
+# Rerun by CI with the compiled kernels disabled (RETRAX_DISABLE_KERNELS=1).
+pytestmark = pytest.mark.kernels
+
+
+def random_system(rng, n_state, n_in, n_out, length=None, complex_=False):
+    def draw(*shape):
+        v = rng.normal(size=shape)
+        return v + 1j * rng.normal(size=shape) if complex_ else v
+
+    lead = () if length is None else (length,)
+    A = draw(*lead, n_state, n_state)
+    A = 0.9 * A / np.max(np.abs(np.linalg.eigvals(A)), axis=-1)[..., None, None]
+    return (
+        A,
+        draw(*lead, n_state, n_in),
+        draw(*lead, n_out, n_state),
+        draw(*lead, n_out, n_in),
+    )
+
+
+@pytest.mark.parametrize("complex_", [False, True])
+@pytest.mark.parametrize("time_varying", [False, True])
+def test_state_space_matches_loop(complex_, time_varying):
+    rng = np.random.default_rng(0)
+    length = 24
+    A, B, C, D = random_system(rng, 4, 2, 3, length if time_varying else None, complex_)
+    x = rng.normal(size=(length, 2))
+    zi = rng.normal(size=4)
+    ref, ref_zf = np_state_space(A, B, C, D, x, zi)
+    y, zf = state_space(A, B, C, D, x, zi, return_zf=True)
+    assert_close(y, ref)
+    assert_close(zf, ref_zf)
+    ref, _ = np_state_space(A, B, C, None, x, np.zeros(4))
+    assert_close(state_space(A, B, C, None, x), ref)
+    # mixed: constant A with per-sample B, C, D and the reverse
+    if time_varying:
+        ref, _ = np_state_space(A[0], B, C, D[0], x, zi)
+        assert_close(state_space(A[0], B, C, D[0], x, zi), ref)
+
+
+def test_state_space_companion_equals_lfilter_tv():
+    rng = np.random.default_rng(1)
+    a = stable_poly(rng, 3)
+    b = rng.normal(size=4)
+    x = rng.normal(size=50)
+    zi = rng.normal(size=3)
+    A = np.zeros((3, 3))
+    A[0] = -a
+    A[1:, :-1] = np.eye(2)
+    B = np.eye(3)[:, :1]
+    C = (b[1:] - b[0] * a)[None]
+    D = b[:1][None]
+    y, zf = state_space(A, B, C, D, x[:, None], zi, return_zf=True)
+    ref, ref_zf = lfilter_tv(b, a, x, zi, return_zf=True)
+    assert_close(y[:, 0], ref)
+    assert_close(zf, ref_zf)
+    # the pure all-pole filter: the output is the newest state
+    y = state_space(A, B, -a[None], np.ones((1, 1)), x[:, None], zi)
+    assert_close(y[:, 0], allpole(x, a, zi))
+    assert_close(
+        y[:, 0],
+        np_state_space(A, B, -a[None], np.ones((1, 1)), x[:, None], zi)[0][:, 0],
+    )
+
+
+@pytest.mark.parametrize("complex_", [False, True])
+@pytest.mark.parametrize("time_varying", [False, True])
+def test_diag_state_space_equals_dense(complex_, time_varying):
+    rng = np.random.default_rng(2)
+    length, n_state = 20, 5
+    shape = (length, n_state) if time_varying else (n_state,)
+    a = rng.uniform(-0.95, 0.95, size=shape)
+    if complex_:
+        a = a * np.exp(1j * rng.uniform(0, np.pi, size=shape))
+    _, B, C, D = random_system(rng, n_state, 2, 3, None, complex_)
+    x = rng.normal(size=(length, 2))
+    zi = rng.normal(size=n_state)
+    A = np.apply_along_axis(np.diag, -1, a) if time_varying else np.diag(a)
+    ref, ref_zf = np_state_space(A, B, C, D, x, zi)
+    y, zf = diag_state_space(a, B, C, D, x, zi, return_zf=True)
+    assert_close(y, ref)
+    assert_close(zf, ref_zf)
+    assert_close(y, state_space(A, B, C, D, x, zi))
+
+
+def test_diag_state_space_resonant_real_system():
+    # a real resonator realised by a complex-conjugate pair of modes
+    rng = np.random.default_rng(3)
+    pole = 0.97 * np.exp(0.3j)
+    A = np.array([[2 * pole.real, -(abs(pole) ** 2)], [1.0, 0.0]])
+    B, C = np.array([[1.0], [0.0]]), np.array([[0.3, -0.2]])
+    x = rng.normal(size=(40, 1))
+    ref = state_space(A, B, C, None, x)
+    eig, vec = np.linalg.eig(A)
+    inv = np.linalg.inv(vec)
+    y = diag_state_space(eig, inv @ B, C @ vec, None, x.astype(complex))
+    assert y.dtype == jnp.complex128
+    assert_close(jnp.real(y), ref)
+    assert_close(jnp.imag(y), np.zeros_like(ref), atol=1e-12 * np.max(np.abs(ref)))
+
+
+@pytest.mark.parametrize("op", ["dense", "diag"])
+def test_streaming(op):
+    rng = np.random.default_rng(4)
+    length = 30
+    A, B, C, D = random_system(rng, 3, 2, 2, length)
+    if op == "diag":
+        A = rng.uniform(-0.9, 0.9, size=(length, 3))
+    f = state_space if op == "dense" else diag_state_space
+    x = rng.normal(size=(length, 2))
+    zi = rng.normal(size=3)
+    ref, ref_zf = f(A, B, C, D, x, zi, return_zf=True)
+    z, ys = zi, []
+    for lo, hi in [(0, 1), (1, 9), (9, 30)]:
+        yk, z = f(A[lo:hi], B[lo:hi], C[lo:hi], D[lo:hi], x[lo:hi], z, return_zf=True)
+        ys.append(yk)
+    assert_close(jnp.concatenate(ys), ref)
+    assert_close(z, ref_zf)
+
+
+@pytest.mark.parametrize("op", ["dense", "diag"])
+@pytest.mark.parametrize("time_varying", [False, True])
+def test_grads(op, time_varying):
+    rng = np.random.default_rng(5)
+    length = 8
+    A, B, C, D = random_system(rng, 3, 2, 2, length if time_varying else None)
+    if op == "diag":
+        A = rng.uniform(-0.9, 0.9, size=(length, 3) if time_varying else (3,))
+    f = state_space if op == "dense" else diag_state_space
+    x = rng.normal(size=(length, 2))
+    zi = rng.normal(size=3)
+
+    def g(A, B, C, D, x, zi):
+        y, zf = f(A, B, C, D, x, zi, return_zf=True)
+        return jnp.concatenate([y.ravel(), zf])
+
+    check_grads(
+        jax.jit(g), tuple(jnp.asarray(v) for v in (A, B, C, D, x, zi)), eps=1e-5
+    )
+
+
+def test_complex_grads_match_dense():
+    # JAX convention (plain transpose, no conjugation): compare the modal and
+    # dense gradients of a real loss of complex parameters
+    rng = np.random.default_rng(6)
+    a = 0.9 * np.exp(1j * rng.uniform(0, np.pi, 3))
+    _, B, C, _ = random_system(rng, 3, 1, 1, None, True)
+    x = jnp.asarray(rng.normal(size=(12, 1)) + 0j)
+
+    def loss_diag(a, B, C):
+        return jnp.sum(jnp.real(diag_state_space(a, B, C, None, x)) ** 2)
+
+    def loss_dense(a, B, C):
+        return jnp.sum(jnp.real(state_space(jnp.diag(a), B, C, None, x)) ** 2)
+
+    args = tuple(jnp.asarray(v) for v in (a, B, C))
+    g1 = jax.grad(loss_diag, argnums=(0, 1, 2))(*args)
+    g2 = jax.grad(loss_dense, argnums=(0, 1, 2))(*args)
+    for u, v in zip(g1, g2, strict=True):
+        assert_close(u, v)
+    check_grads(
+        jax.jit(lambda a, B, C: diag_state_space(a, B, C, None, x)), args, eps=1e-5
+    )
+
+
+def test_float32_complex64_jit_vmap():
+    rng = np.random.default_rng(7)
+    A, B, C, D = random_system(rng, 4, 1, 1)
+    x = rng.normal(size=(3, 64, 1))
+    ref = np.stack([np_state_space(A, B, C, D, xb, np.zeros(4))[0] for xb in x])
+    f32 = lambda v: jnp.asarray(v, jnp.float32)
+    f = jax.jit(jax.vmap(state_space, in_axes=(None, None, None, None, 0)))
+    y = f(f32(A), f32(B), f32(C), f32(D), f32(x))
+    assert y.dtype == jnp.float32
+    assert_close(y, ref, rtol=1e-5)
+    a = (0.9 * np.exp(1j * rng.uniform(0, np.pi, 4))).astype(np.complex64)
+    c64 = lambda v: jnp.asarray(v, jnp.complex64)
+    g = jax.jit(jax.vmap(diag_state_space, in_axes=(None, None, None, None, 0)))
+    y = g(a, c64(B), c64(C), None, c64(x))
+    assert y.dtype == jnp.complex64
+    ref = np.stack(
+        [np_state_space(np.diag(a), B, C, None, xb, np.zeros(4))[0] for xb in x]
+    )
+    assert_close(y, ref, rtol=1e-5)
+
+
+def test_bad_input():
+    A, B, C, D = np.eye(3) * 0.5, np.ones((3, 2)), np.ones((1, 3)), np.ones((1, 2))
+    x = jnp.zeros((8, 2))
+    ss_, dss_ = unchecked(state_space), unchecked(diag_state_space)
+    with pytest.raises(ValueError, match="`A`"):
+        ss_(np.ones((3, 2)), B, C, D, x)
+    with pytest.raises(ValueError, match="`A`"):
+        ss_(np.ones((7, 3, 3)), B, C, D, x)
+    with pytest.raises(ValueError, match="`B`"):
+        ss_(A, np.ones((3, 1)), C, D, x)
+    with pytest.raises(ValueError, match="`C`"):
+        ss_(A, B, np.ones((1, 2)), D, x)
+    with pytest.raises(ValueError, match="`D`"):
+        ss_(A, B, C, np.ones((2, 2)), x)
+    with pytest.raises(ValueError, match="`x`"):
+        ss_(A, B, C, D, jnp.zeros(8))
+    with pytest.raises(ValueError, match="`zi`"):
+        ss_(A, B, C, D, x, jnp.zeros(2))
+    with pytest.raises(ValueError, match="`a`"):
+        dss_(np.ones((7, 3)), B, C, D, x)
+    with pytest.raises(ValueError, match="`B`"):
+        dss_(np.ones(3), np.ones((8, 4, 2)), C, D, x)
+    with pytest.raises(Exception, match="`A` has non-finite"):
+        jax.jit(state_space)(np.full((3, 3), np.nan), B, C, D, x)
+    with pytest.raises(Exception, match="`a` has non-finite"):
+        diag_state_space(np.array([0.5, np.inf, 0.1]), B, C, D, x)
+    with pytest.raises(Exception, match="`D` has non-finite"):
+        state_space(A, B, C, np.full((1, 2), np.nan), x)
+
+
+# One cell in the default run, the other three (each an order-2 derivative
+# check through blocks) in the slow set.
+@pytest.mark.parametrize(
+    "op, time_varying",
+    [
+        ("dense", True),
+        pytest.param("dense", False, marks=pytest.mark.slow),
+        pytest.param("diag", False, marks=pytest.mark.slow),
+        pytest.param("diag", True, marks=pytest.mark.slow),
+    ],
+)
+def test_blocked_evaluation(monkeypatch, op, time_varying):
+    # long signals run in blocks; force short blocks, with a remainder
+    import retrax.ops._state_space as module
+
+    monkeypatch.setattr(module, "chunk_length", lambda n_state: 8)
+    rng = np.random.default_rng(8)
+    length = 30
+    A, B, C, D = random_system(rng, 3, 2, 2, length if time_varying else None)
+    if op == "diag":
+        A = rng.uniform(-0.9, 0.9, size=(length, 3) if time_varying else (3,))
+        A_dense = np.apply_along_axis(np.diag, -1, A) if time_varying else np.diag(A)
+    else:
+        A_dense = A
+    f = state_space if op == "dense" else diag_state_space
+    x = rng.normal(size=(length, 2))
+    zi = rng.normal(size=3)
+    ref, ref_zf = np_state_space(A_dense, B, C, D, x, zi)
+    y, zf = f(A, B, C, D, x, zi, return_zf=True)
+    assert_close(y, ref)
+    assert_close(zf, ref_zf)
+    # an exact number of blocks
+    sl = (lambda v: v[:24]) if time_varying else (lambda v: v)
+    ref, _ = np_state_space(sl(A_dense), sl(B), sl(C), sl(D), x[:24], zi)
+    assert_close(f(sl(A), sl(B), sl(C), sl(D), x[:24], zi), ref)
+
+    def g(A, B, C, D, x, zi):
+        y, zf = f(A, B, C, D, x, zi, return_zf=True)
+        return jnp.concatenate([y.ravel(), zf])
+
+    args = tuple(jnp.asarray(v) for v in (A, B, C, D, x, zi))
+    check_grads(jax.jit(g), args, eps=1e-5)
+    # vmap over signals through the blocks
+    xs = jnp.stack([args[4], 2 * args[4]])
+    batched = jax.vmap(lambda x: f(*args[:4], x, args[5]))(xs)
+    assert_close(batched[1], f(*args[:4], xs[1], args[5]))
+
+
+T = 64
+
+
+@pytest.mark.float32
+def test_state_space():
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((3, 3))
+    A = 0.9 * A / np.max(np.abs(np.linalg.eigvals(A)))
+    B, C, D = (rng.standard_normal(s) for s in ((3, 2), (2, 3), (2, 2)))
+    x, zi = rng.standard_normal((T, 2)), rng.standard_normal(3)
+    ref = np_state_space(A, B, C, D, x, zi)[0]
+    check_float32(state_space, (A, B, C, D, x, zi), ref)
+
+
+@pytest.mark.float32
+def test_diag_state_space():
+    rng = np.random.default_rng(4)
+    a = rng.uniform(-0.95, 0.95, 3)
+    B, C, D = (rng.standard_normal(s) for s in ((3, 2), (2, 3), (2, 2)))
+    x, zi = rng.standard_normal((T, 2)), rng.standard_normal(3)
+    ref = np_state_space(np.diag(a), B, C, D, x, zi)[0]
+    check_float32(diag_state_space, (a, B, C, D, x, zi), ref)
