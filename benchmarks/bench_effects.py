@@ -211,6 +211,8 @@ def retrax_compressor(p, sizes, noise):
 
 
 def retrax_dasp_compressor(p, sizes, noise):
+    # dasp's `makeup_gain_db` is retrax's `makeup_db`
+    p = {("makeup_db" if k == "makeup_gain_db" else k): v for k, v in p.items()}
     return fx.DaspCompressor(**p, sample_rate=SR)
 
 

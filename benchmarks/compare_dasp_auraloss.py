@@ -197,6 +197,8 @@ def ours(path):
         np.testing.assert_array_equal(v, d[k], err_msg=k)
 
     def compressor(p, x):
+        # dasp's `makeup_gain_db` is retrax's `makeup_db`
+        p = {("makeup_db" if k == "makeup_gain_db" else k): v for k, v in p.items()}
         return fx.DaspCompressor(**p, sample_rate=SR)(x if x.shape[0] == 2 else x[0])
 
     for name in ("mono", "stereo"):

@@ -43,8 +43,12 @@ def expected():
     return stored["values"]
 
 
+# dasp's parameter names, as `DaspCompressor` spells them
+RETRAX_NAMES = {n: "makeup_db" if n == "makeup_gain_db" else n for n in reference.NAMES}
+
+
 def _compressor(case, dtype) -> fx.DaspCompressor:
-    params = {n: np.asarray(v, dtype) for n, v in case["params"].items()}
+    params = {RETRAX_NAMES[n]: np.asarray(v, dtype) for n, v in case["params"].items()}
     return fx.DaspCompressor(
         **params,
         sample_rate=case["sample_rate"],
@@ -102,7 +106,7 @@ def test_compressor_gradient_equals_dasp_float64(expected, case):
 
     grad_comp, grad_x = jax.jit(jax.grad(scalar, argnums=(0, 1)))(comp, x)
     want = expected["compressor"][case]["grad"]
-    got = {n: getattr(grad_comp, n) for n in reference.NAMES}
+    got = {n: getattr(grad_comp, RETRAX_NAMES[n]) for n in reference.NAMES}
     got["x"] = reference.fingerprint(grad_x)
     # dasp's gradients with a hard knee (the low ends) are NaN: its knee
     # branch divides by 2 knee_db at every sample before the mask picks
@@ -128,7 +132,7 @@ def test_compressor_is_linked_and_vmaps():
     x = jnp.asarray(case["x"])
     y = comp(x)
     # one gain for both channels: the gain of their sum
-    g = 10 ** ((comp.gain_db(x) + comp.makeup_gain_db) / 20)
+    g = 10 ** ((comp.gain_db(x) + comp.makeup_db) / 20)
     assert_close(y, x * g, rtol=1e-14)
     assert_close(comp.gain_db(x), comp.gain_db(x[0] + x[1]), rtol=0, atol=0)
     # a batch of compressors built from normalised vectors, as a controller's
@@ -152,10 +156,10 @@ def test_normalised_vector_is_dasps():
     ]
     np.testing.assert_allclose(comp.to_normalised(), want, rtol=1e-12)
     back = comp.with_normalised(comp.to_normalised())
-    for n in reference.NAMES:
+    for n in RETRAX_NAMES.values():
         np.testing.assert_allclose(getattr(back, n), getattr(comp, n), rtol=1e-12)
     assert comp.n_params == 6
-    assert list(comp.ranges()) == reference.NAMES
+    assert list(comp.ranges()) == list(RETRAX_NAMES.values())
 
 
 def test_smoothing_is_dasps_frequency_sampling():
@@ -211,11 +215,11 @@ def test_compressor_lookahead_delays_the_signal_not_the_gain():
     x = jnp.asarray(_signal(case, np.float64))
     comp = _compressor(case, np.float64)
     late = fx.DaspCompressor(
-        **{n: getattr(comp, n) for n in reference.NAMES},
+        **{n: getattr(comp, n) for n in RETRAX_NAMES.values()},
         sample_rate=case["sample_rate"],
         lookahead_samples=5,
     )
-    g = 10 ** ((comp.gain_db(x) + comp.makeup_gain_db) / 20)
+    g = 10 ** ((comp.gain_db(x) + comp.makeup_db) / 20)
     want = jnp.concatenate([jnp.zeros(5), x[:-5]]) * g
     assert_close(late(x), want, rtol=1e-14)
 
@@ -245,6 +249,22 @@ def test_compressor_bad_settings_raise_naming_them():
     with pytest.raises(ValueError, match=r"\(time,\)"):
         comp(jnp.ones((2, 3, 8)))
     assert comp(jnp.zeros(0)).shape == (0,)
+
+
+def test_compressor_old_makeup_spelling_warns_and_still_works():
+    new = fx.DaspCompressor(makeup_db=3.0, sample_rate=8e3)
+    with pytest.warns(DeprecationWarning, match="makeup_db"):
+        old = fx.DaspCompressor(makeup_gain_db=3.0, sample_rate=8e3)
+    x = jnp.asarray(np.random.default_rng(2).uniform(-1, 1, 32))
+    assert_close(old(x), new(x), rtol=0, atol=0)
+    with pytest.warns(DeprecationWarning, match="makeup_db"):
+        assert old.makeup_gain_db == 3.0
+    # `eqx.tree_at` through the old name moves the new field
+    with pytest.warns(DeprecationWarning, match="makeup_db"):
+        moved = eqx.tree_at(lambda c: c.makeup_gain_db, new, jnp.asarray(5.0))
+    assert moved.makeup_db == 5.0
+    with pytest.raises(ValueError, match="makeup_db"):
+        fx.DaspCompressor(makeup_db=1.0, makeup_gain_db=1.0)
 
 
 @pytest.mark.parametrize("case", list(BUS))

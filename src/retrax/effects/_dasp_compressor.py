@@ -36,6 +36,7 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
+from .._deprecated import warn_deprecated
 from .._effect import AbstractRangedEffect, Range
 from .._signal import no_state, output, signal
 from .._validate import check_rate
@@ -58,6 +59,23 @@ def _check_eps(value: object) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"`eps` must be a positive Python number, got {value!r}.")
     return float(value)
+
+
+def _makeup_db(makeup_db: object, makeup_gain_db: object) -> object:
+    """The make-up gain from `makeup_db` or its deprecated spelling
+    `makeup_gain_db` (one of them, default 0 dB)."""
+    if makeup_gain_db is None:
+        return 0.0 if makeup_db is None else makeup_db
+    if makeup_db is not None:
+        raise ValueError(
+            "Pass the make-up gain once, as `makeup_db` (`makeup_gain_db` is its "
+            "deprecated spelling)."
+        )
+    warn_deprecated(
+        "`DaspCompressor(makeup_gain_db=...)` is deprecated; pass `makeup_db=...` "
+        "(spelt as retrax's other gains in dB, e.g. `Compressor.makeup_db`)."
+    )
+    return makeup_gain_db
 
 
 def _fft_length(time: int) -> int:
@@ -113,7 +131,8 @@ class DaspCompressor(AbstractRangedEffect):
     release ballistics on the linear gain, channels apart) is another
     definition.
 
-    **Arguments** (dasp's names):
+    **Arguments** (dasp's names, but for `makeup_db`, dasp's
+    `makeup_gain_db`, spelt as retrax's other gains in dB are):
 
     - `threshold_db`: $\theta$ in dB, in $[-60, 0]$.
     - `ratio`: $R$, in $[1, 20]$.
@@ -122,14 +141,16 @@ class DaspCompressor(AbstractRangedEffect):
       (its gradient is zero), kept so that dasp's six normalised parameters
       map one to one.
     - `knee_db`: $W$ in dB, in $[0, 12]$ ($0$ is a hard knee).
-    - `makeup_gain_db`: $m$ in dB, in $[0, 12]$.
+    - `makeup_db`: $m$ in dB, in $[0, 12]$. Deprecated spelling:
+      `makeup_gain_db=` (a keyword; warns with `DeprecationWarning`), and the
+      read-only property `makeup_gain_db`.
     - `sample_rate`: $f_s$ in Hz, a positive Python number (static).
     - `lookahead_samples`: $D$, a Python int $\ge 0$ (static).
     - `eps`: the detector's floor $\epsilon$ (static, dasp's `1e-8`).
 
     The ranges are those of dasp's `modules.Compressor`, all linear, in its
     order: the normalised vector `[threshold_db, ratio, attack_ms,
-    release_ms, knee_db, makeup_gain_db]` is the `param_tensor` of dasp's
+    release_ms, knee_db, makeup_db]` is the `param_tensor` of dasp's
     `Compressor.process_normalized`. A value out of its range raises an
     error naming it (also under `jax.jit`).
 
@@ -147,7 +168,7 @@ class DaspCompressor(AbstractRangedEffect):
     attack_ms: Float[Array, ""]
     release_ms: Float[Array, ""]
     knee_db: Float[Array, ""]
-    makeup_gain_db: Float[Array, ""]
+    makeup_db: Float[Array, ""]
     sample_rate: float = eqx.field(static=True)
     lookahead_samples: int = eqx.field(static=True)
     eps: float = eqx.field(static=True)
@@ -158,7 +179,7 @@ class DaspCompressor(AbstractRangedEffect):
         "attack_ms": Range(5.0, 100.0),
         "release_ms": Range(5.0, 100.0),
         "knee_db": Range(0.0, 12.0),
-        "makeup_gain_db": Range(0.0, 12.0),
+        "makeup_db": Range(0.0, 12.0),
     }
 
     def __init__(
@@ -168,11 +189,12 @@ class DaspCompressor(AbstractRangedEffect):
         attack_ms: Shaped[ArrayLike, ""] = 10.0,
         release_ms: Shaped[ArrayLike, ""] = 100.0,
         knee_db: Shaped[ArrayLike, ""] = 6.0,
-        makeup_gain_db: Shaped[ArrayLike, ""] = 0.0,
+        makeup_db: Shaped[ArrayLike, ""] | None = None,
         sample_rate: float | int = 44_100.0,
         *,
         lookahead_samples: int = 0,
         eps: float = 1e-8,
+        makeup_gain_db: Shaped[ArrayLike, ""] | None = None,
     ):
         self.sample_rate = check_rate("sample_rate", sample_rate)
         self.lookahead_samples = _check_lookahead(lookahead_samples)
@@ -183,9 +205,18 @@ class DaspCompressor(AbstractRangedEffect):
         self.attack_ms = r["attack_ms"].check_init("attack_ms", attack_ms)
         self.release_ms = r["release_ms"].check_init("release_ms", release_ms)
         self.knee_db = r["knee_db"].check_init("knee_db", knee_db)
-        self.makeup_gain_db = r["makeup_gain_db"].check_init(
-            "makeup_gain_db", makeup_gain_db
+        makeup_db = _makeup_db(makeup_db, makeup_gain_db)
+        self.makeup_db = r["makeup_db"].check_init("makeup_db", makeup_db)
+
+    # Unannotated: `eqx.tree_at(lambda c: c.makeup_gain_db, ...)` reads it
+    # with a placeholder in the field, which an array annotation would refuse.
+    @property
+    def makeup_gain_db(self):
+        """Deprecated: the make-up gain in dB, now `makeup_db`."""
+        warn_deprecated(
+            "`DaspCompressor.makeup_gain_db` is deprecated; read `makeup_db`."
         )
+        return self.makeup_db
 
     def ranges(self) -> dict[str, Range]:
         """dasp's ranges (see the class docstring)."""
@@ -232,7 +263,7 @@ class DaspCompressor(AbstractRangedEffect):
         x = signal(x)
         if x.shape[-1] == 0:
             return output(x, None, return_zf)
-        g = self.gain_db(x) + self.param("makeup_gain_db", x.dtype)
+        g = self.gain_db(x) + self.param("makeup_db", x.dtype)
         d = self.lookahead_samples
         if d > 0:
             pad = [(0, 0)] * (x.ndim - 1) + [(d, 0)]

@@ -1,0 +1,25 @@
+"""Deprecation warnings that point at the user's line."""
+
+import os
+import sys
+import warnings
+
+import equinox as eqx
+
+
+# retrax's own files, and equinox's (whose module machinery calls `__init__`
+# and properties through several frames of its own)
+_INTERNAL = (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(eqx.__file__)) + os.sep,
+)
+
+
+def warn_deprecated(message: str) -> None:
+    """Warn with `DeprecationWarning`, attributed to the first frame outside
+    retrax and equinox, so that Python's default filters show it to the code
+    that used the old spelling."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, DeprecationWarning, stacklevel=level)
