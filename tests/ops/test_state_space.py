@@ -200,6 +200,77 @@ def test_float32_complex64_jit_vmap():
     assert_close(y, ref, rtol=1e-5)
 
 
+@pytest.mark.parametrize("op", ["dense", "diag"])
+@pytest.mark.parametrize("time_varying", [False, True])
+def test_one_input_signal_as_time(op, time_varying):
+    # `x` of shape (time,) is one input: the numbers of `x[:, None]`, and a
+    # one-output system gives `y` of shape (time,)
+    rng = np.random.default_rng(11)
+    length = 12
+    A, B, C, D = random_system(rng, 3, 1, 1, length if time_varying else None)
+    if op == "diag":
+        A = rng.uniform(-0.9, 0.9, size=(length, 3) if time_varying else (3,))
+    f = state_space if op == "dense" else diag_state_space
+    x = rng.normal(size=length)
+    zi = rng.normal(size=3)
+    ref, ref_zf = np_state_space(
+        A if op == "dense" else _diag(A), B, C, D, x[:, None], zi
+    )
+    y, zf = f(A, B, C, D, x, zi, return_zf=True)
+    assert y.shape == (length,)
+    assert_close(y, ref[:, 0])
+    assert_close(zf, ref_zf)
+    assert_close(f(A, B, C, D, x, zi), f(A, B, C, D, x[:, None], zi)[:, 0], rtol=0)
+    assert_close(f(A, B, C, None, x), f(A, B, C, None, x[:, None])[:, 0], rtol=0)
+    # jit and vmap over a batch of signals
+    xs = rng.normal(size=(3, length))
+    ys = jax.jit(jax.vmap(f, in_axes=(None, None, None, None, 0)))(A, B, C, D, xs)
+    assert ys.shape == (3, length)
+    for k in range(3):
+        assert_close(ys[k], f(A, B, C, D, xs[k][:, None])[:, 0])
+    # derivatives agree with the (time, 1) path's
+    args = tuple(jnp.asarray(v) for v in (A, B, C, D, x, zi))
+
+    def loss(one, A, B, C, D, x, zi):
+        y = f(A, B, C, D, x if one else x[:, None], zi)
+        return jnp.sum(jnp.sin(y if one else y[:, 0]))
+
+    grads = jax.grad(lambda *a: loss(True, *a), argnums=range(6))(*args)
+    want = jax.grad(lambda *a: loss(False, *a), argnums=range(6))(*args)
+    for g, w in zip(grads, want, strict=True):
+        assert_close(g, w, rtol=1e-12)
+    check_grads(lambda x: f(A, B, C, D, x, zi), (jnp.asarray(x),), eps=1e-5)
+
+
+def test_one_input_signal_with_several_outputs_keeps_outputs_axis():
+    rng = np.random.default_rng(12)
+    A, B, C, D = random_system(rng, 3, 1, 2)
+    x = rng.normal(size=10)
+    y = state_space(A, B, C, D, x)
+    assert y.shape == (10, 2)
+    assert_close(y, state_space(A, B, C, D, x[:, None]), rtol=0)
+
+
+def test_one_input_signal_needs_one_column_of_b():
+    A, B, C = np.eye(3) * 0.5, np.ones((3, 2)), np.ones((1, 3))
+    ss_, dss_ = unchecked(state_space), unchecked(diag_state_space)
+    for call in (
+        lambda: ss_(A, B, C, None, jnp.zeros(8)),
+        lambda: dss_(np.full(3, 0.5), B, C, None, jnp.zeros(8)),
+        lambda: ss_(A, np.ones((8, 3, 2)), C, None, jnp.zeros(8)),
+    ):
+        with pytest.raises(
+            ValueError, match=r"`x` of shape \(8,\) is one input.*`B` has 2"
+        ):
+            call()
+
+
+def _diag(a):
+    """The dense transition of modal decays `(N,)` or `(T, N)`."""
+    a = np.asarray(a)
+    return np.diag(a) if a.ndim == 1 else np.stack([np.diag(r) for r in a])
+
+
 def test_bad_input():
     A, B, C, D = np.eye(3) * 0.5, np.ones((3, 2)), np.ones((1, 3)), np.ones((1, 2))
     x = jnp.zeros((8, 2))

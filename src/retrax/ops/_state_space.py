@@ -92,14 +92,23 @@ def _run(structure, A, B, C, D, x, zi, n_state, return_zf, names):
     """Shared body: validate, promote, run the core on `u = B x`, read out."""
     a_name = names[0]
     x = as_inexact("x", x)
-    if x.ndim != 2:
+    if x.ndim not in (1, 2):
         raise ValueError(
-            f"`x` must have shape (time, inputs), got shape {x.shape}. Use "
-            "`x[:, None]` for a single input, and `jax.vmap` to batch."
+            f"`x` must have shape (time, inputs), or (time,) for one input, got "
+            f"shape {x.shape}. Batch with `jax.vmap`."
         )
-    length, n_in = x.shape
     B = as_inexact("B", B)
     C = as_inexact("C", C)
+    one_input = x.ndim == 1
+    if one_input:
+        if B.ndim in (2, 3) and B.shape[-1] != 1:
+            raise ValueError(
+                f"`x` of shape {x.shape} is one input signal, but `B` has "
+                f"{B.shape[-1]} input columns (shape {B.shape}): pass `x` of "
+                f"shape (time, {B.shape[-1]}), one column per input."
+            )
+        x = x[:, None]
+    length, n_in = x.shape
     _check_map("B", B, (n_state, n_in), length, "(state, inputs)")
     if C.ndim not in (2, 3) or C.shape[-1] != n_state:
         raise ValueError(
@@ -124,6 +133,8 @@ def _run(structure, A, B, C, D, x, zi, n_state, return_zf, names):
     y, zf = _blocked(structure, A, B, C, x, zi, per_sample)
     if D is not None:
         y = y + _apply(check_finite("D", D.astype(dtype)), x)
+    if one_input and n_out == 1:
+        y = y[:, 0]
     if not return_zf:
         return y
     return y, zf
@@ -136,13 +147,17 @@ def state_space(
     D: Shaped[ArrayLike, "outputs inputs"]
     | Shaped[ArrayLike, "time outputs inputs"]
     | None,
-    x: Shaped[ArrayLike, "time inputs"],
+    x: Shaped[ArrayLike, "time inputs"] | Shaped[ArrayLike, " time"],
     zi: Shaped[ArrayLike, " state"] | None = None,
     *,
     return_zf: bool = False,
 ) -> (
     Inexact[Array, "time outputs"]
-    | tuple[Inexact[Array, "time outputs"], Inexact[Array, " state"]]
+    | Inexact[Array, " time"]
+    | tuple[
+        Inexact[Array, "time outputs"] | Inexact[Array, " time"],
+        Inexact[Array, " state"],
+    ]
 ):
     r"""Discrete-time linear state-space system, MIMO, LTI or LPV.
 
@@ -169,15 +184,18 @@ def state_space(
     - `B`: input map, `(N, M)` or `(T, N, M)`.
     - `C`: output map, `(P, N)` or `(T, P, N)`.
     - `D`: feedthrough, `(P, M)` or `(T, P, M)`, or `None` for none.
-    - `x`: the input, shape `(T, M)`; use `x[:, None]` for a single input and
-      `jax.vmap` to batch.
+    - `x`: the input, shape `(T, M)`, or `(T,)` for one input (then `B` and
+      `D` have one column, `M = 1`); batch with `jax.vmap`.
     - `zi`: the initial state $h_0$, shape `(N,)`. Defaults to zeros.
     - `return_zf`: also return $h_T$, the state after the last sample, the
       `zi` of the next block (streaming).
 
     **Returns:**
 
-    `y` of shape `(T, P)`, or `(y, zf)` if `return_zf`. The dtype is the
+    `y` of shape `(T, P)`, or `(y, zf)` if `return_zf`. A single-input,
+    single-output system driven by `x` of shape `(T,)` gives `y` of shape
+    `(T,)`: the same numbers as `state_space(A, B, C, D, x[:, None])[:, 0]`
+    (with `P > 1` outputs, `y` keeps its shape `(T, P)`). The dtype is the
     promoted dtype of the inputs (real or complex). An empty `x` (`T = 0`)
     gives an empty `y` and `zf = zi`.
 
@@ -208,13 +226,17 @@ def diag_state_space(
     D: Shaped[ArrayLike, "outputs inputs"]
     | Shaped[ArrayLike, "time outputs inputs"]
     | None,
-    x: Shaped[ArrayLike, "time inputs"],
+    x: Shaped[ArrayLike, "time inputs"] | Shaped[ArrayLike, " time"],
     zi: Shaped[ArrayLike, " state"] | None = None,
     *,
     return_zf: bool = False,
 ) -> (
     Inexact[Array, "time outputs"]
-    | tuple[Inexact[Array, "time outputs"], Inexact[Array, " state"]]
+    | Inexact[Array, " time"]
+    | tuple[
+        Inexact[Array, "time outputs"] | Inexact[Array, " time"],
+        Inexact[Array, " state"],
+    ]
 ):
     r"""State-space system in modal form, $A = \mathrm{diag}(a)$: $O(T N)$.
 
@@ -237,7 +259,8 @@ def diag_state_space(
 
     **Returns:**
 
-    `y` of shape `(T, P)`, or `(y, zf)` with $h_T$ if `return_zf`.
+    `y` of shape `(T, P)` (`(T,)` for `x` of shape `(T,)` and one output,
+    as in `state_space`), or `(y, zf)` with $h_T$ if `return_zf`.
     """
     a = as_inexact("a", a)
     x_shape = jnp.shape(x)
