@@ -132,11 +132,6 @@ def check_tol(tol: Any) -> float | None:
     return value
 
 
-def cast_all(dtype: np.dtype, *args: jax.Array | None) -> tuple[jax.Array | None, ...]:
-    """Cast every present array to `dtype` (real to complex where needed)."""
-    return tuple(None if a is None else a.astype(dtype) for a in args)
-
-
 def scipy_signal(what: str) -> ModuleType:
     """`scipy.signal`, imported when retrax first designs `what` with it (a
     filter, named as the user asked for it): scipy is an optional dependency,

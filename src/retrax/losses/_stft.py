@@ -78,11 +78,3 @@ def clamped_magnitude(spectrum: jax.Array, eps: float | jax.Array) -> jax.Array:
     at `eps` keeps the logarithm and its derivative finite in silent bins."""
     power = jnp.real(spectrum) ** 2 + jnp.imag(spectrum) ** 2
     return jnp.sqrt(jnp.maximum(power, jnp.asarray(eps, power.dtype)))
-
-
-def stft_magnitude(
-    x: jax.Array, fft_size: int, hop_size: int, window: np.ndarray, eps: float
-) -> jax.Array:
-    """`sqrt(max(|STFT(x)|^2, eps))`, `(..., frames, bins)`, with `stft`'s
-    frames."""
-    return clamped_magnitude(stft(x, fft_size, hop_size, window), eps)

@@ -48,9 +48,6 @@ from ._kernel_lowering import Kernel
 from ._structure import Structure
 
 
-N_COEFFICIENTS = 5  # b0, b1, b2, a1, a2
-
-
 def _section(bind, c, x, z, *, unroll, final_state):
     """One section on one signal: `(y, final state or None)`."""
     length = x.shape[0]
