@@ -10,14 +10,8 @@ import jax
 import numpy as np
 from jax.errors import JaxRuntimeError
 
-from ._errors import InvalidArgumentError
+from ._errors import InvalidArgumentError, check_message
 from ._float_dtypes import INEXACT
-
-
-# How equinox's check reads when the program that failed was compiled by
-# `jax.jit` rather than `eqx.filter_jit`: the message, then its advice.
-_MARK = "_EquinoxRuntimeError: "
-_ADVICE = "\n\n\n--------------------\n"
 
 
 _CALLBACK_LOG = logging.getLogger("jax._src.callback")
@@ -29,14 +23,6 @@ class _QuietCallbackLog(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.getMessage() != "jax.pure_callback failed"
-
-
-def _check_message(error: Exception) -> str | None:
-    text = str(error)
-    _, found, rest = text.partition(_MARK)
-    if not found:
-        return None
-    return rest.partition(_ADVICE)[0].strip()
 
 
 _HOST = bool | int | float | complex | np.ndarray | np.generic
@@ -117,7 +103,7 @@ def compiled(*, static: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
             # JAX raises a failed callback as `JaxRuntimeError` or, in some
             # releases, `ValueError` (equinox's `filter_jit` catches both)
             except (JaxRuntimeError, ValueError) as error:
-                msg = _check_message(error)
+                msg = check_message(str(error))
                 if msg is None:
                     raise
                 raise InvalidArgumentError(msg) from None

@@ -3,6 +3,7 @@
 import functools
 import inspect
 import os
+import re
 from collections.abc import Callable
 
 import equinox as eqx
@@ -38,12 +39,6 @@ def _nan_like(x: jax.Array) -> jax.Array:
     if jnp.issubdtype(x.dtype, jnp.inexact):
         return jnp.full_like(x, jnp.nan)
     return jnp.full_like(x, np.iinfo(x.dtype).max)
-
-
-# The messages of the argument checks traced so far: a compiled entry point
-# called eagerly (on concrete input) raises one of them as an
-# `InvalidArgumentError`, a failed solve's result code as Equinox does.
-_ARGUMENT_CHECKS: set[str] = set()
 
 
 def _raising() -> bool:
@@ -90,7 +85,6 @@ def error_if(x: PyTree, pred: Bool[ArrayLike, "..."], msg: str) -> PyTree:
         if pred if type(pred) is bool else np.asarray(pred).any():
             raise InvalidArgumentError(msg)
         return x
-    _ARGUMENT_CHECKS.add(msg.strip())
     axes = tuple(sorted(varying_axes(pred)))
     if axes:
         pred = lax.pmax(jnp.any(pred).astype(jnp.int32), axes) > 0
@@ -110,13 +104,45 @@ def error_if(x: PyTree, pred: Bool[ArrayLike, "..."], msg: str) -> PyTree:
     return jax.tree.map(apply, x)
 
 
-# How `eqx.filter_jit` renders a failed run-time check: a header, the stack
-# that was current when the program was traced (the first call that compiled
-# it, not necessarily the one that failed), then the check's message and
-# general advice.
+# The one place that reads equinox's rendering of a failed run-time check
+# (pinned against the installed equinox by tests/project/test_filter_jit.py).
+# Under `eqx.filter_jit`: a header, the stack that was current when the
+# program was traced (the first call that compiled it, not necessarily the
+# one that failed), then `equinox.EquinoxRuntimeError: <message>`, a line of
+# dashes and general advice. Under `jax.jit`: JAX's callback traceback, then
+# `_EquinoxRuntimeError: <message>`, a line of dashes and advice.
 _EQX_MESSAGE = "equinox.EquinoxRuntimeError: "
-_EQX_ADVICE = "\n\n-------------------\n"
 _EQX_HEADER = "Above is the stack outside of JIT. Below is the stack inside of JIT:\n"
+_CHECK = re.compile(r"EquinoxRuntimeError: (.*?)\n\n+-{8,}\n", re.DOTALL)
+
+
+def check_message(text: str) -> str | None:
+    """The failed check's own message in equinox's rendering of it (under
+    `eqx.filter_jit` or `jax.jit`), or `None` if `text` renders none."""
+    found = _CHECK.search(text)
+    return found.group(1).strip() if found else None
+
+
+def _result_messages() -> frozenset[str]:
+    """The messages of every result code a solve can fail with: optimistix's
+    `RESULTS` (lineax's among them) and each extension of it imported so
+    far, such as retrax's own. (Equinox keeps an enumeration's messages in
+    `_index_to_message`; this is the one place that reads it.)"""
+    import optimistix as optx  # only on a failure: `retrax.ops` does not load it
+
+    found: set[str] = set()
+    todo = [optx.RESULTS]
+    while todo:
+        enumeration = todo.pop()
+        todo.extend(enumeration.__subclasses__())
+        found.update(m.strip() for m in enumeration._index_to_message if m)
+    return frozenset(found)
+
+
+def is_argument_check(msg: str) -> bool:
+    """Whether a failed check's message is an argument's (a bad value), not
+    a failed solve's result code."""
+    return msg not in _result_messages()
 
 
 def _frames(stack: str) -> list[str]:
@@ -156,22 +182,17 @@ def _inside(stack: str, fn: Callable | None = None) -> str:
     return "".join(frames)
 
 
-def _check_message(text: str) -> str | None:
-    """The failed check's own message in `eqx.filter_jit`'s rendering."""
-    _, found, rest = text.partition(_EQX_MESSAGE)
-    return rest.partition(_EQX_ADVICE)[0].strip() if found else None
-
-
 def lead_with_check(text: str, fn: Callable | None = None) -> str:
     """`eqx.filter_jit`'s rendering of a failed check, reordered so that the
     check's own message comes first and where it sits after it (when that
     place lies in `fn`, the compiled function; see `_inside`)."""
-    head, found, rest = text.partition(_EQX_MESSAGE)
-    if not found:
+    found = _CHECK.search(text)
+    if found is None or _EQX_MESSAGE not in text:
         return text
-    msg, _, advice = rest.partition(_EQX_ADVICE)
+    head, advice = text[: found.start()], text[found.end() :]
+    head = head.removesuffix("equinox.")
     stack = _inside(head.removeprefix(_EQX_HEADER), fn).strip("\n")
-    parts = [msg.strip()]
+    parts = [found.group(1).strip()]
     if stack:
         parts.append("The check, inside the compiled call:\n" + stack)
     if advice:
@@ -225,7 +246,8 @@ def filter_jit(fn: Callable | None = None, **jit_kwargs) -> Callable:
             # an eager call: its arguments are concrete, so a failed argument
             # check is a bad value, raised as Python and scipy raise one
             text = str(error)
-            bad_value = _check_message(text) in _ARGUMENT_CHECKS
+            msg = check_message(text)
+            bad_value = msg is not None and is_argument_check(msg)
             kind = InvalidArgumentError if bad_value else eqx.EquinoxRuntimeError
             raise kind(lead_with_check(text, fn)) from None
 

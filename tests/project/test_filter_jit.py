@@ -13,7 +13,7 @@ import pytest
 
 import retrax
 from helpers import copies_in
-from retrax import diffusion as rd, ops
+from retrax import diffusion as rd, ops, relations as rr
 from retrax._errors import error_if, filter_jit
 from retrax.ops import (
     allpole,
@@ -24,7 +24,7 @@ def _relation():
     angles = jnp.linspace(0, 2 * jnp.pi, 12, endpoint=False)
     ring = jnp.stack([jnp.cos(angles), jnp.sin(angles)], -1)
     pred = rd.GaussianMixtureEps(rd.VPSDE(), ring, jnp.full(12, 0.05))
-    return rd.ImplicitDiffusion(pred, rd.field_nodes(jax.random.key(0), 2, samples=4))
+    return rr.ImplicitDiffusion(pred, rr.field_nodes(jax.random.key(0), 2, samples=4))
 
 
 def _raised(call) -> str:
@@ -35,10 +35,10 @@ def _raised(call) -> str:
 
 def test_a_later_call_leads_with_the_failed_check():
     model, rho = _relation(), jnp.array([jnp.inf, 0.0])
-    ok = rd.implicit_infer(model, jnp.array([0.6, 0.5]), rho)
-    assert ok.result == rd.RESULTS.successful
+    ok = rr.implicit_infer(model, jnp.array([0.6, 0.5]), rho)
+    assert ok.result == rr.RESULTS.successful
     # The same compiled program fails on the second call.
-    text = _raised(lambda: rd.implicit_infer(model, jnp.array([jnp.nan, 0.5]), rho))
+    text = _raised(lambda: rr.implicit_infer(model, jnp.array([jnp.nan, 0.5]), rho))
     assert text.startswith("`z0` must be finite"), text[:200]
     # Where the check sits comes after, inside the compiled function only:
     # not the stack of the first call, which traced the program.
@@ -56,18 +56,18 @@ def test_a_compiled_solver_called_eagerly_raises_a_bad_value_as_value_error():
     # it is still an EquinoxRuntimeError, as before.
     model, rho = _relation(), jnp.array([jnp.inf, 0.0])
     with pytest.raises(ValueError, match="^`z0` must be finite") as info:
-        rd.implicit_infer(model, jnp.array([jnp.nan, 0.5]), rho)
+        rr.implicit_infer(model, jnp.array([jnp.nan, 0.5]), rho)
     assert isinstance(info.value, retrax.InvalidArgumentError)
     assert isinstance(info.value, eqx.EquinoxRuntimeError)
     # a failed solve is not a bad value: its result's message, not a ValueError
     with pytest.raises(eqx.EquinoxRuntimeError) as info:
         jax.block_until_ready(
-            rd.implicit_infer(model, jnp.array([0.6, 0.5]), rho, max_steps=1)
+            rr.implicit_infer(model, jnp.array([0.6, 0.5]), rho, max_steps=1)
         )
     assert not isinstance(info.value, ValueError), str(info.value)[:200]
     # under the user's own filter_jit the same bad value raises at run time,
     # as an EquinoxRuntimeError rendered by Equinox
-    run = eqx.filter_jit(lambda z0: rd.implicit_infer(model, z0, rho).z)
+    run = eqx.filter_jit(lambda z0: rr.implicit_infer(model, z0, rho).z)
     with pytest.raises(eqx.EquinoxRuntimeError, match="`z0` must be finite"):
         jax.block_until_ready(run(jnp.array([jnp.nan, 0.5])))
 
@@ -88,7 +88,7 @@ def test_inside_a_users_own_filter_jit_the_check_still_raises():
     # There the user's `eqx.filter_jit` renders the error; the check's message
     # is in it.
     model, rho = _relation(), jnp.array([jnp.inf, 0.0])
-    run = eqx.filter_jit(lambda z0: rd.implicit_infer(model, z0, rho).z)
+    run = eqx.filter_jit(lambda z0: rr.implicit_infer(model, z0, rho).z)
     run(jnp.array([0.6, 0.5]))
     text = _raised(lambda: run(jnp.array([jnp.nan, 0.5])))
     assert "`z0` must be finite" in text
@@ -162,11 +162,11 @@ def test_a_check_two_functions_share_never_shows_the_others_place():
     # `sample_ancestral`, which traced it first. A place recorded in another
     # function is now left out; the message still leads.
     pred, key = _NaNNoise(), jax.random.key(0)
-    first = _raised(lambda: rd.sample_ancestral(pred, key, 2, steps=4).x)
+    first = _raised(lambda: rd.sample_ancestral(pred, key, 2, steps=4).value)
     assert first.startswith("A sampler's state became non-finite"), first[:200]
     where = first.index("The check, inside the compiled call:")
     assert "in sample_ancestral" in first[where:]
-    second = _raised(lambda: rd.sample_ddim(pred, key, 2, steps=4).x)
+    second = _raised(lambda: rd.sample_ddim(pred, key, 2, steps=4).value)
     assert second.startswith("A sampler's state became non-finite"), second[:200]
     assert "sample_ancestral" not in second
 
@@ -261,3 +261,24 @@ def test_check_gives_nan_with_eqx_on_error_nan():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("wrap", ["eqx.filter_jit", "jax.jit"])
+def test_equinox_renderings_of_a_failed_check_are_read(wrap):
+    # The one parser of equinox's error text, against the installed equinox:
+    # the message (several paragraphs too) comes back exactly, under both
+    # ways of compiling the program.
+    from retrax._errors import check_message, is_argument_check
+
+    msg = "`x` must be non-positive.\n\nA second paragraph."
+    program = (eqx.filter_jit if wrap == "eqx.filter_jit" else jax.jit)(
+        lambda x: eqx.error_if(x, x > 0, msg)
+    )
+    with pytest.raises(Exception) as info:
+        jax.block_until_ready(program(jnp.ones(())))
+    assert check_message(str(info.value)) == msg
+    assert is_argument_check(msg)
+    assert check_message("no check here") is None
+    # a failed solve's message is a result code's, not an argument's
+    assert not is_argument_check(rr.RESULTS[rr.RESULTS.max_steps_reached])
+    assert not is_argument_check(rr.RESULTS[rr.RESULTS.unstable_root])
