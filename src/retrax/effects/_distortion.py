@@ -29,7 +29,14 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike, Float, Shaped
 
-from .._effect import AbstractRangedEffect, Range
+from .._effect import (
+    AbstractRangedEffect,
+    Range,
+    fields_as_they_are,
+    logit_to_unconstrained,
+    logit_with_unconstrained,
+    with_values_by_tree_at,
+)
 from .._signal import output, per_channel, signal, state_leaf
 
 
@@ -119,6 +126,18 @@ class Distortion(AbstractRangedEffect):
     def ranges(self) -> dict[str, Range]:
         """`drive_db` in $[0, 40]$ dB."""
         return self.RANGES
+
+    def checked_values(self) -> dict[str, Array]:
+        return fields_as_they_are(self)
+
+    def with_values(self, values: dict[str, Array]) -> "Distortion":
+        return with_values_by_tree_at(self, values)
+
+    def to_unconstrained(self) -> Float[Array, " params"]:
+        return logit_to_unconstrained(self)
+
+    def with_unconstrained(self, theta: Shaped[ArrayLike, " params"]) -> "Distortion":
+        return logit_with_unconstrained(self, theta)
 
     def __call__(
         self,

@@ -8,7 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from .._effect import AbstractRangedEffect, Range
+from .._effect import (
+    AbstractRangedEffect,
+    Range,
+    fields_as_they_are,
+    logit_to_unconstrained,
+    logit_with_unconstrained,
+    with_values_by_tree_at,
+)
 from .._errors import error_if
 from .._float_dtypes import check_float_dtype
 from .._signal import output, per_channel, signal, state_leaf
@@ -142,6 +149,18 @@ class FDNReverb(AbstractRangedEffect):
     def feedback_matrix(self) -> Float[Array, "lines lines"]:
         """The Householder feedback matrix $A$."""
         return householder(self.v)
+
+    def checked_values(self) -> dict[str, Array]:
+        return fields_as_they_are(self)
+
+    def with_values(self, values: dict[str, Array]) -> "FDNReverb":
+        return with_values_by_tree_at(self, values)
+
+    def to_unconstrained(self) -> Float[Array, " params"]:
+        return logit_to_unconstrained(self)
+
+    def with_unconstrained(self, theta: Shaped[ArrayLike, " params"]) -> "FDNReverb":
+        return logit_with_unconstrained(self, theta)
 
     def __call__(
         self,

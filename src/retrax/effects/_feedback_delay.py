@@ -6,7 +6,14 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from .._effect import AbstractRangedEffect, Range
+from .._effect import (
+    AbstractRangedEffect,
+    Range,
+    fields_as_they_are,
+    logit_to_unconstrained,
+    logit_with_unconstrained,
+    with_values_by_tree_at,
+)
 from .._signal import output, per_channel, signal, state_leaf
 from .._validate import check_delay
 from ..ops import comb
@@ -47,6 +54,20 @@ class AbstractFeedbackDelay(AbstractRangedEffect):
     def ranges(self) -> dict[str, Range]:
         """`feedback` in $[0, 0.95]$, `mix` in $[0, 1]$."""
         return self.RANGES
+
+    def checked_values(self) -> dict[str, Array]:
+        return fields_as_they_are(self)
+
+    def with_values(self, values: dict[str, Array]) -> "AbstractFeedbackDelay":
+        return with_values_by_tree_at(self, values)
+
+    def to_unconstrained(self) -> Float[Array, " params"]:
+        return logit_to_unconstrained(self)
+
+    def with_unconstrained(
+        self, theta: Shaped[ArrayLike, " params"]
+    ) -> "AbstractFeedbackDelay":
+        return logit_with_unconstrained(self, theta)
 
 
 class FeedbackDelay(AbstractFeedbackDelay):

@@ -6,7 +6,14 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from .._effect import AbstractRangedEffect, Range
+from .._effect import (
+    AbstractRangedEffect,
+    Range,
+    fields_as_they_are,
+    logit_to_unconstrained,
+    logit_with_unconstrained,
+    with_values_by_tree_at,
+)
 from .._float_dtypes import check_float_dtype
 from .._signal import output, per_channel, signal, state_leaf
 from .._validate import check_rate
@@ -105,6 +112,18 @@ class Freeverb(AbstractRangedEffect):
         """The allpass delays in samples at this sample rate."""
         scale = self.sample_rate / TUNING_RATE
         return tuple(max(1, round(m * scale)) for m in ALLPASS_TUNING)
+
+    def checked_values(self) -> dict[str, Array]:
+        return fields_as_they_are(self)
+
+    def with_values(self, values: dict[str, Array]) -> "Freeverb":
+        return with_values_by_tree_at(self, values)
+
+    def to_unconstrained(self) -> Float[Array, " params"]:
+        return logit_to_unconstrained(self)
+
+    def with_unconstrained(self, theta: Shaped[ArrayLike, " params"]) -> "Freeverb":
+        return logit_with_unconstrained(self, theta)
 
     def __call__(
         self,

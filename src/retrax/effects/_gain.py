@@ -4,7 +4,14 @@ from typing import ClassVar
 
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from .._effect import AbstractRangedEffect, Range
+from .._effect import (
+    AbstractRangedEffect,
+    Range,
+    fields_as_they_are,
+    logit_to_unconstrained,
+    logit_with_unconstrained,
+    with_values_by_tree_at,
+)
 from .._signal import no_state, output, signal
 
 
@@ -30,6 +37,18 @@ class Gain(AbstractRangedEffect):
     def ranges(self) -> dict[str, Range]:
         """`gain_db` in $[-24, 24]$ dB."""
         return self.RANGES
+
+    def checked_values(self) -> dict[str, Array]:
+        return fields_as_they_are(self)
+
+    def with_values(self, values: dict[str, Array]) -> "Gain":
+        return with_values_by_tree_at(self, values)
+
+    def to_unconstrained(self) -> Float[Array, " params"]:
+        return logit_to_unconstrained(self)
+
+    def with_unconstrained(self, theta: Shaped[ArrayLike, " params"]) -> "Gain":
+        return logit_with_unconstrained(self, theta)
 
     def __call__(
         self,

@@ -11,7 +11,14 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from .._effect import AbstractRangedEffect, Range
+from .._effect import (
+    AbstractRangedEffect,
+    Range,
+    fields_as_they_are,
+    logit_to_unconstrained,
+    logit_with_unconstrained,
+    with_values_by_tree_at,
+)
 from .._signal import no_state, output, signal
 
 
@@ -29,6 +36,20 @@ class AbstractStereoEffect(AbstractRangedEffect):
     def stereo_output(self, x: Array) -> Array:
         """The output `(2, time)` of the checked signal `x`, `(time,)` or
         `(channels, time)`."""
+
+    def checked_values(self) -> dict[str, Array]:
+        return fields_as_they_are(self)
+
+    def with_values(self, values: dict[str, Array]) -> "AbstractStereoEffect":
+        return with_values_by_tree_at(self, values)
+
+    def to_unconstrained(self) -> Float[Array, " params"]:
+        return logit_to_unconstrained(self)
+
+    def with_unconstrained(
+        self, theta: Shaped[ArrayLike, " params"]
+    ) -> "AbstractStereoEffect":
+        return logit_with_unconstrained(self, theta)
 
     def __call__(
         self,
