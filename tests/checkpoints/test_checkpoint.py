@@ -514,13 +514,6 @@ def test_resume_in_default_precision(getkey, tmp_path):
     assert_identical(state, ref_state)
 
 
-def test_diffusion_keeps_the_checkpoint_names():
-    # moved to the top level; `retrax.diffusion` re-exports them for a release
-    assert rd.save_checkpoint is retrax.save_checkpoint
-    assert rd.load_checkpoint is retrax.load_checkpoint
-    assert rd.Checkpoint is retrax.Checkpoint
-
-
 # one object each, so that the calls share their compiled chunks
 DIVERGING = optax.sgd(optax.piecewise_constant_schedule(1e-3, {10: 1e12}))
 
@@ -542,7 +535,7 @@ def test_fit_diverging_schedule_keeps_the_finite_checkpoints(getkey, tmp_path):
         "state": rd.TrainState(params, DIVERGING.init(params), None, 0, key, None),
         "losses": jnp.zeros(20),
     }
-    found = rd.load_checkpoint(tmp_path, like)
+    found = retrax.load_checkpoint(tmp_path, like)
     assert tree_is_finite(found.tree["state"].params)
     assert tree_is_finite(found.tree["state"].opt_state)
     # the steps before the failure are the ones an unchecked run takes
@@ -560,18 +553,18 @@ def test_fit_diverging_schedule_keeps_the_finite_checkpoints(getkey, tmp_path):
 def test_save_checkpoint_rotation_keeps_the_last_finite_checkpoint(tmp_path):
     good = {"w": jnp.ones(3)}
     bad = {"w": jnp.array([1.0, jnp.nan, 2.0])}
-    rd.save_checkpoint(tmp_path, 1, good, keep=2)
+    retrax.save_checkpoint(tmp_path, 1, good, keep=2)
     for step in range(2, 6):
-        rd.save_checkpoint(tmp_path, step, bad, keep=2)
+        retrax.save_checkpoint(tmp_path, step, bad, keep=2)
     names = sorted(p.name for p in tmp_path.glob("checkpoint-*.ckpt"))
     # the newest two, and the last finite one
     assert names == [f"checkpoint-00000000{s}.ckpt" for s in (1, 4, 5)]
     # the inf of a diverged run counts as non-finite too
-    rd.save_checkpoint(tmp_path, 6, {"w": jnp.full(3, jnp.inf)}, keep=2)
+    retrax.save_checkpoint(tmp_path, 6, {"w": jnp.full(3, jnp.inf)}, keep=2)
     names = sorted(p.name for p in tmp_path.glob("checkpoint-*.ckpt"))
     assert names == [f"checkpoint-00000000{s}.ckpt" for s in (1, 5, 6)]
     # once a finite state is saved again, the old one rotates away as usual
-    rd.save_checkpoint(tmp_path, 7, good, keep=2)
+    retrax.save_checkpoint(tmp_path, 7, good, keep=2)
     names = sorted(p.name for p in tmp_path.glob("checkpoint-*.ckpt"))
     assert names == [f"checkpoint-00000000{s}.ckpt" for s in (6, 7)]
 

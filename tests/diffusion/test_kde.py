@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import retrax.diffusion as rd
+import retrax.relations as rr
 from helpers import assert_close, raises_eagerly_and_under_jit
 
 
@@ -228,13 +229,13 @@ def test_online_kde_drifting_circle_query():
     answer averages the history (it used to freeze near the first radius);
     with `forget = 0.99` it tracks the current radius 1.5."""
     stream = drifting_circle()
-    nodes = rd.field_nodes(jax.random.key(1), 2, samples=4)
+    nodes = rr.field_nodes(jax.random.key(1), 2, samples=4)
 
     @jax.jit
     def answer(kde):
-        model = rd.ImplicitDiffusion(kde.predictor(SCHED), nodes)
+        model = rr.ImplicitDiffusion(kde.predictor(SCHED), nodes)
         z0, rho = jnp.zeros(2), jnp.array([jnp.inf, 0.0])
-        roots = rd.implicit_roots(model, z0, rho, jax.random.key(0), 13, 1.5)
+        roots = rr.implicit_roots(model, z0, rho, jax.random.key(0), 13, 1.5)
         return jnp.max(jnp.where(roots.valid, roots.z[:, 1], -jnp.inf))
 
     assert 1.1 < float(answer(stream_kde(stream, 1.0))) < 1.35

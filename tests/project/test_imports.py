@@ -144,32 +144,75 @@ def test_unknown_name_is_an_attribute_error():
 
 
 def test_every_import_form_works():
-    # Relations first: the relation modules import the diffusion package's
-    # modules, and the diffusion package's deprecated aliases name relations.
     _run(
         """
         from retrax.relations import ImplicitDiffusion
         import retrax
         import retrax.ops
         from retrax import ops
-        from retrax.diffusion import implicit_infer
+        from retrax.relations import implicit_infer
 
         assert retrax.ops is ops
         assert retrax.ops.allpole is ops.allpole
         assert retrax.relations.ImplicitDiffusion is ImplicitDiffusion
-        assert retrax.diffusion.ImplicitDiffusion is ImplicitDiffusion
         assert implicit_infer is retrax.relations.implicit_infer
-        assert "ImplicitDiffusion" in dir(retrax.diffusion)
         """
     )
+
+
+def test_diffusion_does_not_load_relations():
+    # Imports run one way: `retrax.relations` uses `retrax.diffusion`, never
+    # the other way round, so diffusion loads alone.
     _run(
         """
-        import retrax.diffusion
         import sys
 
-        # The deprecated aliases load the relations on first use only.
-        assert "retrax.relations" not in sys.modules
-        assert retrax.diffusion.Factor is retrax.relations.Factor
+        import retrax.diffusion
+
+        assert "retrax.relations" not in sys.modules, "diffusion loaded relations"
+        import retrax.relations as rr
+
+        assert issubclass(rr.RESULTS, retrax.diffusion.RESULTS)
+        """
+    )
+
+
+def test_removed_diffusion_aliases_are_gone():
+    # The relation names `retrax.diffusion` re-exported as deprecated aliases
+    # (and its checkpoint aliases) were removed; each has one home now.
+    _run(
+        """
+        import retrax
+        import retrax.diffusion as rd
+        import retrax.relations as rr
+
+        removed = [
+            "AbstractChannel", "AbstractGaussian", "AbstractImplicitRelation",
+            "CanonicalGaussian", "Factor", "FieldNodes", "GuardedNewton",
+            "ImplicitDiffusion", "ImplicitPullback", "ImplicitRoots",
+            "ImplicitSolution", "IndexedRelation", "InferenceHistory",
+            "LaplaceBelief", "Latent", "MixtureBelief", "MomentGaussian",
+            "Observed", "ProductRelation", "TaskGradient", "Unobserved",
+            "assemble_state", "blockranges", "channel_anchor", "combine",
+            "data_levels", "density_lambda", "divide", "factor_infer",
+            "factor_messages", "factor_pullback", "field_nodes",
+            "fit_through_inference", "implicit_energy", "implicit_infer",
+            "implicit_laplace", "implicit_mixture", "implicit_pullback",
+            "implicit_roots", "laplace_belief", "local_free_energy",
+            "named_relation", "noisefree_nodes", "roots_by_energy",
+            "task_gradient",
+        ]
+        for name in removed:
+            try:
+                getattr(rd, name)
+            except AttributeError:
+                pass
+            else:
+                raise AssertionError(f"retrax.diffusion.{name} still exists")
+            assert hasattr(rr, name), name
+        for name in ["save_checkpoint", "load_checkpoint", "Checkpoint"]:
+            assert not hasattr(rd, name), name
+            assert hasattr(retrax, name), name
         """
     )
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import retrax.diffusion as rd
+import retrax.relations as rr
 from helpers import assert_close, raises_eagerly_and_under_jit
 
 
@@ -23,7 +24,7 @@ W = np.array([1.0, 2.0])
 
 def gaussian(mu, scale, nodes, lam=1.0):
     mix = rd.GaussianMixtureEps(SCHED, jnp.asarray(mu)[None, :], jnp.asarray(scale))
-    return rd.ImplicitDiffusion(mix, nodes, lam)
+    return rr.ImplicitDiffusion(mix, nodes, lam)
 
 
 def gaussian_coef(scale, nodes, lam=1.0):
@@ -39,13 +40,13 @@ def gaussian_coef(scale, nodes, lam=1.0):
 
 
 def product(levels=None, lam=None, weights=W):
-    nodes = rd.field_nodes(jax.random.key(0), 2, levels=levels, samples=2)
+    nodes = rr.field_nodes(jax.random.key(0), 2, levels=levels, samples=2)
     if lam == "density":
-        lam = float(rd.density_lambda(SCHED, nodes))
+        lam = float(rr.density_lambda(SCHED, nodes))
     lam = 1.0 if lam is None else lam
-    r1 = rd.named_relation(gaussian(MU1, S1, nodes, lam), ["x", "y"], BLOCKS)
-    r2 = rd.named_relation(gaussian(MU2, S2, nodes, lam), ["y", "z"], BLOCKS)
-    return rd.ProductRelation([r1, r2], weights), nodes, lam
+    r1 = rr.named_relation(gaussian(MU1, S1, nodes, lam), ["x", "y"], BLOCKS)
+    r2 = rr.named_relation(gaussian(MU2, S2, nodes, lam), ["y", "z"], BLOCKS)
+    return rr.ProductRelation([r1, r2], weights), nodes, lam
 
 
 def linear_answer(nodes, lam, z0, rho, weights=W):
@@ -76,24 +77,24 @@ def linear_answer(nodes, lam, z0, rho, weights=W):
 
 
 def test_blockranges_and_assemble():
-    ranges = rd.blockranges({"x": 1, "y": 2, "z": 1})
+    ranges = rr.blockranges({"x": 1, "y": 2, "z": 1})
     assert ranges == {"x": range(0, 1), "y": range(1, 3), "z": range(3, 4)}
-    z = rd.assemble_state({"x": 1, "y": 2, "z": 1}, {"y": jnp.array([2.0, 3.0])})
+    z = rr.assemble_state({"x": 1, "y": 2, "z": 1}, {"y": jnp.array([2.0, 3.0])})
     assert_close(z, np.array([0.0, 2.0, 3.0, 0.0]))
-    rho = rd.assemble_state(BLOCKS, {"y": 0.0, "z": 0.0}, fill=jnp.inf)
+    rho = rr.assemble_state(BLOCKS, {"y": 0.0, "z": 0.0}, fill=jnp.inf)
     assert np.isinf(rho[0]) and rho[1] == 0 and rho.dtype == jnp.float64
     with pytest.raises(ValueError, match="unknown variables"):
-        rd.assemble_state(BLOCKS, {"w": 1.0})
+        rr.assemble_state(BLOCKS, {"w": 1.0})
     with pytest.raises(ValueError, match="size 1"):
-        rd.assemble_state(BLOCKS, {"x": jnp.zeros(2)})
+        rr.assemble_state(BLOCKS, {"x": jnp.zeros(2)})
     with pytest.raises(ValueError, match="positive integer size"):
-        rd.blockranges({"x": 0})
+        rr.blockranges({"x": 0})
 
 
 def test_indexed_field_scatters():
-    nodes = rd.field_nodes(jax.random.key(0), 2, samples=2)
+    nodes = rr.field_nodes(jax.random.key(0), 2, samples=2)
     member = gaussian(MU2, S2, nodes)
-    rel = rd.IndexedRelation(member, [2, 0], 4)
+    rel = rr.IndexedRelation(member, [2, 0], 4)
     z = jnp.array([0.1, -0.7, 0.4, 2.0])
     # (under `jit`: one program each, not op by op)
     g = eqx.filter_jit(rel.prior_field)(z)
@@ -118,13 +119,13 @@ def test_product_gaussians_closed_form(rho):
     model, nodes, lam = product()
     z0 = jnp.array([0.8, 0.0, -0.3])
     rho = jnp.array(rho)
-    sol = rd.implicit_infer(model, z0, rho, tol=1e-13)
+    sol = rr.implicit_infer(model, z0, rho, tol=1e-13)
     assert bool(sol.converged) and bool(sol.stable)
     ref = linear_answer(nodes, lam, np.asarray(z0), np.asarray(rho))
     assert_close(sol.z, ref, atol=1e-8, rtol=0)
     # The conservative product is detected: the symmetric adjoint path agrees
     # with the general (transposed) one.
-    sol2 = rd.implicit_infer(model, z0, rho, tol=1e-13, symmetric=False)
+    sol2 = rr.implicit_infer(model, z0, rho, tol=1e-13, symmetric=False)
     assert_close(sol2.z, ref, atol=1e-8, rtol=0)
 
 
@@ -142,7 +143,7 @@ def test_product_density_lambda_trend():
     for scale in [1.0, 0.1, 0.01]:
         levels = scale * np.linspace(0.002, 0.05, 8)
         model, _, _ = product(levels=levels, lam="density")
-        sol = rd.implicit_infer(
+        sol = rr.implicit_infer(
             model, jnp.array([x, 0.0, 0.0]), jnp.array([INF, 0.0, 0.0]), tol=1e-13
         )
         errors.append(float(np.max(np.abs(np.asarray(sol.z) - ref))))
@@ -158,7 +159,7 @@ def test_product_gradients_every_member():
     target = jnp.array([0.0, 0.2, 0.4])
 
     def loss(m, x):
-        sol = rd.implicit_infer(m, z0.at[0].set(x), rho, tol=1e-13)
+        sol = rr.implicit_infer(m, z0.at[0].set(x), rho, tol=1e-13)
         return 0.5 * jnp.sum((sol.z - target) ** 2)
 
     gm = eqx.filter_jit(eqx.filter_grad(loss))(model, z0[0])
@@ -198,11 +199,11 @@ def test_product_pullback_and_roots():
     model, nodes, lam = product()
     z0 = jnp.array([0.8, 0.0, -0.3])
     rho = jnp.array([INF, 0.0, 0.0])
-    sol = rd.implicit_infer(model, z0, rho, tol=1e-13)
+    sol = rr.implicit_infer(model, z0, rho, tol=1e-13)
     zbar = jnp.array([0.0, 1.0, -0.5])
-    mbar, z0bar, _ = rd.implicit_pullback(model, sol, z0, rho, zbar)
+    mbar, z0bar, _ = rr.implicit_pullback(model, sol, z0, rho, zbar)
     g = eqx.filter_grad(
-        lambda m: jnp.dot(rd.implicit_infer(m, z0, rho, tol=1e-13).z, zbar)
+        lambda m: jnp.dot(rr.implicit_infer(m, z0, rho, tol=1e-13).z, zbar)
     )(model)
     for i in range(2):
         assert_close(
@@ -210,7 +211,7 @@ def test_product_pullback_and_roots():
             g.relations[i].relation.pred.means,
             rtol=1e-8,
         )
-    roots = rd.implicit_roots(model, z0, rho, jax.random.key(1), n_starts=4)
+    roots = rr.implicit_roots(model, z0, rho, jax.random.key(1), n_starts=4)
     assert int(roots.count) == 1
     assert_close(roots.z[0], linear_answer(nodes, lam, z0, rho), atol=1e-8, rtol=0)
 
@@ -229,7 +230,7 @@ def test_product_energy_and_symmetric_cholesky():
     rho = jnp.array([INF, 0.0, 0.0])
 
     def loss(m, solver):
-        sol = rd.implicit_infer(m, z0, rho, tol=1e-13, adjoint_solver=solver)
+        sol = rr.implicit_infer(m, z0, rho, tol=1e-13, adjoint_solver=solver)
         return jnp.sum(sol.z**2)
 
     g_lu = eqx.filter_grad(lambda m: loss(m, None))(model)
@@ -246,13 +247,13 @@ def test_roots_by_energy():
     """Two modes of unequal weight: the deeper (lower energy) answer first."""
     means = jnp.array([[-1.0, 0.0], [1.0, 0.0]])
     mix = rd.GaussianMixtureEps(SCHED, means, 0.3, jnp.array([0.2, 0.8]))
-    nodes = rd.field_nodes(jax.random.key(0), 2, samples=2)
-    model = rd.ImplicitDiffusion(mix, nodes, float(rd.density_lambda(SCHED, nodes)))
+    nodes = rr.field_nodes(jax.random.key(0), 2, samples=2)
+    model = rr.ImplicitDiffusion(mix, nodes, float(rr.density_lambda(SCHED, nodes)))
     z0 = jnp.array([0.0, 0.0])
     rho = jnp.array([0.0, INF])
-    roots = rd.implicit_roots(model, z0, rho, jax.random.key(3), n_starts=8, spread=1.5)
+    roots = rr.implicit_roots(model, z0, rho, jax.random.key(3), n_starts=8, spread=1.5)
     assert int(roots.count) == 2
-    ordered, energy = rd.roots_by_energy(model, roots, z0, rho)
+    ordered, energy = rr.roots_by_energy(model, roots, z0, rho)
     assert int(ordered.count) == 2
     assert float(ordered.z[0, 0]) > 0.5 and float(ordered.z[1, 0]) < -0.5
     assert float(energy[0]) < float(energy[1])
@@ -263,43 +264,43 @@ def test_roots_by_energy():
 
 
 def test_bad_relations():
-    nodes = rd.field_nodes(jax.random.key(0), 2, samples=2)
+    nodes = rr.field_nodes(jax.random.key(0), 2, samples=2)
     g = gaussian(MU1, S1, nodes)
     with pytest.raises(ValueError, match="exceeds the joint state"):
-        rd.IndexedRelation(g, [1, 3], 3)
+        rr.IndexedRelation(g, [1, 3], 3)
     with pytest.raises(ValueError, match="exceeds the joint state"):
-        rd.IndexedRelation(g, [-1, 0], 3)
+        rr.IndexedRelation(g, [-1, 0], 3)
     with pytest.raises(ValueError, match="repeats"):
-        rd.IndexedRelation(g, [1, 1], 3)
+        rr.IndexedRelation(g, [1, 1], 3)
     with pytest.raises(ValueError, match="dimension 2"):
-        rd.IndexedRelation(g, [0, 1, 2], 3)
+        rr.IndexedRelation(g, [0, 1, 2], 3)
     with pytest.raises(ValueError, match="not in the joint state"):
-        rd.named_relation(g, ["x", "w"], BLOCKS)
-    r1 = rd.IndexedRelation(g, [0, 1], 3)
-    r2 = rd.IndexedRelation(g, [1, 2], 3)
+        rr.named_relation(g, ["x", "w"], BLOCKS)
+    r1 = rr.IndexedRelation(g, [0, 1], 3)
+    r2 = rr.IndexedRelation(g, [1, 2], 3)
     with pytest.raises(ValueError, match="one weight per relation"):
-        rd.ProductRelation([r1, r2], [1.0])
+        rr.ProductRelation([r1, r2], [1.0])
     with pytest.raises(ValueError, match="one weight per relation"):
-        rd.ProductRelation([r1, r2], [1.0, 2.0, 3.0])
+        rr.ProductRelation([r1, r2], [1.0, 2.0, 3.0])
     with pytest.raises(ValueError, match="`weights` must be finite and nonnegative"):
-        rd.ProductRelation([r1, r2], [1.0, -1.0])
+        rr.ProductRelation([r1, r2], [1.0, -1.0])
 
     def product_field(weights):
-        return rd.ProductRelation([r1, r2], weights).prior_field(jnp.ones(3))
+        return rr.ProductRelation([r1, r2], weights).prior_field(jnp.ones(3))
 
     for bad in [jnp.array([1.0, -1.0]), jnp.array([jnp.nan, 1.0])]:
         raises_eagerly_and_under_jit(
             product_field, bad, match="`weights` must be finite and nonnegative"
         )
     with pytest.raises(ValueError, match="different joint dimensions"):
-        rd.ProductRelation([r1, rd.IndexedRelation(g, [0, 1], 4)])
+        rr.ProductRelation([r1, rr.IndexedRelation(g, [0, 1], 4)])
     with pytest.raises(TypeError, match="AbstractImplicitRelation"):
-        rd.ProductRelation([r1, g.pred])
+        rr.ProductRelation([r1, g.pred])
     with pytest.raises(ValueError, match="`lam` must be a finite, nonnegative"):
-        rd.ImplicitDiffusion(g.pred, nodes, -1.0)
+        rr.ImplicitDiffusion(g.pred, nodes, -1.0)
 
     def field(lam):
-        return rd.ImplicitDiffusion(g.pred, nodes, lam).prior_field(jnp.ones(2))
+        return rr.ImplicitDiffusion(g.pred, nodes, lam).prior_field(jnp.ones(2))
 
     for bad in [-1.0, jnp.inf]:
         raises_eagerly_and_under_jit(
@@ -307,8 +308,8 @@ def test_bad_relations():
         )
     # beartype (active in this suite) or the library's own check
     with pytest.raises((ValueError, TypeError), match="`lam` must be a scalar|'lam'"):
-        rd.ImplicitDiffusion(g.pred, nodes, jnp.ones(2))
-    twisted = rd.ImplicitDiffusion(
+        rr.ImplicitDiffusion(g.pred, nodes, jnp.ones(2))
+    twisted = rr.ImplicitDiffusion(
         rd.NoisePredictor(
             rd.TimeMLP(2, hidden=4, key=jax.random.key(0), dtype=jnp.float64), SCHED
         ),
@@ -316,11 +317,11 @@ def test_bad_relations():
     )
     assert not twisted.conservative
     with pytest.raises(ValueError, match="conservative"):
-        rd.implicit_infer(twisted, jnp.zeros(2), jnp.array([INF, 0.0]), symmetric=True)
+        rr.implicit_infer(twisted, jnp.zeros(2), jnp.array([INF, 0.0]), symmetric=True)
     with pytest.raises(TypeError, match="conservative"):
-        rd.implicit_energy(twisted, jnp.zeros(2))
+        rr.implicit_energy(twisted, jnp.zeros(2))
     with pytest.raises(ValueError, match="length 3"):
-        rd.implicit_infer(rd.ProductRelation([r1, r2]), jnp.zeros(2), jnp.zeros(2))
+        rr.implicit_infer(rr.ProductRelation([r1, r2]), jnp.zeros(2), jnp.zeros(2))
 
 
 class _QuadraticEnergy(eqx.Module):
@@ -338,14 +339,14 @@ class _QuadraticEnergy(eqx.Module):
 def test_energy_network_symmetric_adjoint():
     mlp = rd.TimeMLP(2, out_size=1, hidden=8, key=jax.random.key(2), dtype=jnp.float64)
     net = _QuadraticEnergy(jnp.array([0.3, -0.2]), mlp)
-    energy_model = rd.ImplicitDiffusion(
-        rd.EnergyNetwork(net, SCHED), rd.field_nodes(jax.random.key(0), 2, samples=2)
+    energy_model = rr.ImplicitDiffusion(
+        rd.EnergyNetwork(net, SCHED), rr.field_nodes(jax.random.key(0), 2, samples=2)
     )
-    nodes = rd.field_nodes(jax.random.key(0), 2, samples=2)
-    model = rd.ProductRelation(
+    nodes = rr.field_nodes(jax.random.key(0), 2, samples=2)
+    model = rr.ProductRelation(
         [
-            rd.named_relation(energy_model, ["x", "y"], BLOCKS),
-            rd.named_relation(gaussian(MU2, S2, nodes), ["y", "z"], BLOCKS),
+            rr.named_relation(energy_model, ["x", "y"], BLOCKS),
+            rr.named_relation(gaussian(MU2, S2, nodes), ["y", "z"], BLOCKS),
         ]
     )
     assert model.conservative
@@ -359,7 +360,7 @@ def test_energy_network_symmetric_adjoint():
     rho = jnp.array([INF, 0.0, 0.0])
 
     def loss(m, symmetric):
-        sol = rd.implicit_infer(m, z0, rho, tol=1e-13, symmetric=symmetric)
+        sol = rr.implicit_infer(m, z0, rho, tol=1e-13, symmetric=symmetric)
         return jnp.sum(jnp.sin(sol.z))
 
     g_sym = eqx.filter_grad(lambda m: loss(m, None))(model)
@@ -379,46 +380,8 @@ def test_product_laplace():
     model, _, _ = product(levels=0.01 * np.linspace(0.002, 0.05, 8), lam="density")
     z0 = jnp.array([0.8, 0.0, 0.0])
     rho = jnp.array([INF, 0.0, 0.0])
-    sol = rd.implicit_infer(model, z0, rho, tol=1e-13)
-    cov = rd.implicit_laplace(model, sol, rho)
+    sol = rr.implicit_infer(model, z0, rho, tol=1e-13)
+    cov = rr.implicit_laplace(model, sol, rho)
     prec_y = W[0] / S1**2 + W[1] / S2**2
     ref = np.diag([0.0, 1 / prec_y, S2**2 / W[1]])
     assert_close(cov, ref, atol=1e-4, rtol=0)
-
-
-def test_diffusion_aliases_are_the_relations_names():
-    # `retrax.diffusion` keeps every relations name for one release, as the
-    # same object, and its docstring lists the aliases.
-    import retrax.diffusion._solution as solution
-    import retrax.relations as rr
-
-    names = [
-        n
-        for n in dir(rr)
-        if not n.startswith("_") and not isinstance(getattr(rr, n), type(rr))
-    ]
-    # names added after the move live in `retrax.relations` only
-    newer = {
-        "AbstractGraphFactor",
-        "belief_levels",
-        "DataSupport",
-        "FactorGraph",
-        "GaussianFactor",
-        "GraphSolution",
-        "PropagationSolution",
-        "RelationFactor",
-        "ResidualFactor",
-        "calibrate_off_data",
-        "graph_free_energy",
-        "graph_laplace",
-        "propagate_beliefs",
-        "solve_graph",
-    }
-    assert len(names) == 46 + len(newer)
-    for name in names:
-        if name in newer:
-            assert not hasattr(rd, name), name
-            continue
-        assert getattr(rd, name) is getattr(rr, name), name
-        if not hasattr(solution, name):
-            assert f"`{name}`" in rd.__doc__, name

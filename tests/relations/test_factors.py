@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import retrax.diffusion as rd
+import retrax.relations as rr
 from helpers import (
     FLOAT32_RTOL,
     assert_close,
@@ -38,13 +39,13 @@ def gaussian_factor():
     m = rng.normal(size=(4, 4))
     a = jnp.asarray(m @ m.T / 4 + np.eye(4))
     b = jnp.asarray(rng.normal(size=4))
-    nodes = rd.noisefree_nodes(4, T)
+    nodes = rr.noisefree_nodes(4, T)
     pred = rd.EnergyNetwork(Quadratic(a, b), SCHED)
-    rel = rd.ImplicitDiffusion(pred, nodes, lam=rd.density_lambda(SCHED, nodes))
+    rel = rr.ImplicitDiffusion(pred, nodes, lam=rr.density_lambda(SCHED, nodes))
     alpha = SCHED.alpha(jnp.asarray(T))
     # The field is alpha^2 A (z - b / alpha), lam_eff = 1: the relation's
     # density is N(b / alpha, (alpha^2 A)^-1).
-    return rd.Factor(rel, {"x": 1, "y": 2, "w": 1}), alpha**2 * a, b / alpha
+    return rr.Factor(rel, {"x": 1, "y": 2, "w": 1}), alpha**2 * a, b / alpha
 
 
 def closed_posterior(prec, mean, z0, p_anchor):
@@ -57,8 +58,8 @@ def closed_posterior(prec, mean, z0, p_anchor):
 def test_factor_query_and_layout():
     factor, _, _ = gaussian_factor()
     marks = {
-        "x": rd.Observed(jnp.asarray(0.3)),
-        "y": rd.Unobserved(jnp.array([1.0, -1.0]), jnp.array([4.0, 0.25])),
+        "x": rr.Observed(jnp.asarray(0.3)),
+        "y": rr.Unobserved(jnp.array([1.0, -1.0]), jnp.array([4.0, 0.25])),
     }
     z0, rho = factor.query(marks)
     assert_close(z0, jnp.array([0.3, 1.0, -1.0, 0.0]))
@@ -67,14 +68,14 @@ def test_factor_query_and_layout():
     assert_close(factor.split(z0)["y"], jnp.array([1.0, -1.0]))
     assert_close(factor.join({"w": 2.0}), jnp.array([0.0, 0.0, 0.0, 2.0]))
     with pytest.raises(ValueError, match="unknown channels \\['v'\\]"):
-        factor.query({"v": rd.Latent()})
+        factor.query({"v": rr.Latent()})
     with pytest.raises(TypeError, match="marks"):
         factor.query({"x": 0.3})
     with pytest.raises(ValueError, match="have 3 coordinates in all"):
-        rd.Factor(factor.relation, {"x": 1, "y": 2})
+        rr.Factor(factor.relation, {"x": 1, "y": 2})
 
     def bad_precision(p):
-        return factor.query({"w": rd.Unobserved(1.0, p)})[1]
+        return factor.query({"w": rr.Unobserved(1.0, p)})[1]
 
     raises_eagerly_and_under_jit(
         bad_precision,
@@ -88,28 +89,28 @@ def test_factor_pullback_is_the_gradient_and_finite_differences():
     """Per channel cotangents, precisions included, on a non-Gaussian relation."""
     means = jnp.array([[-1.0, 0.0, 0.5], [1.0, 0.5, 0.0], [0.0, -1.0, 1.0]])
     mix = rd.GaussianMixtureEps(SCHED, means, 0.6)
-    nodes = rd.field_nodes(jax.random.key(3), 3, samples=2)
-    rel = rd.ImplicitDiffusion(mix, nodes, lam=rd.density_lambda(SCHED, nodes))
-    factor = rd.Factor(rel, {"a": 1, "b": 1, "c": 1})
+    nodes = rr.field_nodes(jax.random.key(3), 3, samples=2)
+    rel = rr.ImplicitDiffusion(mix, nodes, lam=rr.density_lambda(SCHED, nodes))
+    factor = rr.Factor(rel, {"a": 1, "b": 1, "c": 1})
     zbar = {"b": jnp.asarray(0.7), "c": jnp.asarray(-1.3)}
 
     def marks_of(x, v, p):
         return {
-            "a": rd.Observed(x),
-            "b": rd.Unobserved(v, p),
-            "c": rd.Latent(jnp.asarray(0.2)),
+            "a": rr.Observed(x),
+            "b": rr.Unobserved(v, p),
+            "c": rr.Latent(jnp.asarray(0.2)),
         }
 
     @jax.jit
     def loss(f, x, v, p):
-        sol = rd.factor_infer(f, marks_of(x, v, p), tol=1e-13)
+        sol = rr.factor_infer(f, marks_of(x, v, p), tol=1e-13)
         z = f.split(sol.z)
         return 0.7 * z["b"][0] - 1.3 * z["c"][0]
 
     args = (jnp.asarray(0.4), jnp.asarray(0.3), jnp.asarray(2.0))
     marks = marks_of(*args)
-    sol = rd.factor_infer(factor, marks, tol=1e-13)
-    factor_bar, marks_bar = rd.factor_pullback(factor, sol, marks, zbar)
+    sol = rr.factor_infer(factor, marks, tol=1e-13)
+    factor_bar, marks_bar = rr.factor_pullback(factor, sol, marks, zbar)
     g_factor, *grads = eqx.filter_grad(lambda a: loss(*a))((factor, *args))
     assert_close(marks_bar["a"].value, grads[0], rtol=1e-10)
     assert_close(marks_bar["b"].value, grads[1], rtol=1e-10)
@@ -136,7 +137,7 @@ def test_gaussian_forms_and_marginals():
     m = rng.normal(size=(4, 4))
     cov = jnp.asarray(m @ m.T + 0.5 * np.eye(4))
     mean = jnp.asarray(rng.normal(size=4))
-    g = rd.MomentGaussian(mean, cov)
+    g = rr.MomentGaussian(mean, cov)
     c = g.canonical()
     assert_close(c.moment().mean, mean, rtol=1e-12)
     assert_close(c.moment().cov, cov, rtol=1e-12)
@@ -144,14 +145,14 @@ def test_gaussian_forms_and_marginals():
     assert_close(c.marginal([2, 0]).moment().mean, mean[jnp.array([2, 0])], 1e-12)
     assert_close(c.marginal([2, 0]).moment().cov, cov[np.ix_([2, 0], [2, 0])], 1e-12)
     # product and quotient
-    other = rd.MomentGaussian(-mean, 2 * cov)
-    prod = rd.combine(g, other)
+    other = rr.MomentGaussian(-mean, 2 * cov)
+    prod = rr.combine(g, other)
     assert_close(prod.precision, c.precision + other.canonical().precision)
-    back = rd.divide(prod, other)
+    back = rr.divide(prod, other)
     assert_close(back.info, c.info, rtol=1e-12)
     assert_close(back.precision, c.precision, rtol=1e-12)
     with pytest.raises(ValueError, match="different dimensions"):
-        rd.combine(g, g.marginal([0]))
+        rr.combine(g, g.marginal([0]))
     with pytest.raises(ValueError, match="repeats a coordinate"):
         g.marginal([1, 1])
 
@@ -159,16 +160,16 @@ def test_gaussian_forms_and_marginals():
 def test_marginal_beliefs_are_the_joint_gaussians_marginals():
     factor, prec, mean = gaussian_factor()
     marks = {
-        "x": rd.Unobserved(jnp.asarray(0.5), jnp.asarray(3.0)),
-        "w": rd.Unobserved(jnp.asarray(-0.2), jnp.asarray(0.5)),
+        "x": rr.Unobserved(jnp.asarray(0.5), jnp.asarray(3.0)),
+        "w": rr.Unobserved(jnp.asarray(-0.2), jnp.asarray(0.5)),
     }
     z0, rho = factor.query(marks)
-    sol = rd.factor_infer(factor, marks)
+    sol = rr.factor_infer(factor, marks)
     p_anchor = jnp.array([3.0, 0.0, 0.0, 0.5])
     post_mean, post_cov = closed_posterior(prec, mean, z0, p_anchor)
     coords = factor.coords("y", "x")
     # (under `jit`: the Laplace covariance one program, not op by op)
-    belief = eqx.filter_jit(rd.laplace_belief)(factor, sol, rho, coords)
+    belief = eqx.filter_jit(rr.laplace_belief)(factor, sol, rho, coords)
     idx = np.asarray(coords)
     assert_close(belief.mean, post_mean[idx], rtol=1e-12)
     assert_close(belief.cov, post_cov[np.ix_(idx, idx)], rtol=1e-12)
@@ -178,7 +179,7 @@ def test_marginal_beliefs_are_the_joint_gaussians_marginals():
 @pytest.mark.slow
 def test_mixture_finds_its_roots_and_marginalises():
     factor, prec, mean = gaussian_factor()
-    marks = {"x": rd.Unobserved(jnp.asarray(0.5), jnp.asarray(3.0))}
+    marks = {"x": rr.Unobserved(jnp.asarray(0.5), jnp.asarray(3.0))}
     z0, rho = factor.query(marks)
     post_mean, post_cov = closed_posterior(
         prec, mean, z0, jnp.array([3.0, 0.0, 0.0, 0.0])
@@ -186,33 +187,33 @@ def test_mixture_finds_its_roots_and_marginalises():
     coords = factor.coords("w", "y")
     idx = np.asarray(coords)
     key = jax.random.key(0)
-    mixture = rd.implicit_mixture(
+    mixture = rr.implicit_mixture(
         factor, None, z0, rho, coords=coords, key=key, n_starts=3
     )
     # one root (a Gaussian), found from every start
     assert_close(mixture.weights, jnp.array([1.0, 0.0, 0.0]), atol=1e-15)
     assert_close(mixture.means[0], post_mean[idx], rtol=1e-12)
     assert_close(mixture.covs[0], post_cov[np.ix_(idx, idx)], rtol=1e-12)
-    roots = rd.implicit_roots(factor, z0, rho, key=key, n_starts=3)
-    given = rd.implicit_mixture(factor, roots, z0, rho).marginal(coords)
+    roots = rr.implicit_roots(factor, z0, rho, key=key, n_starts=3)
+    given = rr.implicit_mixture(factor, roots, z0, rho).marginal(coords)
     # (invalid slots' covariances are NaN, as in implicit_laplace)
     assert_close(given.weights, mixture.weights, rtol=1e-14)
     assert_close(given.means[0], mixture.means[0], rtol=1e-14)
     assert_close(given.covs[0], mixture.covs[0], rtol=1e-14)
     with pytest.raises(ValueError, match="are for finding roots"):
-        rd.implicit_mixture(factor, roots, z0, rho, key=key)
+        rr.implicit_mixture(factor, roots, z0, rho, key=key)
 
 
 def test_message_times_anchor_is_the_posterior():
     factor, prec, mean = gaussian_factor()
     marks = {
-        "x": rd.Observed(jnp.asarray(0.5)),
-        "y": rd.Unobserved(jnp.array([0.1, 0.4]), jnp.array([2.0, 0.7])),
-        "w": rd.Unobserved(jnp.asarray(-0.2), jnp.asarray(0.5)),
+        "x": rr.Observed(jnp.asarray(0.5)),
+        "y": rr.Unobserved(jnp.array([0.1, 0.4]), jnp.array([2.0, 0.7])),
+        "w": rr.Unobserved(jnp.asarray(-0.2), jnp.asarray(0.5)),
     }
     z0, _ = factor.query(marks)
-    sol = rd.factor_infer(factor, marks)
-    messages = rd.factor_messages(factor, sol, marks)
+    sol = rr.factor_infer(factor, marks)
+    messages = rr.factor_messages(factor, sol, marks)
     assert set(messages) == {"y", "w"}
     # the posterior over the free coordinates (x is clamped: condition on it)
     free = np.array([1, 2, 3])
@@ -223,8 +224,8 @@ def test_message_times_anchor_is_the_posterior():
     p_anchor = jnp.array([2.0, 0.7, 0.5])
     post_mean, post_cov = closed_posterior(cond_prec, cond_mean, z0[free], p_anchor)
     for name, sub in (("y", [0, 1]), ("w", [2])):
-        anchor = rd.channel_anchor(factor, marks, name)
-        posterior = rd.combine(messages[name], anchor).moment()
+        anchor = rr.channel_anchor(factor, marks, name)
+        posterior = rr.combine(messages[name], anchor).moment()
         s = np.asarray(sub)
         assert_close(posterior.mean, post_mean[s], rtol=1e-12)
         assert_close(posterior.cov, post_cov[np.ix_(s, s)], rtol=1e-12)
@@ -233,10 +234,10 @@ def test_message_times_anchor_is_the_posterior():
         with_others = closed_posterior(
             cond_prec, cond_mean, z0[free], p_anchor.at[s].set(0.0)
         )
-        expected = rd.MomentGaussian(*with_others).marginal(sub).canonical()
+        expected = rr.MomentGaussian(*with_others).marginal(sub).canonical()
         assert_close(messages[name].precision, expected.precision, rtol=1e-11)
         assert_close(messages[name].info, expected.info, rtol=1e-11)
-    points = rd.factor_messages(factor, sol, marks, kind="point")
+    points = rr.factor_messages(factor, sol, marks, kind="point")
     assert_close(points["x"], jnp.array([0.5]))
 
 
@@ -253,10 +254,10 @@ def test_local_free_energy_is_the_gaussian_evidence():
     # The relation's potential E(alpha z) is the Gaussian's exponent with no
     # constant, so the free energy is the evidence itself.
     for value, p in ((0.3, 2.0), (-1.0, 0.25)):
-        marks = {"w": rd.Unobserved(jnp.asarray(value), jnp.asarray(p))}
+        marks = {"w": rr.Unobserved(jnp.asarray(value), jnp.asarray(p))}
         z0, rho = factor.query(marks)
-        sol = rd.factor_infer(factor, marks)
-        f = rd.local_free_energy(factor, sol, z0, rho)
+        sol = rr.factor_infer(factor, marks)
+        f = rr.local_free_energy(factor, sol, z0, rho)
         assert_close(f, evidence(z0, jnp.array([0.0, 0.0, 0.0, p])), rtol=1e-12)
         assert abs(float(f)) > 0.1
 
@@ -275,15 +276,15 @@ def test_factor_message_and_precision_gradient():
         mix = rd.GaussianMixtureEps(sched, means, jnp.asarray(0.3, dtype))
         # noise-free nodes: the same relation in both precisions (random
         # nodes drawn in float32 and float64 differ)
-        nodes = rd.noisefree_nodes(2, 0.02, dtype=dtype)
-        model = rd.ImplicitDiffusion(mix, nodes, lam=rd.density_lambda(sched, nodes))
-        factor = rd.Factor(model, {"a": 1, "b": 1})
+        nodes = rr.noisefree_nodes(2, 0.02, dtype=dtype)
+        model = rr.ImplicitDiffusion(mix, nodes, lam=rr.density_lambda(sched, nodes))
+        factor = rr.Factor(model, {"a": 1, "b": 1})
         marks = {
-            "a": rd.Observed(jnp.asarray(0.6, dtype)),
-            "b": rd.Unobserved(jnp.asarray(0.5, dtype), precision),
+            "a": rr.Observed(jnp.asarray(0.6, dtype)),
+            "b": rr.Unobserved(jnp.asarray(0.5, dtype), precision),
         }
-        sol = rd.factor_infer(factor, marks)
-        message = rd.factor_messages(factor, sol, marks)["b"]
+        sol = rr.factor_infer(factor, marks)
+        message = rr.factor_messages(factor, sol, marks)["b"]
         return sol.z[1], message.precision[0, 0], sol.converged & sol.stable
 
     def answer(means, precision):
@@ -324,8 +325,8 @@ def test_singular_gaussians_convert_to_nan(dtype):
     clamped = jnp.diag(jnp.asarray([1.0, 0.0, 2.0], dtype))
     flat = jnp.zeros((3, 3), dtype)
     cases = [
-        lambda m, c: rd.MomentGaussian(m, c).canonical(),
-        lambda m, c: rd.CanonicalGaussian(m, c).moment(),
+        lambda m, c: rr.MomentGaussian(m, c).canonical(),
+        lambda m, c: rr.CanonicalGaussian(m, c).moment(),
     ]
     for convert in cases:
         for singular in (cov, clamped, flat):
@@ -334,24 +335,24 @@ def test_singular_gaussians_convert_to_nan(dtype):
                 assert all(leaf.dtype == dtype for leaf in leaves)
                 assert all(np.all(np.isnan(leaf)) for leaf in leaves), out
     # an indefinite precision (a quotient's) has no moment form either
-    quotient = rd.divide(
-        rd.MomentGaussian(mean, jnp.eye(3, dtype=dtype)),
-        rd.MomentGaussian(mean, jnp.diag(jnp.asarray([0.5, 2.0, 2.0], dtype))),
+    quotient = rr.divide(
+        rr.MomentGaussian(mean, jnp.eye(3, dtype=dtype)),
+        rr.MomentGaussian(mean, jnp.diag(jnp.asarray([0.5, 2.0, 2.0], dtype))),
     )
     assert np.all(np.isnan(quotient.moment().cov))
     # the Schur complement over a singular block is NaN too
     p = jnp.asarray([[2.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 1.0, 1.0]], dtype)
     p = p.at[1:, 1:].set(jnp.ones((2, 2), dtype))  # singular block over (1, 2)
-    marg = rd.CanonicalGaussian(mean, p).marginal([0])
+    marg = rr.CanonicalGaussian(mean, p).marginal([0])
     assert np.all(np.isnan(marg.precision)) and np.all(np.isnan(marg.info))
     # well-conditioned forms still convert, and an isotropic covariance's
     # derivative is finite (the rank test is not differentiated)
     spd = cov + 0.5 * jnp.eye(3, dtype=dtype)
-    back = rd.MomentGaussian(mean, spd).canonical().moment()
+    back = rr.MomentGaussian(mean, spd).canonical().moment()
     tol = 1e-4 if dtype == jnp.float32 else 1e-12
     np.testing.assert_allclose(back.cov, spd, rtol=tol, atol=tol)
     np.testing.assert_allclose(back.mean, mean, rtol=tol, atol=tol)
-    grad = jax.grad(lambda c: rd.MomentGaussian(mean, c).canonical().info.sum())(
+    grad = jax.grad(lambda c: rr.MomentGaussian(mean, c).canonical().info.sum())(
         jnp.eye(3, dtype=dtype)
     )
     # d/dC of 1^T C^{-1} mu at C = I is -(1 mu^T)'s symmetric part
@@ -367,20 +368,20 @@ def test_gaussian_constructors_refuse_invalid_matrices(dtype):
     skew = jnp.asarray([[1.0, 0.5, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], dtype)
     psd = "`cov` must be symmetric positive semidefinite"
     with pytest.raises(ValueError, match=psd + ": its smallest eigenvalue is -2"):
-        rd.MomentGaussian(mean, negative)
+        rr.MomentGaussian(mean, negative)
     with pytest.raises(ValueError, match=psd + ": it differs from its transpose"):
-        rd.MomentGaussian(mean, skew)
+        rr.MomentGaussian(mean, skew)
     with pytest.raises(ValueError, match="`precision` must be symmetric: it differs"):
-        rd.CanonicalGaussian(mean, skew)
+        rr.CanonicalGaussian(mean, skew)
     with pytest.raises(TypeError, match="`cov` must have a real floating dtype"):
-        rd.MomentGaussian(mean, jnp.eye(3, dtype=jnp.int32))
+        rr.MomentGaussian(mean, jnp.eye(3, dtype=jnp.int32))
 
     # under jit, at run time, with the same message
     def moment(m, c):
-        return rd.MomentGaussian(m, c).cov
+        return rr.MomentGaussian(m, c).cov
 
     def canonical(m, c):
-        return rd.CanonicalGaussian(m, c).precision
+        return rr.CanonicalGaussian(m, c).precision
 
     jit_moment, jit_canonical = jax.jit(moment), jax.jit(canonical)
     with pytest.raises(Exception, match=psd + " \\(it has a negative eigenvalue\\)"):
@@ -392,8 +393,8 @@ def test_gaussian_constructors_refuse_invalid_matrices(dtype):
     # the product of a refused covariance is never formed: before, combine
     # gave the variance -2 of a "belief" with covariance diag(1, -0.5, 1)
     with pytest.raises(ValueError, match=psd):
-        rd.combine(
-            rd.MomentGaussian(mean, jnp.diag(jnp.asarray([1.0, -0.5, 1], dtype)))
+        rr.combine(
+            rr.MomentGaussian(mean, jnp.diag(jnp.asarray([1.0, -0.5, 1], dtype)))
         )
     # valid matrices pass, eagerly and under jit: PSD with rounding (the
     # rank-2 covariance's smallest eigenvalue is -4e-9 in float32), an
@@ -412,25 +413,25 @@ def test_gaussian_constructors_refuse_invalid_matrices(dtype):
 def test_factor_infer_refuses_tolerances_and_step_counts_it_cannot_use():
     # Before: tol=-1 failed every query and blamed max_steps.
     factor = gaussian_energy_factor(SCHED)
-    marks = {"x": rd.Observed(jnp.asarray(0.5))}
+    marks = {"x": rr.Observed(jnp.asarray(0.5))}
     for tol in (-1.0, 0.0, -1e-9, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="`tol` must be a positive, finite"):
-            rd.factor_infer(factor, marks, tol=tol)
+            rr.factor_infer(factor, marks, tol=tol)
     for steps in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="`max_steps` must be a positive integer"):
-            rd.factor_infer(factor, marks, max_steps=steps)
+            rr.factor_infer(factor, marks, max_steps=steps)
 
     # under jit (the options are fixed when the program is traced)
     @eqx.filter_jit
     def solve(factor, marks, tol):
-        return rd.factor_infer(factor, marks, tol=tol).z
+        return rr.factor_infer(factor, marks, tol=tol).z
 
     with pytest.raises(ValueError, match="`tol` must be a positive, finite"):
         solve(factor, marks, -1.0)
     with pytest.raises(TypeError, match="`tol` is fixed when the program is traced"):
-        jax.jit(lambda tol: rd.factor_infer(factor, marks, tol=tol).z)(1e-9)
+        jax.jit(lambda tol: rr.factor_infer(factor, marks, tol=tol).z)(1e-9)
     # valid options still answer
-    sol = rd.factor_infer(factor, marks, tol=1e-10, max_steps=50)
+    sol = rr.factor_infer(factor, marks, tol=1e-10, max_steps=50)
     assert bool(sol.converged) and bool(sol.stable)
     np.testing.assert_allclose(solve(factor, marks, 1e-10), sol.z, rtol=1e-12)
 
@@ -440,12 +441,12 @@ def test_factor_query_refuses_integer_dtypes():
     # Before: an internal error deep in the channel marks (or from inf cast
     # to an integer stiffness).
     factor = gaussian_energy_factor(SCHED)
-    marks = {"x": rd.Observed(jnp.asarray(0.5)), "y": rd.Unobserved(0.1, 2.0)}
+    marks = {"x": rr.Observed(jnp.asarray(0.5)), "y": rr.Unobserved(0.1, 2.0)}
     for dtype in (jnp.int32, np.int64, bool, "int8"):
         with pytest.raises(TypeError, match="`dtype` must be a real floating dtype"):
             factor.query(marks, dtype=dtype)
         with pytest.raises(TypeError, match="`dtype` must be a real floating dtype"):
-            rd.factor_infer(factor, marks, dtype=dtype)
+            rr.factor_infer(factor, marks, dtype=dtype)
     with pytest.raises(TypeError, match="`dtype` must be a real floating dtype"):
         eqx.filter_jit(lambda f: f.query(marks, dtype=jnp.int32))(factor)
     for dtype in (jnp.float32, jnp.float64):
@@ -461,9 +462,9 @@ def test_marginal_coords_must_be_concrete():
     mean = jnp.asarray([1.0, 2.0, 3.0])
     cov = jnp.diag(jnp.asarray([1.0, 2.0, 3.0]))
     beliefs = [
-        rd.MomentGaussian(mean, cov),
-        rd.MomentGaussian(mean, cov).canonical(),
-        rd.LaplaceBelief(mean=mean, cov=cov, free=jnp.ones(3, bool)),
+        rr.MomentGaussian(mean, cov),
+        rr.MomentGaussian(mean, cov).canonical(),
+        rr.LaplaceBelief(mean=mean, cov=cov, free=jnp.ones(3, bool)),
     ]
     match = "`coords` must be concrete: they fix the marginal's shape"
     for belief in beliefs:
@@ -478,12 +479,12 @@ def test_marginal_coords_must_be_concrete():
         np.testing.assert_allclose(eager.cov, np.diag([3.0, 1.0]), rtol=1e-12)
     # and where a belief is made with coords (laplace_belief)
     factor = gaussian_energy_factor(SCHED)
-    marks = {"x": rd.Observed(jnp.asarray(0.5))}
+    marks = {"x": rr.Observed(jnp.asarray(0.5))}
     z0, rho = factor.query(marks)
-    sol = rd.factor_infer(factor, marks)
+    sol = rr.factor_infer(factor, marks)
     with pytest.raises(TypeError, match=match):
-        jax.jit(lambda c: rd.laplace_belief(factor, sol, rho, c).mean)(
+        jax.jit(lambda c: rr.laplace_belief(factor, sol, rho, c).mean)(
             jnp.asarray([1, 2])
         )
-    belief = rd.laplace_belief(factor, sol, rho, factor.coords("y"))
+    belief = rr.laplace_belief(factor, sol, rho, factor.coords("y"))
     assert belief.mean.shape == (2,) and np.all(np.isfinite(belief.cov))

@@ -25,20 +25,20 @@ def ring_model():
     ang = 2 * np.pi * np.arange(48) / 48
     means = jnp.asarray(np.stack([np.cos(ang), np.sin(ang)], 1))
     mix = rd.GaussianMixtureEps(SCHED, means, 0.05)
-    return rd.ImplicitDiffusion(mix, rd.field_nodes(jax.random.key(0), 2, samples=8))
+    return rr.ImplicitDiffusion(mix, rr.field_nodes(jax.random.key(0), 2, samples=8))
 
 
 def two_bumps(weights=(0.7, 0.3), s=0.2):
     means = jnp.array([[-1.0, 0.0], [1.0, 0.0]])
     mix = rd.GaussianMixtureEps(SCHED, means, s, jnp.array(weights))
-    nodes = rd.field_nodes(jax.random.key(3), 2, samples=4)
-    return rd.ImplicitDiffusion(mix, nodes, lam=rd.density_lambda(SCHED, nodes))
+    nodes = rr.field_nodes(jax.random.key(3), 2, samples=4)
+    return rr.ImplicitDiffusion(mix, nodes, lam=rr.density_lambda(SCHED, nodes))
 
 
 @pytest.mark.slow
 def test_roots_of_the_ring_are_two_branches():
     model = ring_model()
-    roots = rd.implicit_roots(
+    roots = rr.implicit_roots(
         model, jnp.array([0.6, 0.0]), jnp.array([INF, 0.0]), jax.random.key(1)
     )
     assert int(roots.count) == 2
@@ -51,7 +51,7 @@ def test_roots_of_the_ring_are_two_branches():
     # jittable and differentiable with the mask (invalid slots give zero, not NaN)
 
     def total(x):
-        r = rd.implicit_roots(
+        r = rr.implicit_roots(
             model,
             jnp.stack([x, jnp.asarray(0.0)]),
             jnp.array([INF, 0.0]),
@@ -72,7 +72,7 @@ def test_roots_from_explicit_starts():
     z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
     # the clamped coordinate of a start is ignored (held at z0)
     starts = jnp.array([[0.6, -0.5], [9.0, -0.4], [0.6, 0.7]])
-    roots = jax.jit(lambda s: rd.implicit_roots(model, z0, rho, starts=s))(starts)
+    roots = jax.jit(lambda s: rr.implicit_roots(model, z0, rho, starts=s))(starts)
     assert roots.z.shape == (4, 2) and int(roots.count) == 2
     # discovery order: the own start (the upper branch), then the lower one;
     # the two other starts repeat them
@@ -82,18 +82,18 @@ def test_roots_from_explicit_starts():
     assert bool(jnp.all(roots.valid[:2])) and not bool(jnp.any(roots.valid[2:]))
     assert bool(jnp.all(roots.z[:, 0] == 0.6))
     # (`z_init=z0` is the default start, passed to share one compilation)
-    own = rd.implicit_infer(model, z0, rho, z_init=z0)
-    lower = rd.implicit_infer(model, z0, rho, z_init=starts[0])
+    own = rr.implicit_infer(model, z0, rho, z_init=z0)
+    lower = rr.implicit_infer(model, z0, rho, z_init=starts[0])
     assert_close(roots.z[0], own.z, rtol=1e-10)
     assert_close(roots.z[1], lower.z, rtol=1e-10)
     loads = jnp.stack([own.clamp_load, lower.clamp_load])
     assert_close(roots.clamp_load[:2], loads, rtol=1e-8)
     # `z_init` is the query's own start: here the lower branch comes first
-    flipped = rd.implicit_roots(model, z0, rho, starts=starts[2:], z_init=starts[0])
+    flipped = rr.implicit_roots(model, z0, rho, starts=starts[2:], z_init=starts[0])
     assert_close(flipped.z[0], lower.z, rtol=1e-10)
     assert int(flipped.count) == 2 and float(flipped.z[1, 1]) > 0
     # random starts: the own start is slot 0 of the `n_starts`
-    rand = rd.implicit_roots(model, z0, rho, jax.random.key(1))
+    rand = rr.implicit_roots(model, z0, rho, jax.random.key(1))
     assert rand.z.shape == (16, 2) and bool(rand.valid[0])
     assert_close(rand.z[0], own.z, rtol=1e-10)
 
@@ -102,9 +102,9 @@ def test_roots_pass_the_solver_options_on():
     model = ring_model()
     z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
     starts, lower = jnp.array([[0.6, 0.7]]), jnp.array([0.6, -0.5])
-    plain = rd.implicit_roots(model, z0, rho, starts=starts, z_init=lower)
+    plain = rr.implicit_roots(model, z0, rho, starts=starts, z_init=lower)
     # Newton-Krylov steps, a tighter tolerance, and every clamp flagged
-    krylov = rd.implicit_roots(
+    krylov = rr.implicit_roots(
         model,
         z0,
         rho,
@@ -117,12 +117,12 @@ def test_roots_pass_the_solver_options_on():
     )
     assert_close(krylov.z, plain.z, rtol=1e-8)
     assert bool(jnp.all(krylov.off_data)) and not bool(jnp.any(plain.off_data))
-    short = rd.implicit_roots(
+    short = rr.implicit_roots(
         model, z0, rho, starts=starts, z_init=lower, max_steps=1, throw=False
     )
     assert not bool(jnp.any(short.converged))
     assert bool(jnp.all(short.steps == 1))
-    assert bool(jnp.all(short.result == rd.RESULTS.nonlinear_max_steps_reached))
+    assert bool(jnp.all(short.result == rr.RESULTS.nonlinear_max_steps_reached))
 
 
 def test_roots_bad_starts():
@@ -131,23 +131,23 @@ def test_roots_bad_starts():
     key = jax.random.key(0)
     for bad in [jnp.zeros(2), jnp.zeros((2, 3)), jnp.zeros((0, 2))]:
         with pytest.raises(ValueError, match=r"`starts` must have shape \(m, 2\)"):
-            rd.implicit_roots(model, z0, rho, starts=bad)
+            rr.implicit_roots(model, z0, rho, starts=bad)
     # (a TypeError naming `starts`: the library's, or the annotation's)
     with pytest.raises(TypeError, match="starts"):
-        rd.implicit_roots(model, z0, rho, starts=jnp.zeros((1, 2), int))
+        rr.implicit_roots(model, z0, rho, starts=jnp.zeros((1, 2), int))
     with pytest.raises(ValueError, match="either `key`.*or `starts`"):
-        rd.implicit_roots(model, z0, rho, key, starts=jnp.zeros((1, 2)))
+        rr.implicit_roots(model, z0, rho, key, starts=jnp.zeros((1, 2)))
     with pytest.raises(ValueError, match="needs a PRNG `key`"):
-        rd.implicit_roots(model, z0, rho)
+        rr.implicit_roots(model, z0, rho)
     # a NaN on a free coordinate raises eagerly and under `jit`; on the
     # clamped one it is ignored, as in `z_init`
     nan = jnp.array([[0.6, jnp.nan]])
     raises_eagerly_and_under_jit(
-        lambda s: rd.implicit_roots(model, z0, rho, starts=s),
+        lambda s: rr.implicit_roots(model, z0, rho, starts=s),
         nan,
         match="`starts` must be finite on the coordinates that are not clamped",
     )
-    roots = rd.implicit_roots(model, z0, rho, starts=jnp.array([[jnp.nan, -0.5]]))
+    roots = rr.implicit_roots(model, z0, rho, starts=jnp.array([[jnp.nan, -0.5]]))
     assert int(roots.count) == 2
 
 
@@ -158,26 +158,26 @@ def test_energy_is_the_potential_of_the_field():
     z = jnp.array([0.3, -0.4])
     z0, rho = jnp.array([0.0, 0.5]), jnp.array([0.0, 2.0])
     assert_close(
-        eqx.filter_jit(jax.grad(rd.implicit_energy, argnums=1))(model, z),
+        eqx.filter_jit(jax.grad(rr.implicit_energy, argnums=1))(model, z),
         eqx.filter_jit(lambda m, z: m.prior_field(z))(model, z),
         rtol=1e-11,
     )
-    grad_q = jax.jit(jax.grad(lambda q: rd.implicit_energy(model, q, z0, rho)))(z)
+    grad_q = jax.jit(jax.grad(lambda q: rr.implicit_energy(model, q, z0, rho)))(z)
     residual = jax.jit(lambda q: model.implicit_residual(q, z0, rho))(z)
     assert_close(grad_q, residual, rtol=1e-11)
     mlp = rd.NoisePredictor(rd.TimeMLP(2, hidden=4, key=jax.random.key(0)), SCHED)
     with pytest.raises(TypeError, match="potential"):
-        rd.implicit_energy(rd.ImplicitDiffusion(mlp, model.nodes), z)
+        rr.implicit_energy(rr.ImplicitDiffusion(mlp, model.nodes), z)
 
 
 def test_energy_network_potential():
     net = rd.TimeMLP(2, hidden=8, key=jax.random.key(0), out_size=1)
-    model = rd.ImplicitDiffusion(
-        rd.EnergyNetwork(net, SCHED), rd.field_nodes(jax.random.key(1), 2, samples=2)
+    model = rr.ImplicitDiffusion(
+        rd.EnergyNetwork(net, SCHED), rr.field_nodes(jax.random.key(1), 2, samples=2)
     )
     z = jnp.array([0.3, -0.4])
     assert_close(
-        jax.grad(rd.implicit_energy, argnums=1)(model, z),
+        jax.grad(rr.implicit_energy, argnums=1)(model, z),
         model.prior_field(z),
         rtol=1e-10,
     )
@@ -188,12 +188,12 @@ def test_laplace_covariance_of_a_gaussian():
     # the Laplace covariance s^2 plus the smoothing of the node levels.
     s = 0.5
     mix = rd.GaussianMixtureEps(SCHED, jnp.zeros((1, 2)), s)
-    nodes = rd.field_nodes(jax.random.key(0), 2)
-    model = rd.ImplicitDiffusion(mix, nodes, lam=rd.density_lambda(SCHED, nodes))
+    nodes = rr.field_nodes(jax.random.key(0), 2)
+    model = rr.ImplicitDiffusion(mix, nodes, lam=rr.density_lambda(SCHED, nodes))
     z0, rho = jnp.array([0.3, 0.2]), jnp.array([0.0, 0.0])
-    sol = rd.implicit_infer(model, z0, rho)
+    sol = rr.implicit_infer(model, z0, rho)
     assert_close(sol.z, jnp.zeros(2), atol=1e-9)
-    cov = rd.implicit_laplace(model, sol, rho)
+    cov = rr.implicit_laplace(model, sol, rho)
     ratio = SCHED.sigma(nodes.t) ** 2 / SCHED.alpha(nodes.t) ** 2
     c = SCHED.alpha(nodes.t) ** 2 * s**2 + SCHED.sigma(nodes.t) ** 2
     # exact for this field: precision = mean(sigma^2/c) / mean(sigma^2/alpha^2)
@@ -202,23 +202,23 @@ def test_laplace_covariance_of_a_gaussian():
     assert abs(var - s**2) < 0.03
     # a clamped coordinate is known; a soft input adds its precision rho^2
     rho2 = jnp.array([INF, 3.0])
-    sol2 = rd.implicit_infer(model, z0, rho2)
-    belief = rd.laplace_belief(model, sol2, rho2)
+    sol2 = rr.implicit_infer(model, z0, rho2)
+    belief = rr.laplace_belief(model, sol2, rho2)
     assert float(belief.cov[0, 0]) == 0.0 and float(belief.cov[0, 1]) == 0.0
     assert_close(belief.cov[1, 1], 1 / (1 / var + 9.0), rtol=1e-10)
     assert bool(belief.free[1]) and not bool(belief.free[0])
     # an unconverged answer has no covariance
     # (a Gaussian's Newton solve converges in one step, so mark one unconverged)
-    sol = rd.implicit_infer(model, z0, rho)
+    sol = rr.implicit_infer(model, z0, rho)
     bad = eqx.tree_at(lambda s: s.converged, sol, jnp.asarray(False))
-    assert bool(jnp.all(jnp.isnan(rd.implicit_laplace(model, bad, rho))))
+    assert bool(jnp.all(jnp.isnan(rr.implicit_laplace(model, bad, rho))))
 
 
 def _gaussian_relation(s, n, levels=None, deblur=True):
     mix = rd.GaussianMixtureEps(SCHED, jnp.zeros((1, n)), s)
-    nodes = rd.field_nodes(jax.random.key(0), n, levels=levels)
-    return rd.ImplicitDiffusion(
-        mix, nodes, lam=rd.density_lambda(SCHED, nodes), deblur=deblur
+    nodes = rr.field_nodes(jax.random.key(0), n, levels=levels)
+    return rr.ImplicitDiffusion(
+        mix, nodes, lam=rr.density_lambda(SCHED, nodes), deblur=deblur
     )
 
 
@@ -231,21 +231,21 @@ def test_deblurred_laplace_covariance_is_the_data_covariance():
     for s, levels in ((0.5, None), (0.05, [0.01])):
         model = _gaussian_relation(s, 2, levels)
         blurred = _gaussian_relation(s, 2, levels, deblur=False)
-        sol = jax.jit(rd.implicit_infer)(model, z0, free)
-        cov = jax.jit(rd.implicit_laplace)(model, sol, free)
+        sol = jax.jit(rr.implicit_infer)(model, z0, free)
+        cov = jax.jit(rr.implicit_laplace)(model, sol, free)
         assert_close(cov, s**2 * jnp.eye(2), rtol=1e-9)
-        wide = rd.implicit_laplace(blurred, sol, free)
+        wide = rr.implicit_laplace(blurred, sol, free)
         assert float(wide[0, 0]) > 1.01 * s**2
         # the answer itself does not change
-        assert_close(rd.implicit_infer(blurred, z0, free).z, sol.z, rtol=0, atol=0)
+        assert_close(rr.implicit_infer(blurred, z0, free).z, sol.z, rtol=0, atol=0)
         # a soft input adds its precision rho^2 to the data's; a clamp is known
         rho = jnp.array([INF, 3.0])
-        belief = rd.laplace_belief(model, rd.implicit_infer(model, z0, rho), rho)
+        belief = rr.laplace_belief(model, rr.implicit_infer(model, z0, rho), rho)
         assert_close(belief.cov[1, 1], 1 / (1 / s**2 + 9.0), rtol=1e-9)
         assert float(belief.cov[0, 0]) == 0.0
         # a factor, and a relation indexed into a larger joint state, keep it
         factor = rr.Factor(model, {"a": 1, "b": 1})
-        assert_close(rd.implicit_laplace(factor, sol, free), cov, rtol=1e-12)
+        assert_close(rr.implicit_laplace(factor, sol, free), cov, rtol=1e-12)
         wider = rr.ProductRelation(
             [rr.IndexedRelation(model, [0, 2], 3), rr.IndexedRelation(model, [1, 2], 3)]
         )
@@ -258,13 +258,13 @@ def test_deblurring_sharpens_at_most_tenfold():
     # s^2, below a tenth of the blurred one, so it is held at that tenth.
     z0, free = jnp.array([0.3, 0.2]), jnp.zeros(2)
     model = _gaussian_relation(0.005, 2)
-    sol = rd.implicit_infer(model, z0, free)
-    blurred = rd.implicit_laplace(_gaussian_relation(0.005, 2, deblur=False), sol, free)
-    assert_close(rd.implicit_laplace(model, sol, free), blurred / 10, rtol=1e-9)
+    sol = rr.implicit_infer(model, z0, free)
+    blurred = rr.implicit_laplace(_gaussian_relation(0.005, 2, deblur=False), sol, free)
+    assert_close(rr.implicit_laplace(model, sol, free), blurred / 10, rtol=1e-9)
     # a direction of negative curvature (between two bumps) is kept as measured
     bumps = two_bumps()
     saddle = jnp.array([0.0, 0.0])
-    sharp = rd.ImplicitDiffusion(bumps.pred, bumps.nodes, lam=bumps.lam, deblur=True)
+    sharp = rr.ImplicitDiffusion(bumps.pred, bumps.nodes, lam=bumps.lam, deblur=True)
     kept = sharp.belief_precision(saddle)
     assert_close(kept[0, 0], bumps.belief_precision(saddle)[0, 0], rtol=1e-12)
     assert float(kept[0, 0]) < 0
@@ -319,9 +319,9 @@ def test_deblurred_precision_derivative_is_central_differences(repeated):
 
 def test_deblur_must_be_a_bool():
     mix = rd.GaussianMixtureEps(SCHED, jnp.zeros((1, 2)), 0.5)
-    nodes = rd.field_nodes(jax.random.key(0), 2)
+    nodes = rr.field_nodes(jax.random.key(0), 2)
     with pytest.raises(TypeError, match="deblur"):
-        rd.ImplicitDiffusion(mix, nodes, deblur=1)
+        rr.ImplicitDiffusion(mix, nodes, deblur=1)
     # a point of another dimension is refused by name, eagerly and under jit
     model = _gaussian_relation(0.5, 2)
     raises_eagerly_and_under_jit(
@@ -334,11 +334,11 @@ def test_deblur_must_be_a_bool():
 def test_mixture_weights_follow_the_mass():
     model = two_bumps()
     z0, rho = jnp.array([0.0, 0.0]), jnp.array([0.0, 0.0])
-    roots = rd.implicit_roots(model, z0, rho, jax.random.key(0), spread=1.5)
+    roots = rr.implicit_roots(model, z0, rho, jax.random.key(0), spread=1.5)
     assert int(roots.count) == 2
     # (under `jit`: the Laplace covariances and energies compiled as one
     # program instead of op by op)
-    mixture = eqx.filter_jit(rd.implicit_mixture)
+    mixture = eqx.filter_jit(rr.implicit_mixture)
     mix = mixture(model, roots, z0, rho)
     assert_close(jnp.sum(mix.weights), 1.0, rtol=1e-12)
     left = int(jnp.argmin(jnp.where(roots.valid, roots.z[:, 0], jnp.inf)))
@@ -347,7 +347,7 @@ def test_mixture_weights_follow_the_mass():
     assert abs(float(mix.weights[right]) - 0.3) < 0.02
     assert float(jnp.sum(mix.weights[~roots.valid])) == 0.0
     # without a potential: equal weights on the valid roots
-    mlp_model = rd.ImplicitDiffusion(
+    mlp_model = rr.ImplicitDiffusion(
         rd.NoisePredictor(rd.TimeMLP(2, hidden=4, key=jax.random.key(0)), SCHED),
         model.nodes,
     )
@@ -389,7 +389,7 @@ def test_belief_levels_read_the_thickness_and_calibrate_the_laplace_belief():
     assert abs(float(noise[0] / factors[0]) / s - 1) < 0.1
 
     def belief_sd(levels):
-        nodes = rd.field_nodes(jax.random.key(1), 2, levels=levels, samples=8)
+        nodes = rr.field_nodes(jax.random.key(1), 2, levels=levels, samples=8)
         factor = rr.Factor(rr.ImplicitDiffusion(mix, nodes), {"x": 1, "y": 1})
         marks = {"x": rr.Latent(0.0), "y": rr.Unobserved(0.1, sd**-2)}
         sol = rr.factor_infer(factor, marks)

@@ -9,6 +9,7 @@ import optimistix as optx
 import pytest
 
 import retrax.diffusion as rd
+import retrax.relations as rr
 from helpers import (
     FLOAT32_RTOL,
     assert_close,
@@ -26,8 +27,8 @@ def ring_model(dtype=jnp.float64, k_samples=8):
     ang = 2 * np.pi * np.arange(48) / 48
     means = jnp.asarray(np.stack([np.cos(ang), np.sin(ang)], 1), dtype)
     mix = rd.GaussianMixtureEps(SCHED, means, jnp.asarray(0.05, dtype))
-    nodes = rd.field_nodes(jax.random.key(0), 2, samples=k_samples, dtype=dtype)
-    return rd.ImplicitDiffusion(mix, nodes)
+    nodes = rr.field_nodes(jax.random.key(0), 2, samples=k_samples, dtype=dtype)
+    return rr.ImplicitDiffusion(mix, nodes)
 
 
 # The ring's roots from the spec's smoothing bias (`helpers.ring_radius`); the
@@ -71,21 +72,21 @@ def twisted_model():
     mix = rd.GaussianMixtureEps(SCHED, means, 0.4)
     mlp = rd.TimeMLP(3, hidden=8, key=jax.random.key(2), dtype=jnp.float64)
     pred = Twisted(mix, mlp, 2.0, SCHED)
-    return rd.ImplicitDiffusion(pred, rd.field_nodes(jax.random.key(0), 3, samples=2))
+    return rr.ImplicitDiffusion(pred, rr.field_nodes(jax.random.key(0), 3, samples=2))
 
 
 # -- nodes and field ---------------------------------------------------------
 
 
 def test_field_nodes():
-    nodes = rd.field_nodes(jax.random.key(0), 3)
+    nodes = rr.field_nodes(jax.random.key(0), 3)
     assert nodes.size == 64 and nodes.dim == 3
     assert_close(nodes.w, np.full(64, 1 / 64))
     levels = np.linspace(0.002, 0.05, 8)
     assert_close(nodes.t, np.repeat(levels, 8), rtol=1e-15)
     e = np.asarray(nodes.eps).reshape(8, 8, 3)
     assert_close(e[:, 4:], -e[:, :4], rtol=0)  # antithetic pairs per level
-    single = rd.field_nodes(
+    single = rr.field_nodes(
         jax.random.key(0),
         2,
         levels=[0.1],
@@ -94,20 +95,20 @@ def test_field_nodes():
         dtype=jnp.float32,
     )
     assert single.size == 3 and single.eps.dtype == jnp.float32
-    free = rd.noisefree_nodes(2, 0.01)
+    free = rr.noisefree_nodes(2, 0.01)
     assert free.size == 1 and float(jnp.abs(free.eps).max()) == 0
-    lam = rd.density_lambda(SCHED, nodes)
+    lam = rr.density_lambda(SCHED, nodes)
     ref = 1 / np.mean(SCHED.sigma(nodes.t) ** 2 / SCHED.alpha(nodes.t) ** 2)
     assert_close(lam, ref)
     with pytest.raises(ValueError, match="one per node"):
-        rd.FieldNodes(jnp.ones(3), jnp.ones((4, 2)), jnp.ones(4))
+        rr.FieldNodes(jnp.ones(3), jnp.ones((4, 2)), jnp.ones(4))
     with pytest.raises(Exception, match=r"the node times `t` must lie in \(0, 1\]"):
-        rd.FieldNodes(jnp.zeros(4), jnp.ones((4, 2)), jnp.ones(4))
+        rr.FieldNodes(jnp.zeros(4), jnp.ones((4, 2)), jnp.ones(4))
     # the value checks also hold when the nodes are built from traced arrays
     mix = rd.GaussianMixtureEps(SCHED, jnp.zeros((1, 2)), 0.5)
 
     def field(t, eps, w):
-        model = rd.ImplicitDiffusion(mix, rd.FieldNodes(t, eps, w))
+        model = rr.ImplicitDiffusion(mix, rr.FieldNodes(t, eps, w))
         return model.prior_field(jnp.ones(2))
 
     t, eps, w = jnp.full(4, 0.01), jnp.ones((4, 2)), jnp.full(4, 0.25)
@@ -118,7 +119,7 @@ def test_field_nodes():
     ]:
         raises_eagerly_and_under_jit(field, *args, match=match)
     with pytest.raises(ValueError, match="positive integer"):
-        rd.field_nodes(jax.random.key(0), 0)
+        rr.field_nodes(jax.random.key(0), 0)
 
 
 def test_prior_field_against_node_loop():
@@ -158,9 +159,9 @@ def test_residual_masks_and_infinite_stiffness():
 @pytest.mark.parametrize("y0, sign", [(0.5, 1.0), (-0.5, -1.0)])
 def test_ring_branches(y0, sign):
     model = ring_model()
-    sol = rd.implicit_infer(model, jnp.array([0.6, y0]), jnp.array([INF, 0.0]))
+    sol = rr.implicit_infer(model, jnp.array([0.6, y0]), jnp.array([INF, 0.0]))
     assert bool(sol.converged) and bool(sol.stable)
-    assert sol.result == rd.RESULTS.successful
+    assert sol.result == rr.RESULTS.successful
     assert float(sol.z[0]) == 0.6
     assert abs(float(sol.z[1]) - sign * ring_y(model, 0.6)) < RING_TOL
     assert float(sol.residual[0]) == 0.0
@@ -169,7 +170,7 @@ def test_ring_branches(y0, sign):
 
 def test_ring_radius_at_top():
     model = ring_model()
-    sol = rd.implicit_infer(model, jnp.array([0.0, 0.7]), jnp.array([INF, 0]))
+    sol = rr.implicit_infer(model, jnp.array([0.0, 0.7]), jnp.array([INF, 0]))
     radius = float(jnp.linalg.norm(sol.z))
     assert bool(sol.converged) and bool(sol.stable)
     assert abs(radius - ring_radius(SCHED, model.nodes, 0.05)) < RING_TOL
@@ -184,8 +185,8 @@ def test_ring_radius_noisefree_is_the_smoothing_bias(t):
     ang = 2 * np.pi * np.arange(48) / 48
     means = jnp.asarray(np.stack([np.cos(ang), np.sin(ang)], 1))
     mix = rd.GaussianMixtureEps(SCHED, means, 0.05)
-    model = rd.ImplicitDiffusion(mix, rd.noisefree_nodes(2, t))
-    sol = rd.implicit_infer(model, jnp.array([0.0, 0.7]), jnp.array([INF, 0.0]))
+    model = rr.ImplicitDiffusion(mix, rr.noisefree_nodes(2, t))
+    sol = rr.implicit_infer(model, jnp.array([0.0, 0.7]), jnp.array([INF, 0.0]))
     assert bool(sol.converged) and bool(sol.stable)
     v = 0.05**2 + float(SCHED.sigma(t) ** 2 / SCHED.alpha(t) ** 2)
     assert abs(float(sol.z[1]) - ring_radius(SCHED, model.nodes, 0.05)) < v**2
@@ -196,7 +197,7 @@ def test_ring_all_starts_reach_a_branch_quickly():
     starts = jnp.linspace(-1.0, 1.0, 101)
 
     def query(y):
-        return rd.implicit_infer(
+        return rr.implicit_infer(
             model, jnp.array([0.6, 0.0]).at[1].set(y), jnp.array([INF, 0.0])
         )
 
@@ -219,7 +220,7 @@ def test_ring_leaves_an_exact_unstable_root():
     assert abs(float(saddle[1])) < 0.2
     jac = model.prior_jacobian(saddle)
     assert float(jac[1, 1]) < 0  # unstable in the free coordinate
-    sol = rd.implicit_infer(model, z0, rho, z_init=saddle)
+    sol = rr.implicit_infer(model, z0, rho, z_init=saddle)
     assert bool(sol.converged) and bool(sol.stable)
     assert abs(abs(float(sol.z[1])) - ring_y(model, 0.6)) < RING_TOL
     assert int(sol.steps) <= 30
@@ -229,16 +230,16 @@ def test_ring_leaves_an_exact_unstable_root():
     # No solve without a step (an unstable root that the solver cannot leave
     # is reported by a result code: test_pullback_detects_a_singular_jacobian)
     with pytest.raises(ValueError, match="`max_steps` must be a positive integer"):
-        rd.implicit_infer(model, z0, rho, z_init=saddle, max_steps=0)
+        rr.implicit_infer(model, z0, rho, z_init=saddle, max_steps=0)
 
 
 def test_vmap_over_clamp_patterns():
     model = ring_model()
     z0 = jnp.array([[0.6, 0.5], [0.5, 0.6], [0.0, 0.7], [0.9, 0.1]])
     rho = jnp.array([[INF, 0.0], [0.0, INF], [INF, 0.0], [0.0, 3.0]])
-    sols = jax.vmap(lambda a, b: rd.implicit_infer(model, a, b))(z0, rho)
+    sols = jax.vmap(lambda a, b: rr.implicit_infer(model, a, b))(z0, rho)
     for i in range(4):
-        one = rd.implicit_infer(model, z0[i], rho[i])
+        one = rr.implicit_infer(model, z0[i], rho[i])
         assert_close(sols.z[i], one.z, rtol=1e-9)
     assert bool(jnp.all(sols.converged & sols.stable))
     assert abs(float(sols.z[1, 0]) - ring_y(model, 0.6)) < RING_TOL  # x inferred
@@ -246,7 +247,7 @@ def test_vmap_over_clamp_patterns():
 
 def test_float32_query():
     model = ring_model(jnp.float32)
-    sol = rd.implicit_infer(
+    sol = rr.implicit_infer(
         model, jnp.array([0.6, 0.5], jnp.float32), jnp.array([INF, 0.0], jnp.float32)
     )
     assert sol.z.dtype == jnp.float32
@@ -262,7 +263,7 @@ ZBAR = jnp.array([0.7, -1.3, 0.4])
 
 
 def loss(model, z0, rho):
-    return jnp.dot(ZBAR, rd.implicit_infer(model, z0, rho, tol=1e-13).z)
+    return jnp.dot(ZBAR, rr.implicit_infer(model, z0, rho, tol=1e-13).z)
 
 
 def central(f, x, h=1e-5):
@@ -278,7 +279,7 @@ def central(f, x, h=1e-5):
 @pytest.fixture(scope="module")
 def twisted():
     model = twisted_model()
-    sol = rd.implicit_infer(model, Z0, RHO, tol=1e-13)
+    sol = rr.implicit_infer(model, Z0, RHO, tol=1e-13)
     assert bool(sol.converged) and bool(sol.stable)
     jac = model.prior_jacobian(sol.z)
     # the test is only meaningful on a non-conservative field
@@ -322,9 +323,9 @@ def test_gradients_equal_finite_differences(twisted):
 
 def test_pullback_is_the_adjoint_formula(twisted):
     model, _ = twisted
-    sol = rd.implicit_infer(model, Z0, RHO, tol=1e-13)
+    sol = rr.implicit_infer(model, Z0, RHO, tol=1e-13)
     g_model, g_z0, g_rho = eqx.filter_grad(lambda args: loss(*args))((model, Z0, RHO))
-    p_model, p_z0, p_rho = rd.implicit_pullback(model, sol, Z0, RHO, ZBAR)
+    p_model, p_z0, p_rho = rr.implicit_pullback(model, sol, Z0, RHO, ZBAR)
     assert_close(p_z0, g_z0, rtol=1e-10)
     assert_close(p_rho, g_rho, rtol=1e-10, atol=1e-14)
     assert_close(p_model.pred.mix.means, g_model.pred.mix.means, rtol=1e-10)
@@ -345,16 +346,16 @@ def test_gradient_of_unconverged_solve_is_never_silent():
     model = ring_model()
     z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
     with pytest.raises(Exception, match="maximum number of steps"):
-        rd.implicit_infer(model, z0, rho, max_steps=1)
+        rr.implicit_infer(model, z0, rho, max_steps=1)
 
     def f(a):
-        return rd.implicit_infer(model, a, rho, max_steps=1, throw=False).z[1]
+        return rr.implicit_infer(model, a, rho, max_steps=1, throw=False).z[1]
 
-    sol = rd.implicit_infer(model, z0, rho, max_steps=1, throw=False)
+    sol = rr.implicit_infer(model, z0, rho, max_steps=1, throw=False)
     assert not bool(sol.converged)
-    assert sol.result == rd.RESULTS.nonlinear_max_steps_reached
+    assert sol.result == rr.RESULTS.nonlinear_max_steps_reached
     assert bool(jnp.all(jnp.isnan(jax.grad(f)(z0))))
-    _, p_z0, _ = rd.implicit_pullback(model, sol, z0, rho, jnp.array([0.0, 1.0]))
+    _, p_z0, _ = rr.implicit_pullback(model, sol, z0, rho, jnp.array([0.0, 1.0]))
     assert bool(jnp.all(jnp.isnan(p_z0)))
 
 
@@ -363,7 +364,7 @@ def test_jit_vmap_grad():
     rho = jnp.array([INF, 0.0])
 
     def loss_y(x):
-        z = rd.implicit_infer(model, jnp.stack([x, jnp.asarray(0.5)]), rho).z
+        z = rr.implicit_infer(model, jnp.stack([x, jnp.asarray(0.5)]), rho).z
         return 0.5 * (z[1] - 0.7) ** 2
 
     xs = jnp.array([0.5, 0.6, 0.7])
@@ -381,28 +382,28 @@ def test_bad_queries():
     model = ring_model()
     z0 = jnp.array([0.6, 0.5])
     with pytest.raises(Exception, match="NaN or a negative"):
-        rd.implicit_infer(model, z0, jnp.array([INF, jnp.nan]))
+        rr.implicit_infer(model, z0, jnp.array([INF, jnp.nan]))
     with pytest.raises(Exception, match="NaN or a negative"):
-        rd.implicit_infer(model, z0, jnp.array([INF, -1.0]))
+        rr.implicit_infer(model, z0, jnp.array([INF, -1.0]))
     with pytest.raises(ValueError, match="length 2"):
-        rd.implicit_infer(model, jnp.array([0.6, 0.5, 0.1]), jnp.array([INF, 0, 0]))
+        rr.implicit_infer(model, jnp.array([0.6, 0.5, 0.1]), jnp.array([INF, 0, 0]))
     with pytest.raises(Exception, match="every coordinate is clamped"):
-        rd.implicit_infer(model, z0, jnp.array([INF, INF]))
+        rr.implicit_infer(model, z0, jnp.array([INF, INF]))
     with pytest.raises(Exception, match="finite"):
-        rd.implicit_infer(model, jnp.array([jnp.nan, 0.5]), jnp.array([INF, 0.0]))
+        rr.implicit_infer(model, jnp.array([jnp.nan, 0.5]), jnp.array([INF, 0.0]))
     with pytest.raises(TypeError, match="floating|Float"):
         model.implicit_residual(jnp.array([1, 0]), z0, jnp.array([INF, 0.0]))
     # nodes of the wrong dimension are refused at construction, for an exact
     # predictor and for a network alike
     with pytest.raises(ValueError, match="`nodes` have dimension 3, but `pred`"):
-        rd.ImplicitDiffusion(model.pred, rd.field_nodes(jax.random.key(0), 3))
+        rr.ImplicitDiffusion(model.pred, rr.field_nodes(jax.random.key(0), 3))
     pred_2d = rd.NoisePredictor(rd.TimeMLP(2, hidden=8, key=jax.random.key(1)), SCHED)
     with pytest.raises(ValueError, match="`nodes` have dimension 3, but `pred`"):
-        rd.ImplicitDiffusion(pred_2d, rd.field_nodes(jax.random.key(0), 3))
+        rr.ImplicitDiffusion(pred_2d, rr.field_nodes(jax.random.key(0), 3))
     with pytest.raises(ValueError, match="nodes' dimension"):
-        rd.implicit_infer(model, jnp.zeros(3), jnp.array([INF, 0.0, 0.0]))
+        rr.implicit_infer(model, jnp.zeros(3), jnp.array([INF, 0.0, 0.0]))
     with pytest.raises(TypeError, match="FieldNodes"):
-        rd.ImplicitDiffusion(model.pred, jnp.zeros((4, 2)))
+        rr.ImplicitDiffusion(model.pred, jnp.zeros((4, 2)))
 
 
 # -- matrix-free mode ------------------------------------------------------------
@@ -413,10 +414,10 @@ def test_matrix_free_matches_dense(twisted):
     model, sol = twisted
 
     def loss_mf(m, a, b):
-        z = rd.implicit_infer(m, a, b, tol=1e-13, matrix_free=True).z
+        z = rr.implicit_infer(m, a, b, tol=1e-13, matrix_free=True).z
         return jnp.dot(ZBAR, z)
 
-    mf = rd.implicit_infer(model, Z0, RHO, tol=1e-13, matrix_free=True)
+    mf = rr.implicit_infer(model, Z0, RHO, tol=1e-13, matrix_free=True)
     assert bool(mf.converged) and bool(mf.stable)
     assert_close(mf.z, sol.z, rtol=1e-11)
     dense = eqx.filter_grad(lambda args: loss(*args))((model, Z0, RHO))
@@ -432,11 +433,11 @@ def test_matrix_free_larger_space_and_saddle_escape():
     n = 10
     means = jnp.stack([jnp.ones(n), -jnp.ones(n)]) * 0.8
     mix = rd.GaussianMixtureEps(SCHED, means, 0.3)
-    model = rd.ImplicitDiffusion(mix, rd.field_nodes(jax.random.key(0), n, samples=2))
+    model = rr.ImplicitDiffusion(mix, rr.field_nodes(jax.random.key(0), n, samples=2))
     rho = jnp.where(jnp.arange(n) < 3, INF, 0.0)
     z0 = jnp.where(jnp.arange(n) < 3, 0.0, 0.01)
-    dense = rd.implicit_infer(model, z0, rho)
-    mf = rd.implicit_infer(model, z0, rho, matrix_free=True)
+    dense = rr.implicit_infer(model, z0, rho)
+    mf = rr.implicit_infer(model, z0, rho, matrix_free=True)
     for s in (dense, mf):
         assert bool(s.converged) and bool(s.stable)
         assert float(jnp.min(jnp.abs(s.z[3:]))) > 0.3  # on a component, not at 0
@@ -445,9 +446,9 @@ def test_matrix_free_larger_space_and_saddle_escape():
     zbar = jnp.linspace(-1.0, 1.0, n)
 
     def f(a):
-        return jnp.dot(zbar, rd.implicit_infer(model, a, rho, matrix_free=True).z)
+        return jnp.dot(zbar, rr.implicit_infer(model, a, rho, matrix_free=True).z)
 
-    _, p_z0, _ = rd.implicit_pullback(model, dense, z0, rho, zbar)
+    _, p_z0, _ = rr.implicit_pullback(model, dense, z0, rho, zbar)
     assert_close(jax.grad(f)(z0), p_z0, rtol=1e-6)
 
 
@@ -460,7 +461,7 @@ def test_guarded_newton_as_an_optimistix_root_finder():
     start = jnp.array([0.0, 0.3])
     plain = optx.root_find(fn, optx.Newton(rtol=1e-10, atol=1e-10), start)
     assert_close(plain.value, jnp.zeros(2), atol=1e-10)  # settles on the maximum
-    solver = rd.GuardedNewton(rtol=1e-10, atol=1e-10)
+    solver = rr.GuardedNewton(rtol=1e-10, atol=1e-10)
     sol = optx.root_find(fn, solver, start, max_steps=50)
     # escape along the negative-curvature direction, made positive: y_1 -> +1
     assert_close(sol.value, jnp.array([1.0, 0.0]), atol=1e-10)
@@ -475,7 +476,7 @@ def test_guarded_newton_as_an_optimistix_root_finder():
     )
     assert_close(fixed.value, jnp.array([0.5, 1.0]), atol=1e-10)
     with pytest.raises(ValueError, match="max_step"):
-        rd.GuardedNewton(rtol=1e-8, atol=1e-8, max_step=0.0)
+        rr.GuardedNewton(rtol=1e-8, atol=1e-8, max_step=0.0)
 
 
 # -- failures are never silent -----------------------------------------------------
@@ -517,7 +518,7 @@ def test_guarded_newton_reports_its_linear_solves():
     def kinked(y, _):
         return 2 * (y - 1) + 0 * jnp.sqrt(jnp.abs(y - 0.3))
 
-    solver = rd.GuardedNewton(rtol=1e-10, atol=1e-10)
+    solver = rr.GuardedNewton(rtol=1e-10, atol=1e-10)
     start = jnp.array([0.3, 0.3])
     sol = optx.root_find(kinked, solver, start, max_steps=20, throw=False)
     assert sol.result == optx.RESULTS.singular
@@ -529,7 +530,7 @@ def test_guarded_newton_reports_its_linear_solves():
     # A Krylov solver that cannot meet its tolerance in one step: its result ends
     # the solve at once (the old solver ignored it and ran to max_steps).
     weak = lx.GMRES(rtol=1e-12, atol=1e-12, max_steps=1, restart=1)
-    mf = rd.GuardedNewton(rtol=1e-10, atol=1e-10, matrix_free=True, linear_solver=weak)
+    mf = rr.GuardedNewton(rtol=1e-10, atol=1e-10, matrix_free=True, linear_solver=weak)
     y0 = jnp.array([0.5, 0.1, 0.2])
     sol = optx.root_find(chain, mf, y0, max_steps=50, throw=False)
     assert sol.result == optx.RESULTS.max_steps_reached
@@ -541,7 +542,7 @@ def test_guarded_newton_solves_once_per_step():
     # a data-dependent shift: one linear solve traced per step, not two.
     calls = []
     gmres = CountingSolver(lx.GMRES(rtol=1e-12, atol=1e-12), calls)
-    solver = rd.GuardedNewton(
+    solver = rr.GuardedNewton(
         rtol=1e-10, atol=1e-10, matrix_free=True, linear_solver=gmres
     )
     sol = optx.root_find(chain, solver, jnp.array([0.5, 0.1, 0.2]), max_steps=50)
@@ -554,7 +555,7 @@ def test_guarded_newton_unconverged_value_is_nan():
     # Through optx.root_find with throw=False an unconverged end is NaN, so no
     # derivative is taken at a point that is not a root: the implicit adjoint's
     # linear solve raises instead of returning a number.
-    solver = rd.GuardedNewton(rtol=1e-10, atol=1e-10)
+    solver = rr.GuardedNewton(rtol=1e-10, atol=1e-10)
 
     def solve(a):
         fn = lambda y, a: chain(y, None) + a
@@ -576,7 +577,7 @@ def test_residual_is_differentiable():
     tangent = jnp.array([1.0, 0.3])
 
     def residual(a, steps=200):
-        return rd.implicit_infer(model, a, rho, max_steps=steps, throw=False).residual
+        return rr.implicit_infer(model, a, rho, max_steps=steps, throw=False).residual
 
     # At a converged answer r(z*(a), a) = 0 for every a: the implicit tangent
     # and central differences both vanish (to the solve's tolerance).
@@ -601,33 +602,33 @@ def test_residual_is_differentiable():
 def test_pullback_detects_a_singular_jacobian():
     # A flat field (lam = 0) leaves the free coordinate undetermined: J_FF = 0.
     model = ring_model()
-    flat = rd.ImplicitDiffusion(model.pred, model.nodes, lam=0.0)
+    flat = rr.ImplicitDiffusion(model.pred, model.nodes, lam=0.0)
     z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
-    sol = rd.implicit_infer(flat, z0, rho, max_steps=3)
-    assert sol.result == rd.RESULTS.unstable_root and bool(sol.converged)
+    sol = rr.implicit_infer(flat, z0, rho, max_steps=3)
+    assert sol.result == rr.RESULTS.unstable_root and bool(sol.converged)
     zbar = jnp.array([0.0, 1.0])
     with pytest.raises(Exception, match="non-finite"):
-        rd.implicit_pullback(flat, sol, z0, rho, zbar)
-    _, p_z0, p_rho = rd.implicit_pullback(flat, sol, z0, rho, zbar, throw=False)
+        rr.implicit_pullback(flat, sol, z0, rho, zbar)
+    _, p_z0, p_rho = rr.implicit_pullback(flat, sol, z0, rho, zbar, throw=False)
     assert bool(jnp.all(jnp.isnan(p_z0))) and bool(jnp.all(jnp.isnan(p_rho)))
     # The result code says why the cotangents are NaN, under jit too.
     pullback = jax.jit(
-        lambda s: rd.implicit_pullback(flat, s, z0, rho, zbar, throw=False)
+        lambda s: rr.implicit_pullback(flat, s, z0, rho, zbar, throw=False)
     )
     out = pullback(sol)
-    assert isinstance(out, rd.ImplicitPullback)
+    assert isinstance(out, rr.ImplicitPullback)
     assert isinstance(out, rd.AbstractSolution) and out.stats == {}
-    assert out.result == rd.RESULTS.promote(lx.RESULTS.singular), out.result
+    assert out.result == rr.RESULTS.promote(lx.RESULTS.singular), out.result
     # A query that did not converge passes its own failure on...
-    short = rd.implicit_infer(model, z0, rho, max_steps=1, throw=False)
+    short = rr.implicit_infer(model, z0, rho, max_steps=1, throw=False)
     assert not bool(short.converged)
-    out = rd.implicit_pullback(model, short, z0, rho, zbar, throw=False)
-    assert out.result == short.result and out.result != rd.RESULTS.successful
+    out = rr.implicit_pullback(model, short, z0, rho, zbar, throw=False)
+    assert out.result == short.result and out.result != rr.RESULTS.successful
     assert bool(jnp.all(jnp.isnan(out.z0_bar)))
     # ...and a good one reports success with numbers.
-    good = rd.implicit_infer(model, z0, rho)
-    out = rd.implicit_pullback(model, good, z0, rho, zbar)
-    assert out.result == rd.RESULTS.successful
+    good = rr.implicit_infer(model, z0, rho)
+    out = rr.implicit_pullback(model, good, z0, rho, zbar)
+    assert out.result == rr.RESULTS.successful
     assert bool(jnp.all(jnp.isfinite(out.z0_bar)))
     # the fields are the tuple it unpacks as
     model_bar, z0_bar, rho_bar = out
@@ -641,18 +642,18 @@ def test_pullback_return_result_is_deprecated():
     model = ring_model()
     z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
     zbar = jnp.array([0.0, 1.0])
-    good = rd.implicit_infer(model, z0, rho)
-    new = rd.implicit_pullback(model, good, z0, rho, zbar)
+    good = rr.implicit_infer(model, z0, rho)
+    new = rr.implicit_pullback(model, good, z0, rho, zbar)
     with pytest.warns(DeprecationWarning, match=r"return_result.*`\.result`"):
-        *cotangents, result = rd.implicit_pullback(
+        *cotangents, result = rr.implicit_pullback(
             model, good, z0, rho, zbar, return_result=True
         )
-    assert result == rd.RESULTS.successful
+    assert result == rr.RESULTS.successful
     for got, want in zip(cotangents, new, strict=True):
         assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), got, want))
     with pytest.warns(DeprecationWarning, match="return_result"):
-        old = rd.implicit_pullback(model, good, z0, rho, zbar, return_result=False)
-    assert isinstance(old, rd.ImplicitPullback)
+        old = rr.implicit_pullback(model, good, z0, rho, zbar, return_result=False)
+    assert isinstance(old, rr.ImplicitPullback)
 
 
 @pytest.mark.slow
@@ -662,24 +663,24 @@ def test_implicit_roots_failed_and_duplicate_slots():
     key = jax.random.key(0)
     # Two steps are not enough from any start: raise by default...
     with pytest.raises(Exception, match="maximum number of steps"):
-        rd.implicit_roots(model, z0, rho, key, n_starts=4, max_steps=2)
+        rr.implicit_roots(model, z0, rho, key, n_starts=4, max_steps=2)
     # ...or say why per slot, with NaN derivatives (the old slots carried 0).
-    roots = rd.implicit_roots(model, z0, rho, key, n_starts=4, max_steps=2, throw=False)
+    roots = rr.implicit_roots(model, z0, rho, key, n_starts=4, max_steps=2, throw=False)
     assert not bool(jnp.any(roots.converged))
-    assert bool(jnp.all(roots.result == rd.RESULTS.nonlinear_max_steps_reached))
+    assert bool(jnp.all(roots.result == rr.RESULTS.nonlinear_max_steps_reached))
 
     def failing(a):
-        r = rd.implicit_roots(model, a, rho, key, n_starts=4, max_steps=2, throw=False)
+        r = rr.implicit_roots(model, a, rho, key, n_starts=4, max_steps=2, throw=False)
         return r.z[:, 1]
 
     assert bool(jnp.all(jnp.isnan(jax.jacfwd(failing)(z0))))
     # Converged slots, duplicates included, carry their root's derivatives:
     # a duplicate's equals that of the valid slot it duplicates.
-    roots = rd.implicit_roots(model, z0, rho, key, n_starts=4)
-    assert bool(jnp.all(roots.result == rd.RESULTS.successful))
+    roots = rr.implicit_roots(model, z0, rho, key, n_starts=4)
+    assert bool(jnp.all(roots.result == rr.RESULTS.successful))
     assert isinstance(roots, rd.AbstractSolution)
     assert bool(jnp.all(roots.stats["num_steps"] == roots.steps))
-    jac = jax.jacfwd(lambda a: rd.implicit_roots(model, a, rho, key, n_starts=4).z)(z0)
+    jac = jax.jacfwd(lambda a: rr.implicit_roots(model, a, rho, key, n_starts=4).z)(z0)
     sols = {float(jnp.sign(roots.z[i, 1])): i for i in range(4) if roots.valid[i]}
     for i in range(4):
         twin = sols[float(jnp.sign(roots.z[i, 1]))]
@@ -698,7 +699,7 @@ def test_data_levels_bring_answers_onto_fine_data():
     theta = jnp.linspace(0.0, 4 * np.pi, 160)
     data = jnp.stack([0.4 * jnp.cos(theta), 0.4 * jnp.sin(theta), 0.05 * theta], 1)
     pred = rd.kde_predictor(SCHED, data, 0.005)
-    levels = rd.data_levels(SCHED, data)
+    levels = rr.data_levels(SCHED, data)
     assert levels.shape == (8,) and bool(jnp.all(jnp.diff(levels) > 0))
     ratio = SCHED.sigma(levels) / SCHED.alpha(levels)
     spacing = jnp.median(jnp.sort(jnp.linalg.norm(data[:, None] - data, axis=-1))[:, 1])
@@ -712,9 +713,9 @@ def test_data_levels_bring_answers_onto_fine_data():
     starts = jnp.stack([0.4 * jnp.cos(heights / 0.05), jnp.zeros(2), heights], 1)
 
     def distance(levels):
-        nodes = rd.field_nodes(jax.random.key(0), 3, levels=levels, samples=2)
-        model = rd.ImplicitDiffusion(pred, nodes)
-        sols = jax.vmap(lambda q: rd.implicit_infer(model, q, rho))(starts)
+        nodes = rr.field_nodes(jax.random.key(0), 3, levels=levels, samples=2)
+        model = rr.ImplicitDiffusion(pred, nodes)
+        sols = jax.vmap(lambda q: rr.implicit_infer(model, q, rho))(starts)
         assert bool(jnp.all(sols.converged & sols.stable))
         gaps = jnp.linalg.norm(sols.z[:, None] - data[None], axis=-1)
         return float(jnp.max(jnp.min(gaps, axis=1)))
@@ -723,30 +724,30 @@ def test_data_levels_bring_answers_onto_fine_data():
     assert default > 0.04
     assert scaled < 0.3 * default and scaled < 0.02
     with pytest.raises(ValueError, match="two points"):
-        rd.data_levels(SCHED, data[:1])
+        rr.data_levels(SCHED, data[:1])
     with pytest.raises(ValueError, match="low"):
-        rd.data_levels(SCHED, data, low=2.0, high=1.0)
+        rr.data_levels(SCHED, data, low=2.0, high=1.0)
     with pytest.raises(Exception, match="finite"):
-        rd.data_levels(SCHED, data.at[0, 0].set(jnp.nan))
+        rr.data_levels(SCHED, data.at[0, 0].set(jnp.nan))
 
 
 def test_off_data_clamps_are_flagged():
     model = ring_model()
     rho = jnp.array([INF, 0.0])
     queries = jnp.array([[0.6, 0.5], [5.0, 0.5]])
-    sols = jax.vmap(lambda q: rd.implicit_infer(model, q, rho))(queries)
+    sols = jax.vmap(lambda q: rr.implicit_infer(model, q, rho))(queries)
     # both are converged, stable roots: the flag is what tells them apart
     assert bool(jnp.all(sols.converged & sols.stable))
-    assert bool(jnp.all(sols.result == rd.RESULTS.successful))
+    assert bool(jnp.all(sols.result == rr.RESULTS.successful))
     on, off = sols.clamp_load
     assert float(on) < 0.1 and not bool(sols.off_data[0])
     assert float(off) > 10 and bool(sols.off_data[1])
     # the load is the field on the clamped coordinate in units of lam * s
-    level = jnp.sqrt(1 / rd.density_lambda(SCHED, model.nodes))
+    level = jnp.sqrt(1 / rr.density_lambda(SCHED, model.nodes))
     g = model.prior_field(sols.z[1])
     assert_close(off, jnp.abs(g[0]) / level, rtol=1e-10)
     # no clamp, no load
-    free = rd.implicit_infer(model, jnp.array([0.6, 0.5]), jnp.array([0.0, 0.0]))
+    free = rr.implicit_infer(model, jnp.array([0.6, 0.5]), jnp.array([0.0, 0.0]))
     assert float(free.clamp_load) == 0.0 and not bool(free.off_data)
 
 
@@ -763,9 +764,9 @@ def test_implicit_infer_on_a_mixture():
     def query(means, z0):
         dtype = means.dtype
         mix = rd.GaussianMixtureEps(rd.VPSDE(), means, jnp.asarray(0.1, dtype))
-        nodes = rd.field_nodes(jax.random.key(0), 2, samples=4, dtype=dtype)
-        model = rd.ImplicitDiffusion(mix, nodes)
-        sol = rd.implicit_infer(model, z0, jnp.asarray(rho, dtype))
+        nodes = rr.field_nodes(jax.random.key(0), 2, samples=4, dtype=dtype)
+        model = rr.ImplicitDiffusion(mix, nodes)
+        sol = rr.implicit_infer(model, z0, jnp.asarray(rho, dtype))
         return sol.z, sol.converged & sol.stable
 
     def loss(means, z0):
@@ -797,11 +798,11 @@ def test_implicit_infer_refuses_tolerances_and_step_counts_it_cannot_use():
     z0, rho = jnp.array([0.5, 0.0, 0.0]), jnp.array([jnp.inf, 0.0, 0.0])
     for tol in (-1.0, 0.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="`tol` must be a positive, finite"):
-            rd.implicit_infer(model, z0, rho, tol=tol)
+            rr.implicit_infer(model, z0, rho, tol=tol)
     for steps in (0, -3, True):
         with pytest.raises(ValueError, match="`max_steps` must be a positive integer"):
-            rd.implicit_infer(model, z0, rho, max_steps=steps)
-    run = eqx.filter_jit(lambda tol: rd.implicit_infer(model, z0, rho, tol=tol).z)
+            rr.implicit_infer(model, z0, rho, max_steps=steps)
+    run = eqx.filter_jit(lambda tol: rr.implicit_infer(model, z0, rho, tol=tol).z)
     with pytest.raises(ValueError, match="`tol` must be a positive, finite"):
         run(-1.0)
-    assert bool(rd.implicit_infer(model, z0, rho, tol=1e-10).converged)
+    assert bool(rr.implicit_infer(model, z0, rho, tol=1e-10).converged)

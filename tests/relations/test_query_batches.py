@@ -19,7 +19,7 @@ def ring_factor():
     ang = 2 * np.pi * np.arange(48) / 48
     means = jnp.asarray(np.stack([np.cos(ang), np.sin(ang)], 1))
     mix = rd.GaussianMixtureEps(SCHED, means, jnp.asarray(0.05))
-    nodes = rd.field_nodes(jax.random.key(0), 2, samples=8)
+    nodes = rr.field_nodes(jax.random.key(0), 2, samples=8)
     return rr.Factor(rr.ImplicitDiffusion(mix, nodes), {"x": 1, "y": 1})
 
 
@@ -45,8 +45,8 @@ def test_one_bad_query_fails_alone():
     starts = jnp.full((n,), 0.5)
     precisions = jnp.full((n,), 4.0)
     good_hard, good_soft = batch(factor, xs, starts, precisions)
-    assert bool(jnp.all(good_hard.result == rd.RESULTS.successful))
-    assert bool(jnp.all(good_soft.result == rd.RESULTS.successful))
+    assert bool(jnp.all(good_hard.result == rr.RESULTS.successful))
+    assert bool(jnp.all(good_soft.result == rr.RESULTS.successful))
     keep = np.arange(n) != bad
     for what in ("clamp", "start", "precision"):
         if what == "clamp":
@@ -61,11 +61,11 @@ def test_one_bad_query_fails_alone():
         for sol, good in [(hard, good_hard), (soft, good_soft)]:
             ok = keep if sol in failing else np.ones(n, bool)
             if sol in failing:
-                assert bool((sol.result == rd.RESULTS.invalid_query)[bad]), what
+                assert bool((sol.result == rr.RESULTS.invalid_query)[bad]), what
                 assert bool(jnp.all(jnp.isnan(sol.z[bad]))), what
                 assert not bool(sol.converged[bad]), what
                 assert bool(jnp.isnan(sol.clamp_load[bad])), what
-            assert bool(jnp.all((sol.result == rd.RESULTS.successful)[ok])), what
+            assert bool(jnp.all((sol.result == rr.RESULTS.successful)[ok])), what
             np.testing.assert_allclose(
                 sol.z[ok], good.z[ok], rtol=0, atol=1e-12, err_msg=what
             )
@@ -126,9 +126,9 @@ def gaussian_factor():
     m = rng.normal(size=(4, 4))
     a = jnp.asarray(m @ m.T / 4 + np.eye(4))
     b = jnp.asarray(rng.normal(size=4))
-    nodes = rd.noisefree_nodes(4, t)
+    nodes = rr.noisefree_nodes(4, t)
     pred = rd.EnergyNetwork(Quadratic(a, b), SCHED)
-    rel = rr.ImplicitDiffusion(pred, nodes, lam=rd.density_lambda(SCHED, nodes))
+    rel = rr.ImplicitDiffusion(pred, nodes, lam=rr.density_lambda(SCHED, nodes))
     alpha = SCHED.alpha(jnp.asarray(t))
     return rr.Factor(rel, {"x": 1, "y": 2, "w": 1}), alpha**2 * a, b / alpha
 
@@ -153,7 +153,7 @@ def test_full_precision_is_the_exact_gaussian_posterior():
     v = jnp.array([0.4, -0.7])
     marks = {"x": rr.Observed(0.3), "y": rr.Unobserved(v, P_FULL)}
     sol = rr.factor_infer(factor, marks)
-    assert sol.result == rd.RESULTS.successful
+    assert sol.result == rr.RESULTS.successful
     ev = jnp.zeros((3, 3)).at[:2, :2].set(P_FULL)
     ev_mean = jnp.concatenate([v, jnp.zeros(1)])
     exact, post = gaussian_posterior(prec, mean, [1, 2, 3], ev, ev_mean, 0.3)
@@ -241,7 +241,7 @@ def test_bad_precision_matrix_is_refused(p):
         query(jnp.eye(3))
     # with throw=False, the query's own failure
     sol = rr.factor_infer(factor, {"y": rr.Unobserved(0.0, p)}, throw=False)
-    assert sol.result == rd.RESULTS.invalid_query
+    assert sol.result == rr.RESULTS.invalid_query
     assert bool(jnp.all(jnp.isnan(sol.z)))
 
 
@@ -269,7 +269,7 @@ def test_chunked_batch_is_the_queries_one_by_one():
     grads = jnp.stack([g for g, _ in one_by_one])
     for chunk in (8, 64):
         grad, sol = solve(chunk)
-        assert bool(jnp.all(sol.result == rd.RESULTS.successful))
+        assert bool(jnp.all(sol.result == rr.RESULTS.successful))
         np.testing.assert_allclose(
             sol.z, jnp.stack([s.z for _, s in one_by_one]), rtol=0, atol=1e-12
         )

@@ -8,6 +8,7 @@ import optax
 import pytest
 
 import retrax.diffusion as rd
+import retrax.relations as rr
 
 
 SCHED = rd.VPSDE()
@@ -23,9 +24,9 @@ def ring(components=48, scale=0.05, dtype=jnp.float64):
 def parabola_problem(dtype=jnp.float64):
     """VariationalDiffusion.jl's test: move a ring's means so that inference
     x -> y reproduces y = x^2 - 0.5 at nine clamped x, starting from y = -0.5."""
-    relation = rd.ImplicitDiffusion(
+    relation = rr.ImplicitDiffusion(
         ring(dtype=dtype),
-        rd.field_nodes(jax.random.key(1), 2, samples=2, dtype=dtype),
+        rr.field_nodes(jax.random.key(1), 2, samples=2, dtype=dtype),
     )
     xs = jnp.linspace(-0.8, 0.8, 9, dtype=dtype)
     z0 = jnp.stack([xs, jnp.full_like(xs, -0.5)], axis=1)
@@ -43,7 +44,7 @@ def means(relation):
 @eqx.filter_jit
 def cold_loss(relation, z0, targets):
     """The task loss with cold starts, solved independently of the library loop."""
-    sols = jax.vmap(lambda q: rd.implicit_infer(relation, q, RHO))(z0)
+    sols = jax.vmap(lambda q: rr.implicit_infer(relation, q, RHO))(z0)
     return jnp.mean((sols.z[:, 1] - targets) ** 2), sols
 
 
@@ -58,7 +59,7 @@ def test_fit_through_inference_learns_the_parabola(capsys):
     targets = jnp.concatenate([targets, jnp.array([jnp.nan])])
 
     def fit(relation, epochs, progress=False):
-        return rd.fit_through_inference(
+        return rr.fit_through_inference(
             relation,
             z0,
             RHO,
@@ -101,7 +102,7 @@ def test_fit_through_inference_float32():
     relation, z0, targets = parabola_problem(jnp.float32)
 
     def fit(relation, epochs):
-        return rd.fit_through_inference(
+        return rr.fit_through_inference(
             relation,
             z0,
             RHO.astype(jnp.float32),
@@ -125,8 +126,8 @@ def test_fit_through_inference_float32():
 @pytest.mark.slow
 def test_fit_with_denoising_loss_masks_and_counts_failures(getkey):
     model = rd.TimeMLP(2, hidden=8, depth=1, key=getkey())
-    relation = rd.ImplicitDiffusion(
-        rd.NoisePredictor(model, SCHED), rd.field_nodes(getkey(), 2, samples=1)
+    relation = rr.ImplicitDiffusion(
+        rd.NoisePredictor(model, SCHED), rr.field_nodes(getkey(), 2, samples=1)
     )
     angle = jax.random.uniform(getkey(), (64,), jnp.float64, 0, 2 * jnp.pi)
     data = jnp.stack([jnp.cos(angle), jnp.sin(angle)], axis=1)
@@ -134,11 +135,11 @@ def test_fit_with_denoising_loss_masks_and_counts_failures(getkey):
     targets = jnp.array([0.8, 1.0, -0.8, -0.95])
     # four Newton steps: some queries do not converge, and must be masked
     kwargs = dict(epochs=3, where=lambda r: r.pred, max_steps=4, progress=False)
-    trained, history = rd.fit_through_inference(
+    trained, history = rr.fit_through_inference(
         relation, z0, RHO, targets, squared_error, getkey(), data=data, **kwargs
     )
     sols = jax.vmap(
-        lambda q: rd.implicit_infer(relation, q, RHO, max_steps=4, throw=False)
+        lambda q: rr.implicit_infer(relation, q, RHO, max_steps=4, throw=False)
     )(z0)
     expected = int(jnp.sum(~(sols.converged & sols.stable)))
     assert 0 < expected < 4, "the case must mix converged and failed solves"
@@ -173,7 +174,7 @@ def test_fit_through_inference_bad_input(getkey):
             progress=False,
         )
         args.update(changes)
-        return rd.fit_through_inference(**args)
+        return rr.fit_through_inference(**args)
 
     cases = [
         (dict(z0=z0[:, :1]), ValueError, "`z0` must have shape \\(queries, 2\\)"),
@@ -209,7 +210,7 @@ def test_task_gradient_equals_grad_through_implicit_infer():
     # The mean of the per-query adjoints against jax.grad through the solves
     # (optimistix's implicit adjoint), an independent path.
     relation, z0, targets = parabola_problem()
-    exact = rd.task_gradient(relation, z0, RHO, targets, squared_error, where=means)
+    exact = rr.task_gradient(relation, z0, RHO, targets, squared_error, where=means)
     assert int(exact.failed) == 0
     assert isinstance(exact, rd.AbstractSolution)
     assert exact.stats["num_steps"].shape == (z0.shape[0],)
@@ -230,8 +231,8 @@ def test_jacobian_free_gradient_against_the_exact_one():
     # parabola problem (the numbers quoted in the docs), and the training it
     # drives.
     relation, z0, targets = parabola_problem()
-    exact = rd.task_gradient(relation, z0, RHO, targets, squared_error, where=means)
-    free = rd.task_gradient(
+    exact = rr.task_gradient(relation, z0, RHO, targets, squared_error, where=means)
+    free = rr.task_gradient(
         relation,
         z0,
         RHO,
@@ -247,7 +248,7 @@ def test_jacobian_free_gradient_against_the_exact_one():
     print(f"Jacobian-free vs exact: cosine {cosine:.3f}, norm ratio {ratio:.3f}")
     assert 0.9 < cosine < 0.98 and 0.3 < ratio < 0.6
     start, _ = cold_loss(relation, z0, targets)
-    trained, history = rd.fit_through_inference(
+    trained, history = rr.fit_through_inference(
         relation,
         z0,
         RHO,
@@ -273,9 +274,9 @@ def _inference_problem():
     sched = rd.VPSDE()
     angle = jnp.arange(8.0) * (2 * jnp.pi / 8)
     means = jnp.stack([jnp.cos(angle), jnp.sin(angle)], axis=1)
-    relation = rd.ImplicitDiffusion(
+    relation = rr.ImplicitDiffusion(
         rd.GaussianMixtureEps(sched, means, 0.05),
-        rd.field_nodes(jax.random.key(1), 2, samples=2),
+        rr.field_nodes(jax.random.key(1), 2, samples=2),
     )
     xs = jnp.linspace(-0.5, 0.5, 3)
     z0 = jnp.stack([xs, jnp.full_like(xs, -0.5)], axis=1)
@@ -299,7 +300,7 @@ def _inference_problem():
 def test_fit_through_inference_refuses_bad_settings(getkey, changes, match):
     relation, z0, targets = _inference_problem()
     with pytest.raises(ValueError, match=match):
-        rd.fit_through_inference(
+        rr.fit_through_inference(
             relation,
             z0,
             RHO,
@@ -319,7 +320,7 @@ def test_task_gradient_refuses_bad_tol_under_jit(tol):
     """`task_gradient` is jitted; the tolerance is fixed when it is traced."""
     relation, z0, targets = _inference_problem()
     with pytest.raises(ValueError, match="`tol` must be a positive, finite"):
-        rd.task_gradient(relation, z0, RHO, targets, squared_error, tol=tol)
+        rr.task_gradient(relation, z0, RHO, targets, squared_error, tol=tol)
 
 
 @pytest.mark.loud
@@ -327,7 +328,7 @@ def test_fit_through_inference_nan_learning_rate_raises(getkey):
     relation, z0, targets = _inference_problem()
     for progress in (False, True):
         with pytest.raises(FloatingPointError, match="stopped at epoch 0"):
-            rd.fit_through_inference(
+            rr.fit_through_inference(
                 relation,
                 z0,
                 RHO,

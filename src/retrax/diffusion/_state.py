@@ -1,4 +1,4 @@
-"""Input conventions shared by the diffusion API: states, times and keys."""
+"""Input conventions of the diffusion API: times and keys (states: `retrax._state`)."""
 
 from typing import Any
 
@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
+from .._state import as_state as as_state, as_state_like as as_state_like
 from ._schedule import as_time
 
 
@@ -28,27 +29,3 @@ def time_like(t: Float[ArrayLike, ""] | float, x: Array) -> Float[Array, ""]:
             "Batch several examples with `jax.vmap`."
         )
     return t.astype(x.dtype)
-
-
-def as_state(name: str, x: ArrayLike) -> Float[Array, "..."]:
-    """Convert `x` to a real floating array, rejecting other dtypes by name."""
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(
-            f"`{name}` must have a real floating dtype, got {x.dtype}. Convert it "
-            f"first, e.g. `{name}.astype(jnp.float32)`."
-        )
-    return x
-
-
-def as_state_like(
-    name: str, x: ArrayLike, ref_name: str, ref: Array
-) -> Float[Array, "..."]:
-    """`as_state`, and `x` must have the shape of `ref` (named `ref_name`)."""
-    x = as_state(name, x)
-    if x.shape != ref.shape:
-        raise ValueError(
-            f"`{name}` must have the shape of `{ref_name}`: got {x.shape} and "
-            f"{ref.shape}."
-        )
-    return x

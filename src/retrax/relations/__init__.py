@@ -34,14 +34,13 @@ through inference. The diffusion models a relation is learned from
 - Training through inference: `fit_through_inference`, `task_gradient`,
   `TaskGradient`, `InferenceHistory`.
 
-`RESULTS` and `ImplicitSolution` are defined with the other result codes in
-`retrax.diffusion` (the proximal samplers share the codes) and re-exported here.
+`RESULTS` extends [`retrax.diffusion.RESULTS`][] (itself extending
+`optx.RESULTS`) with the codes only queries give (`unstable_root`,
+`invalid_query`), as diffrax's codes extend optimistix's.
 
-Module map (what each private module holds; all moved from `retrax.diffusion`,
-where `_abstract_relation` was `_relation`, `_composed` was `_relations`,
-`_implicit_energy` was `_potential` and `_local_free_energy` was
-`_free_energy`):
+Module map (what each private module holds):
 
+- `_solution`: `RESULTS` and `ImplicitSolution`, a query's answer.
 - `_abstract_relation`: `AbstractImplicitRelation`, a field over a joint space and
   a query's clamped residual.
 - `_composed`: `IndexedRelation`, `named_relation`, `ProductRelation`,
@@ -76,18 +75,14 @@ where `_abstract_relation` was `_relation`, `_composed` was `_relations`,
   propagation.
 - `_graph_laplace`: `graph_laplace`, `graph_free_energy`.
 
-The shared pieces stay in `retrax.diffusion`: input conventions (`_state`),
-result codes and solution objects (`_solution`), the NaN gating of failed
-solves (`_never_silent`), schedules and predictors.
+Imports run one way: this package uses the public names of
+`retrax.diffusion` (`AbstractPredictor`, `AbstractNoiseSchedule`, `RESULTS`)
+and the helpers both packages share, which live at the root of `retrax`:
+input conventions (`retrax._state`), the solution base (`retrax._solution`)
+and the NaN gating of failed solves (`retrax._never_silent`).
+`retrax.diffusion` imports nothing from here.
 """
 
-# `retrax.diffusion` re-exports these names, importing this package at its end;
-# `retrax/__init__.py` imports `diffusion` first, so its modules are loaded
-# before any of the relation modules below asks for them.
-from ..diffusion._solution import (
-    RESULTS as RESULTS,
-    ImplicitSolution as ImplicitSolution,
-)
 from ._abstract_relation import AbstractImplicitRelation as AbstractImplicitRelation
 from ._belief import (
     LaplaceBelief as LaplaceBelief,
@@ -162,6 +157,10 @@ from ._roots import (
     ImplicitRoots as ImplicitRoots,
     implicit_roots as implicit_roots,
     roots_by_energy as roots_by_energy,
+)
+from ._solution import (
+    RESULTS as RESULTS,
+    ImplicitSolution as ImplicitSolution,
 )
 from ._solver import GuardedNewton as GuardedNewton
 from ._support import DataSupport as DataSupport

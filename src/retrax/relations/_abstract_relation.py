@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from ..diffusion._state import as_state
+from .._state import as_state
 
 
 def clamp_mask(rho: Float[Array, " n"]) -> Bool[Array, " n"]:
@@ -92,7 +92,7 @@ class AbstractImplicitRelation(eqx.Module):
     def field_unit(self, dtype) -> Float[Array, " n"]:
         r"""Per coordinate, the size of the field one noise standard deviation
         off the data: the unit of a query's clamp load (see
-        [`retrax.diffusion.ImplicitSolution`][]). NaN when not known (then no
+        [`retrax.relations.ImplicitSolution`][]). NaN when not known (then no
         query is flagged off the data); 0 where the relation has no field."""
 
     @abc.abstractmethod

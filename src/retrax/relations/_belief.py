@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from ..diffusion._never_silent import nan_unless
-from ..diffusion._solution import RESULTS, ImplicitSolution
+from .._never_silent import nan_unless
 from ._abstract_relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
 from ._gaussian import AbstractGaussian, CanonicalGaussian, MomentGaussian, as_coords
 from ._implicit_energy import has_energy, implicit_energy
 from ._roots import ImplicitRoots, implicit_roots
+from ._solution import RESULTS, ImplicitSolution
 
 
 def _effective_lambda(model: AbstractImplicitRelation, dtype) -> Array:

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from .._errors import error_if
-from ..diffusion._state import as_state
+from .._state import as_state
 
 
 def _block(name: str, what: str, x, size: int, dtype) -> Float[Array, " size"]:

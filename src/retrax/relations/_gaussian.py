@@ -11,8 +11,8 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Shaped
 
 from .._errors import error_if
-from ..diffusion._never_silent import nan_unless
-from ..diffusion._state import as_state
+from .._never_silent import nan_unless
+from .._state import as_state
 
 
 def as_coords(coords: Sequence[int] | ArrayLike, dim: int) -> np.ndarray:

@@ -6,7 +6,7 @@ import math
 from jaxtyping import Array, Float
 
 from .._errors import filter_jit
-from ..diffusion._never_silent import nan_unless
+from .._never_silent import nan_unless
 from ._graph import FactorGraph
 from ._graph_solve import GraphSolution
 from ._graph_system import graph_system

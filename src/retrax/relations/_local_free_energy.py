@@ -3,10 +3,10 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from ..diffusion._solution import ImplicitSolution
 from ._abstract_relation import AbstractImplicitRelation, clamp_mask
 from ._belief import implicit_laplace
 from ._implicit_energy import implicit_energy
+from ._solution import ImplicitSolution
 
 
 def local_free_energy(

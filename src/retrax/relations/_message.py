@@ -9,11 +9,11 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._errors import filter_jit
-from ..diffusion._solution import ImplicitSolution
 from ._abstract_relation import soft_stiffness
 from ._belief import laplace_belief
 from ._factor import AbstractChannel, Factor
 from ._gaussian import CanonicalGaussian, divide
+from ._solution import ImplicitSolution
 
 
 def channel_anchor(

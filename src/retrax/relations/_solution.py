@@ -1,0 +1,82 @@
+"""Result codes and the solution of implicit inference."""
+
+import equinox as eqx
+from jaxtyping import Array, Bool, Float, Int
+
+from .._solution import AbstractSolution
+from ..diffusion import RESULTS as _DiffusionResults
+
+
+# Extends `retrax.relations.RESULTS` (itself extending `optx.RESULTS` and
+# `lx.RESULTS`), so the messages of the nonlinear and linear solvers and of the
+# diffusion solves pass through unchanged; a parent's code becomes one of these
+# with `RESULTS.promote`.
+class RESULTS(_DiffusionResults):  # pyright: ignore
+    unstable_root = (
+        "The solve converged to an unstable root of the implicit field (the "
+        "symmetric part of its free-block Jacobian is not positive definite) and "
+        "could not leave it within `max_steps`. It is a saddle or a maximum of the "
+        "learned density, not an answer; try another start (`z_init`), an anchor "
+        "(a small positive `rho`), or `implicit_roots`."
+    )
+    invalid_query = (
+        "The query is not valid: an entry of `z0` (a clamp, a soft target or a "
+        "start: an observed or unobserved channel's value, a latent channel's "
+        "start) or of `z_init` is NaN or infinite, a stiffness in `rho` is NaN "
+        "or negative (an unobserved channel's precision not positive and "
+        "finite), or every coordinate is clamped. Nothing was solved; the "
+        "answer is NaN. Rerun the query with `throw=True` for a message that "
+        "names the failed check."
+    )
+
+
+class ImplicitSolution(AbstractSolution):
+    """The answer to one implicit-inference query.
+
+    **Attributes:**
+
+    - `z`: the full joint point (clamped coordinates equal to `z0`).
+    - `residual`: the query residual at `z`, full length, clamped entries 0;
+      recomputed from `z`, so its derivatives are those of the residual at
+      the answer (about 0 at a converged answer, NaN at an unconverged one).
+    - `steps`: the number of solver iterations.
+    - `converged`: whether $\\max|r_F| \\le \\mathrm{tol}\\,(1 + \\max|z|)$.
+    - `stable`: whether the symmetric part of the free-block Jacobian
+      $J_{FF} = \\partial g/\\partial z_{FF} + \\mathrm{diag}(\\rho_F^2)$ is
+      positive definite at `z`.
+    - `result`: a [`retrax.relations.RESULTS`][] code: `successful` when
+      converged and stable, `unstable_root` when converged but unstable, or the
+      optimistix/lineax failure otherwise.
+    - `clamp_load`: what the hard clamps hold against: the largest
+      $|g_i(z)|/u_i$ over the clamped coordinates $i$, the prior field at
+      the answer in units $u$ of
+      [`retrax.relations.AbstractImplicitRelation.field_unit`][] (for an
+      `ImplicitDiffusion`, $\\lambda s$ with $s$ the nodes' mean noise
+      level): about the clamped values' distance from the data in noise
+      standard deviations. Small when the clamped values lie on the data; 0
+      without clamps; NaN when the relation's unit is not known.
+    - `off_data`: whether the clamped values lie where the model has seen
+      no data, so that the answer, though a converged and stable root, is an
+      extrapolation. Not an error and not in `result`. For a relation
+      calibrated by [`retrax.relations.calibrate_off_data`][] for the
+      query's clamps, `support_ratio > 1`; otherwise `clamp_load > 3`; with
+      an explicit `off_data_tol`, `clamp_load > off_data_tol`.
+    - `support_ratio`: the calibrated off-data test: the distance from the
+      clamped values to the nearest stored training row, over the
+      calibrated distance (see [`retrax.relations.calibrate_off_data`][]);
+      above 1 off the data, 0 without clamps, NaN when the relation is not
+      calibrated for the query's clamps.
+    - `stats`: `{"num_steps": steps}`, the solver's statistics (as in
+      [`retrax.diffusion.AbstractSolution`][]); empty for a solution built by hand.
+    """
+
+    z: Float[Array, " n"]
+    residual: Float[Array, " n"]
+    steps: Int[Array, ""]
+    converged: Bool[Array, ""]
+    stable: Bool[Array, ""]
+    result: RESULTS
+    clamp_load: Float[Array, ""]
+    off_data: Bool[Array, ""]
+    support_ratio: Float[Array, ""]
+    stats: dict[str, Array] = eqx.field(default_factory=dict)
