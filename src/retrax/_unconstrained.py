@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike
 
-from ._misc import check_value
+from ._validate import check_value
 
 
 def field_array(

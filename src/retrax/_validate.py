@@ -1,4 +1,11 @@
-"""Private input checks shared by the ops, the effects, the filters and the rest."""
+"""Private input checks shared by the ops, the effects, the filters and the
+rest: the one home of retrax's generic argument checks (one helper per
+check, its message naming the user's argument and saying what to do)."""
+
+import math
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -230,12 +237,77 @@ def real_array(name: str, value: ArrayLike) -> Array:
     return value
 
 
-def check_delay(name: str, delay: object) -> int:
-    """An integer delay length in samples, a static Python `int` `>= 1` (it
-    fixes shapes, so it is never traced)."""
-    if isinstance(delay, bool) or not isinstance(delay, (int, np.integer)) or delay < 1:
+def check_delay(name: str, delay: object, minimum: int = 1) -> int:
+    """An integer delay length in samples, a static Python `int` `>= minimum`
+    (`1` for a delay line, `0` for a lookahead; it fixes shapes, so it is
+    never traced)."""
+    if (
+        isinstance(delay, bool)
+        or not isinstance(delay, (int, np.integer))
+        or delay < minimum
+    ):
         raise ValueError(
-            f"`{name}` must be a Python int >= 1 (a length in samples, fixed when "
-            f"the program is traced), got {delay!r}."
+            f"`{name}` must be a Python int >= {minimum} (a length in samples, "
+            f"fixed when the program is traced), got {delay!r}."
         )
     return int(delay)
+
+
+def check_value(value: Any, bad: Callable[[ModuleType, Any], Any], msg: str) -> Any:
+    """Raise `msg` where `bad(xp, value)` holds, eagerly and under `jit`.
+
+    `bad` computes the failing entries with the array namespace `xp` it is
+    given (`numpy` or `jax.numpy`). Python and NumPy values are checked at once
+    with NumPy and raise a `ValueError`, so that a Python-float hyperparameter
+    stays a Python float. JAX arrays go through `retrax._errors.error_if` with
+    the same message: a concrete one raises `InvalidArgumentError` (a
+    `ValueError`) at once, a traced one (`jit`, `vmap`, `grad`) at run time;
+    that check is only kept if the returned value is used, so always store the
+    result.
+    """
+    if isinstance(value, jax.Array):
+        return error_if(value, jnp.any(bad(jnp, value)), msg)
+    flag = bad(np, np.asarray(value))
+    if isinstance(flag, jax.Array):  # `bad` involves a JAX value (e.g. a bound)
+        return error_if(jnp.asarray(value), jnp.any(flag), msg)
+    if np.any(flag):
+        raise ValueError(msg)
+    return value
+
+
+def static_float(name: str, value: Any) -> float:
+    """`value` as a Python float: a hyperparameter fixed when a program is traced.
+
+    A traced value (an argument of a `jit`-, `vmap`- or `grad`-transformed
+    function) raises a `TypeError` naming `name` instead of JAX's tracer
+    error; close over the value or mark it static instead.
+    """
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(
+            f"`{name}` is fixed when the program is traced: pass a Python float "
+            f"(close over it, or mark it static in `jax.jit`), not a traced array."
+        )
+    return float(value)
+
+
+def check_positive_int(name: str, value: Any) -> None:
+    """`value` must be a positive Python `int` (a size or a count of steps)."""
+    if isinstance(value, bool) or not (
+        isinstance(value, int | np.integer) and value >= 1
+    ):
+        raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+
+
+def check_tol(tol: Any) -> float | None:
+    """A solver's tolerance as a Python float: positive and finite, or `None`
+    for the dtype's default; a `ValueError` naming `tol` otherwise (a traced
+    one a `TypeError`, from `static_float`)."""
+    if tol is None:
+        return None
+    value = static_float("tol", tol)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"`tol` must be a positive, finite tolerance (or None for the "
+            f"dtype's default), got {tol!r}: no solve can meet it."
+        )
+    return value

@@ -7,7 +7,6 @@ import numpy as np
 import optax
 import pytest
 
-import retrax
 import retrax.diffusion as rd
 from helpers import (
     assert_close,
@@ -458,7 +457,7 @@ def test_trace_time_hyperparameters_name_themselves_under_jit():
     # Python numbers; a traced one raises naming the argument, not a tracer
     # error (the public annotations say `float`, which the test suite's
     # type checker enforces first, so the helper they share is tested here).
-    from retrax._misc import static_float
+    from retrax._validate import static_float
 
     assert static_float("eta", np.float32(0.5)) == 0.5
     with pytest.raises(TypeError, match="`eta` is fixed when the program"):
@@ -588,7 +587,7 @@ def test_fit_diverges_loudly_in_float32(getkey, tmp_path):
     with pytest.raises(FloatingPointError, match=r"stopped at step 1\d "):
         rd.fit(pred, data, getkey(), checkpoint_dir=tmp_path, **kw)
     params, _ = eqx.partition(pred, eqx.is_inexact_array)
-    found = retrax.load_checkpoint(
+    found = rd.load_checkpoint(
         tmp_path,
         {
             "state": rd.TrainState(

@@ -965,16 +965,20 @@ def test_compressor_ensemble_and_bad_construction():
         Compressor(lookahead_samples=-1)
     # (the test run's type checker rejects other types before the check;
     # users' calls reach it)
-    from retrax.filters._compressor import _check_lookahead
+    from retrax._validate import check_delay
+
+    def check_lookahead(value):
+        # the compressors' check of their lookahead
+        return check_delay("lookahead_samples", value, minimum=0)
 
     for bad in (2.5, True, None, -3):
         with pytest.raises(ValueError, match=r"`lookahead_samples` must be a Python"):
-            _check_lookahead(bad)
+            check_lookahead(bad)
     raises_eagerly_and_under_jit(
-        _check_lookahead, -1, match=r"`lookahead_samples` must be a Python int >= 0"
+        check_lookahead, -1, match=r"`lookahead_samples` must be a Python int >= 0"
     )
     with pytest.raises(ValueError, match=r"`lookahead_samples` must be a Python"):
-        jax.jit(_check_lookahead)(3)  # traced
+        jax.jit(check_lookahead)(3)  # traced
     # states of the wrong structure or shape
     with pytest.raises(ValueError, match=r"`zi` must be the triple"):
         call_unchecked(_compressor(), x, zi=(0.0, 1.0))

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._errors import error_if
-from .._misc import check_positive_int, check_value
+from .._validate import check_positive_int, check_value
 from ._mixture import GaussianMixtureEps
 from ._schedule import AbstractNoiseSchedule
 from ._state import as_state

@@ -25,7 +25,7 @@ from jax.typing import DTypeLike
 from jaxtyping import ArrayLike, PRNGKeyArray, Shaped
 
 from .._errors import error_if, filter_jit
-from .._misc import check_positive_int, check_value, static_float
+from .._validate import check_positive_int, check_value, static_float
 from ._predictor import AbstractPredictor, epsilon_jacobian
 from ._sample import Sample, _t_end, _transition, finished_sample
 from ._state import as_state

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from .._misc import check_value
+from .._validate import check_value
 from ._predictor import AbstractExactPredictor
 from ._schedule import AbstractNoiseSchedule
 from ._state import as_state, as_state_like, time_like

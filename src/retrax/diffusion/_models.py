@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._misc import check_positive_int
+from .._validate import check_positive_int
 
 
 class TimeEmbedding(eqx.Module):

@@ -10,8 +10,8 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from .._errors import error_if, filter_jit
-from .._misc import static_float
 from .._solution import AbstractSolution, throw_if_failed
+from .._validate import static_float
 from ._predictor import AbstractPredictor, epsilon_jacobian
 from ._sample import Sample, _dtype, _shape, _t_end, finished_sample
 from ._solution import RESULTS

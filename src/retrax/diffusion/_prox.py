@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._misc import check_value
+from .._validate import check_value
 from ._schedule import AbstractNoiseSchedule
 from ._solution import RESULTS
 from ._state import as_state, as_state_like, is_key, time_like

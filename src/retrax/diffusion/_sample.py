@@ -7,8 +7,8 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .._errors import error_if, filter_jit
-from .._misc import check_positive_int, static_float
 from .._solution import AbstractSolution, throw_if_failed
+from .._validate import check_positive_int, static_float
 from ._predictor import AbstractPredictor
 from ._solution import RESULTS
 from ._state import as_state_like

@@ -10,7 +10,7 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 
 from .._errors import error_if
-from .._misc import check_value
+from .._validate import check_value
 
 
 def as_time(t: Shaped[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:

@@ -24,8 +24,9 @@ from .._checkpoint import (
     _writable_directory,
 )
 from .._distributed import _replicate, _same_arguments, _same_on_every_process
-from .._misc import all_finite, check_positive_int, static_float
+from .._misc import all_finite
 from .._solution import AbstractSolution
+from .._validate import check_positive_int, static_float
 from ._predictor import AbstractPredictor
 from ._solution import RESULTS
 

@@ -37,26 +37,9 @@ from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._deprecated import warn_deprecated
-from .._effect import (
-    AbstractRangedEffect,
-    Range,
-    fields_as_they_are,
-    logit_to_unconstrained,
-    logit_with_unconstrained,
-    with_values_by_tree_at,
-)
+from .._effect import AbstractRangedEffect, Range
 from .._signal import no_state, output, signal
-from .._validate import check_rate
-
-
-def _check_lookahead(value: object) -> int:
-    """The lookahead, a static Python `int` `>= 0`."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(
-            "`lookahead_samples` must be a Python int >= 0 (a length in samples, "
-            f"fixed when the program is traced), got {value!r}."
-        )
-    return int(value)
+from .._validate import check_delay, check_rate
 
 
 def _check_eps(value: object) -> float:
@@ -204,7 +187,9 @@ class DaspCompressor(AbstractRangedEffect):
         makeup_gain_db: Shaped[ArrayLike, ""] | None = None,
     ):
         self.sample_rate = check_rate("sample_rate", sample_rate)
-        self.lookahead_samples = _check_lookahead(lookahead_samples)
+        self.lookahead_samples = check_delay(
+            "lookahead_samples", lookahead_samples, minimum=0
+        )
         self.eps = _check_eps(eps)
         r = self.RANGES
         self.threshold_db = r["threshold_db"].check_init("threshold_db", threshold_db)
@@ -255,20 +240,6 @@ class DaspCompressor(AbstractRangedEffect):
         frames = self.sample_rate * (attack / 1e3)
         alpha = jnp.exp(-jnp.log(jnp.asarray(9.0, dtype)) / frames)
         return _smooth(g, alpha)
-
-    def checked_values(self) -> dict[str, Array]:
-        return fields_as_they_are(self)
-
-    def with_values(self, values: dict[str, Array]) -> "DaspCompressor":
-        return with_values_by_tree_at(self, values)
-
-    def to_unconstrained(self) -> Float[Array, " params"]:
-        return logit_to_unconstrained(self)
-
-    def with_unconstrained(
-        self, theta: Shaped[ArrayLike, " params"]
-    ) -> "DaspCompressor":
-        return logit_with_unconstrained(self, theta)
 
     def __call__(
         self,

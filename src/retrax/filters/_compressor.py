@@ -4,15 +4,9 @@ from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from .._effect import (
-    AbstractRangedEffect,
-    Range,
-    fields_as_they_are,
-    with_values_by_tree_at,
-)
+from .._effect import AbstractRangedEffect, Range
 from .._misc import as_inexact
 from .._signal import output, per_channel, signal, state_leaf
 from .._unconstrained import (
@@ -23,7 +17,7 @@ from .._unconstrained import (
     softplus_inverse,
     unconstrained,
 )
-from .._validate import check_init_range, check_rate
+from .._validate import check_delay, check_init_range, check_rate
 from ..dynamics import avg, compexp_gain, db2amp, ms2coef
 
 
@@ -41,16 +35,6 @@ _LIMITS = {
     "exp_ratio": (0.0, 1.0, True),
     "rms_ms": (0.0, None, True),
 }
-
-
-def _check_lookahead(value: object) -> int:
-    """The lookahead, a static Python `int` `>= 0` (it fixes the state's shape)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(
-            "`lookahead_samples` must be a Python int >= 0 (a length in samples, "
-            f"fixed when the program is traced), got {value!r}."
-        )
-    return int(value)
 
 
 class Compressor(AbstractRangedEffect):
@@ -161,7 +145,9 @@ class Compressor(AbstractRangedEffect):
         lookahead_samples: int = 0,
     ):
         self.sample_rate = check_rate("sample_rate", sample_rate)
-        self.lookahead_samples = _check_lookahead(lookahead_samples)
+        self.lookahead_samples = check_delay(
+            "lookahead_samples", lookahead_samples, minimum=0
+        )
         values = {
             "threshold_db": threshold_db,
             "ratio": ratio,
@@ -226,12 +212,6 @@ class Compressor(AbstractRangedEffect):
     def ranges(self) -> dict[str, Range]:
         """The normalised parameters' ranges (see the class docstring)."""
         return self.RANGES
-
-    def checked_values(self) -> dict[str, Array]:
-        return fields_as_they_are(self)
-
-    def with_values(self, values: dict[str, Array]) -> "Compressor":
-        return with_values_by_tree_at(self, values)
 
     def to_unconstrained(self) -> Float[Array, " 9"]:
         r"""The unconstrained vector `(9,)` of this compressor, the inverse of

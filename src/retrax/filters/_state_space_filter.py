@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 
-from .._misc import as_inexact, check_positive_int
-from .._validate import check_in_range
+from .._misc import as_inexact
+from .._validate import check_in_range, check_positive_int
 from ..ops import diag_state_space
 
 

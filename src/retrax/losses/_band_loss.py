@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from .._misc import check_positive_int
+from .._validate import check_positive_int
 from ._stft import WINDOWS, Window, analysis_window, stft_power
 from ._stft_loss import Weight, check_choice, check_signals, compiled_terms
 

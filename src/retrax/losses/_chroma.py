@@ -2,8 +2,7 @@
 
 import numpy as np
 
-from .._misc import check_positive_int
-from .._validate import check_rate
+from .._validate import check_positive_int, check_rate
 
 
 def chroma_filterbank(

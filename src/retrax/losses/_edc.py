@@ -8,8 +8,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._errors import error_if
-from .._misc import as_inexact, check_positive_int, static_float
-from .._validate import check_rate
+from .._misc import as_inexact
+from .._validate import check_positive_int, check_rate, static_float
 from ._octave import octave_band_sos, octave_band_split
 from ._stft_loss import check_choice, check_signals
 

@@ -2,8 +2,7 @@
 
 import numpy as np
 
-from .._misc import check_positive_int
-from .._validate import check_rate
+from .._validate import check_positive_int, check_rate
 
 
 _F_SP = 200.0 / 3  # Hz per mel below 1 kHz

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from .._misc import as_inexact, check_positive_int, scipy_signal
-from .._validate import check_rate
+from .._misc import as_inexact, scipy_signal
+from .._validate import check_positive_int, check_rate
 from ..ops import sosfilt
 
 

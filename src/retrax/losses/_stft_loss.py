@@ -10,8 +10,8 @@ from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._errors import error_if
 from .._float_dtypes import check_float_dtype
-from .._misc import as_inexact, cast, check_positive_int, check_value, result_dtype
-from .._validate import check_rate
+from .._misc import as_inexact, cast, result_dtype
+from .._validate import check_positive_int, check_rate, check_value
 from ._a_weighting import a_weighting_taps, fir_same
 from ._chroma import chroma_filterbank
 from ._mel import mel_filterbank

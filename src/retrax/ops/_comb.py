@@ -14,8 +14,8 @@ import jax.numpy as jnp
 from jax import Array
 from jaxtyping import ArrayLike, Float, Shaped
 
-from .._misc import as_inexact, check_value, result_dtype
-from .._validate import check_delay, check_signal, check_zi, real_array
+from .._misc import as_inexact, result_dtype
+from .._validate import check_delay, check_signal, check_value, check_zi, real_array
 from ._fir import fir_state
 from ._recurrence import DEFAULT_UNROLL, Method, check_method, recurrence
 

@@ -19,8 +19,8 @@ from .._delay_history import (
     history_length,
     supported_delay,
 )
-from .._misc import check_value, result_dtype, static_float
-from .._validate import check_signal, real_array
+from .._misc import result_dtype
+from .._validate import check_signal, check_value, real_array, static_float
 from ._fir import fir_state
 
 

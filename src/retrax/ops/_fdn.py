@@ -6,8 +6,8 @@ from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._float_dtypes import check_float_dtype
-from .._misc import as_inexact, check_value, result_dtype
-from .._validate import check_delay, check_signal, real_array
+from .._misc import as_inexact, result_dtype
+from .._validate import check_delay, check_signal, check_value, real_array
 from ._recurrence import DEFAULT_UNROLL, DelayLines, delay_line_reads, recurrence
 
 

@@ -20,7 +20,8 @@ from jax import lax
 from jaxtyping import Array, ArrayLike, Complex, Float, Shaped
 
 from .._errors import error_if
-from .._misc import as_inexact, check_positive_int, check_value, result_dtype
+from .._misc import as_inexact, result_dtype
+from .._validate import check_positive_int, check_value
 from ._fdn import check_delays, checked_network, fdn
 
 

@@ -9,7 +9,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._errors import error_if
-from .._misc import check_value
+from .._validate import check_value
 from ._abstract_relation import AbstractImplicitRelation
 from ._factor import blockranges
 

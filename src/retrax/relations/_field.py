@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from .._misc import check_value
-from ..diffusion import AbstractPredictor
+from .._validate import check_value
+from ..diffusion._predictor import AbstractPredictor
 from ._abstract_relation import AbstractImplicitRelation
 from ._deblur import deblurred_precision, node_levels
 from ._nodes import FieldNodes, density_lambda

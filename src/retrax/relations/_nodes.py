@@ -9,8 +9,8 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._errors import error_if
-from .._misc import check_positive_int, check_value
-from ..diffusion import AbstractNoiseSchedule
+from .._validate import check_positive_int, check_value
+from ..diffusion._schedule import AbstractNoiseSchedule
 
 
 class FieldNodes(eqx.Module):
