@@ -67,6 +67,7 @@ def run_on_8_devices(
     return json.loads(lines[0].removeprefix("RESULT "))
 
 
+@pytest.mark.slow
 def test_sharded_filtering_queries_and_training_match_one_device():
     # Values and placements only: compiled without most optimisations.
     result = run_on_8_devices(
@@ -122,6 +123,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernels", ["on", "off"])
 def test_sharded_ballistics_stays_split(tmp_path, kernels):
     # The compiled kernel runs on each device's signals (`custom_partitioning`):

@@ -1,8 +1,9 @@
 """Every example script runs in a short smoke mode and does what it claims.
 
-The smoke runs of the relation examples, each a training run (about half a
-minute of CPU), and of the chain fit, whose full run is in
-`test_examples_fit_chain.py`, are in the slow set."""
+The default set runs the examples that train nothing (the quickstart and
+streaming); the smoke runs that train (a filter, an effect chain, a
+relation: several seconds to half a minute of CPU each) are in the slow set,
+which CI runs, as are the chain fits' full runs (`test_examples_fit_chain.py`)."""
 
 import jax
 import numpy as np
@@ -32,6 +33,7 @@ def test_streaming_smoke(capsys):
     assert result["envelope_diff"] <= 1e-6 * scale
 
 
+@pytest.mark.slow
 def test_circle_mlp_smoke(capsys, tmp_path):
     plot = tmp_path / "circle.png"
     result = load_example("circle_mlp.py").main(smoke=True, plot_path=str(plot))
@@ -49,6 +51,7 @@ def test_circle_mlp_smoke(capsys, tmp_path):
     assert result["grad_x_rel"] < 1e-6 and result["grad_w_rel"] < 1e-6
 
 
+@pytest.mark.slow
 def test_fm_voices_smoke(capsys):
     result = load_example("fm_voices.py").main(smoke=True)
     out = capsys.readouterr().out
@@ -66,6 +69,7 @@ def test_fm_voices_smoke(capsys):
     assert result["grad_rel_error"] < 1e-6
 
 
+@pytest.mark.slow
 def test_reddiff_inverse_smoke(capsys):
     import jax.numpy as jnp
 
@@ -82,6 +86,7 @@ def test_reddiff_inverse_smoke(capsys):
     assert float(jnp.min(result["err_averaged"])) > 0.3
 
 
+@pytest.mark.slow
 def test_fit_svf_smoke(capsys):
     result = load_example("parameter_estimation/fit_svf.py").main(smoke=True)
     assert "recovered" in capsys.readouterr().out
@@ -91,6 +96,7 @@ def test_fit_svf_smoke(capsys):
     assert result["q_error"] < 0.5 * result["initial_q_error"]
 
 
+@pytest.mark.slow
 def test_fit_fdn_reverb_smoke(capsys):
     result = load_example("fit_fdn_reverb.py").main(smoke=True)
     assert "after fitting the decay times" in capsys.readouterr().out
@@ -119,6 +125,7 @@ def test_fit_chain_smoke(capsys):
     assert result["stream_difference"] <= 1e-3 * result["output_peak"]
 
 
+@pytest.mark.slow
 def test_fit_chain_random_start_smoke(capsys):
     result = load_example("fit_chain_random_start.py").main(smoke=True)
     assert "response estimate" in capsys.readouterr().out
@@ -135,6 +142,7 @@ def test_fit_chain_random_start_smoke(capsys):
         assert error < 1e-4, (name, error)
 
 
+@pytest.mark.slow
 def test_fit_state_space_filter_smoke(capsys):
     result = load_example("parameter_estimation/fit_state_space_filter.py").main(
         smoke=True
@@ -148,6 +156,7 @@ def test_fit_state_space_filter_smoke(capsys):
     assert result["losses"][-1] < 1e-4 * result["losses"][0]
 
 
+@pytest.mark.slow
 def test_fit_compressor_smoke(capsys):
     result = load_example("parameter_estimation/fit_compressor.py").main(smoke=True)
     assert "recovered" in capsys.readouterr().out
@@ -160,6 +169,7 @@ def test_fit_compressor_smoke(capsys):
         assert abs(start["release_ms"] / result["truth"]["release_ms"] - 1) > 0.5
 
 
+@pytest.mark.slow
 def test_fit_parametric_eq_smoke(capsys):
     result = load_example("parameter_estimation/fit_parametric_eq.py").main(smoke=True)
     assert "worst errors" in capsys.readouterr().out
