@@ -216,6 +216,13 @@ class AbstractRangedEffect(AbstractEffect):
     `with_normalised` follow from `ranges()` (through the hooks
     `checked_values` and `with_values`).
 
+    Subclasses are final modules that implement `ranges()`, `__call__` and
+    the hooks `checked_values`, `with_values`, `to_unconstrained` and
+    `with_unconstrained`; an effect whose fields hold just their ranges
+    implements the hooks by calling this module's helpers
+    (`fields_as_they_are`, `with_values_by_tree_at`, `logit_to_unconstrained`,
+    `logit_with_unconstrained`), which are the defaults described below.
+
     To train an effect's parameters with an optimiser that knows nothing of
     ranges (optax), train its unconstrained vector: `theta =
     effect.to_unconstrained()` is any real vector, and
@@ -287,54 +294,96 @@ class AbstractRangedEffect(AbstractEffect):
                 values[field] = jnp.stack([value[k] for k in sorted(value)])
         return self.with_values(values)
 
+    @abc.abstractmethod
     def to_unconstrained(self) -> Float[Array, " params"]:
         r"""The unconstrained vector `(P,)` of this effect, the inverse of
-        `with_unconstrained`: $\operatorname{logit}(u)$ of the normalised
+        `with_unconstrained`. For most effects (through
+        `logit_to_unconstrained`) $\operatorname{logit}(u)$ of the normalised
         vector $u$, clipped to $[-15, 15]$ (a parameter at an end of its
-        range maps to $\pm 15$). A parameter outside its range raises, as
+        range maps to $\pm 15$); a parameter outside its range raises, as
         `to_normalised` does."""
-        u = self.to_normalised()
-        return jnp.clip(logit(u), -SATURATION, SATURATION)
 
+    @abc.abstractmethod
     def with_unconstrained(
         self, theta: Shaped[ArrayLike, " params"]
     ) -> "AbstractEffect":
-        r"""This effect with the normalised vector $\sigma(\theta)$, from any
-        finite real `theta` `(P,)` (entries clipped to $[-15, 15]$ first):
-        train `theta` (e.g. with optax) and build the effect from it inside
-        the loss, and every step gives an effect whose parameters lie in
-        their ranges. A wrong shape raises `ValueError`, non-finite entries
-        an error (also under `jax.jit`)."""
-        theta = unconstrained("theta", theta, self.n_params)
-        return self.with_normalised(bounded(theta))
+        r"""This effect built from any finite real `theta` `(P,)`: train
+        `theta` (e.g. with optax) and build the effect from it inside the
+        loss, and every step gives an effect whose parameters lie in their
+        valid region. For most effects (through `logit_with_unconstrained`)
+        the normalised vector $\sigma(\theta)$, entries clipped to
+        $[-15, 15]$ first. A wrong shape raises `ValueError`, non-finite
+        entries an error (also under `jax.jit`)."""
 
     # The two hooks below serve effects whose fields may hold more than their
     # ranges (a filter's cutoff anywhere below Nyquist, its ranges narrower):
     # such an effect checks its own valid region first and rebuilds through
     # its constructor, which checks and types the fields as it always does.
 
+    @abc.abstractmethod
     def checked_values(self) -> dict[str, Any]:
         """The fields that `ranges()` names, by field name, as `to_normalised`
-        reads them. By default the fields as they are (their ranges check
-        them); an effect with a wider valid region returns them checked to
-        lie in it, so that a value outside it raises that region's error."""
-        return {field: getattr(self, field) for field, _, _ in self._entries()}
+        reads them. For most effects (through `fields_as_they_are`) the
+        fields as they are (their ranges check them); an effect with a wider
+        valid region returns them checked to lie in it, so that a value
+        outside it raises that region's error."""
 
+    @abc.abstractmethod
     def with_values(self, values: dict[str, Array]) -> "AbstractEffect":
         """This effect with the physical `values` (by field name) that
-        `with_normalised` computed. By default through `eqx.tree_at`; an
-        effect whose constructor checks and types its fields builds itself
-        through it."""
-        names = list(values)
-        return eqx.tree_at(
-            lambda m: [getattr(m, n) for n in names],
-            self,
-            [values[n] for n in names],
-            is_leaf=None,
-        )
+        `with_normalised` computed. For most effects (through
+        `with_values_by_tree_at`) through `eqx.tree_at`; an effect whose
+        constructor checks and types its fields builds itself through it."""
 
     def param(self, name: str, dtype) -> Array:
         """The parameter `name`, checked to lie in its range (also under
         `jax.jit`; `eqx.tree_at` or an optimiser may have moved it), cast to
         the signal's `dtype`."""
         return self.ranges()[name].check(name, getattr(self, name)).astype(dtype)
+
+
+# The hooks of an effect whose fields hold just their ranges. Each final
+# effect calls them from its own methods: the abstract class declares the
+# hooks, so no final class overrides a concrete one.
+
+
+def fields_as_they_are(effect: AbstractRangedEffect) -> dict[str, Any]:
+    """`effect.checked_values()` of an effect whose ranges are its valid
+    region: the fields that `ranges()` names, as they are (`to_normalised`
+    checks them against their ranges)."""
+    return {field: getattr(effect, field) for field, _, _ in effect._entries()}
+
+
+def with_values_by_tree_at(
+    effect: AbstractRangedEffect, values: dict[str, Array]
+) -> AbstractRangedEffect:
+    """`effect.with_values(values)` of an effect whose fields take any value
+    of their ranges as they are: `values` placed by `eqx.tree_at`."""
+    names = list(values)
+    return eqx.tree_at(
+        lambda m: [getattr(m, n) for n in names],
+        effect,
+        [values[n] for n in names],
+        is_leaf=None,
+    )
+
+
+def logit_to_unconstrained(effect: AbstractRangedEffect) -> Float[Array, " params"]:
+    r"""`effect.to_unconstrained()` by the logit: $\operatorname{logit}(u)$
+    of the normalised vector $u$, clipped to $[-15, 15]$ (a parameter at an
+    end of its range maps to $\pm 15$). A parameter outside its range
+    raises, as `to_normalised` does."""
+    u = effect.to_normalised()
+    return jnp.clip(logit(u), -SATURATION, SATURATION)
+
+
+def logit_with_unconstrained(
+    effect: AbstractRangedEffect, theta: Shaped[ArrayLike, " params"]
+) -> AbstractEffect:
+    r"""`effect.with_unconstrained(theta)` by the logistic function: the
+    effect with the normalised vector $\sigma(\theta)$, from any finite real
+    `theta` `(P,)` (entries clipped to $[-15, 15]$ first). A wrong shape
+    raises `ValueError`, non-finite entries an error (also under
+    `jax.jit`)."""
+    theta = unconstrained("theta", theta, effect.n_params)
+    return effect.with_normalised(bounded(theta))

@@ -7,6 +7,7 @@ import numpy as np
 import optax
 import pytest
 
+import retrax
 import retrax.diffusion as rd
 from helpers import (
     assert_close,
@@ -587,7 +588,7 @@ def test_fit_diverges_loudly_in_float32(getkey, tmp_path):
     with pytest.raises(FloatingPointError, match=r"stopped at step 1\d "):
         rd.fit(pred, data, getkey(), checkpoint_dir=tmp_path, **kw)
     params, _ = eqx.partition(pred, eqx.is_inexact_array)
-    found = rd.load_checkpoint(
+    found = retrax.load_checkpoint(
         tmp_path,
         {
             "state": rd.TrainState(

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jaxtyping import Array, ArrayLike, Float
 
+from .._never_silent import never_silent
 from .._validate import check_positive_int
 from ._mixture import GaussianMixtureEps
-from ._never_silent import never_silent
 from ._prox import AbstractProximalPredictor, _as_lam
 from ._schedule import AbstractNoiseSchedule
 from ._solution import RESULTS

@@ -6,9 +6,9 @@ import optimistix as optx
 from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from .._errors import error_if, filter_jit
+from .._never_silent import never_silent
 from .._solution import AbstractSolution, throw_if_failed
 from .._validate import check_positive_int, check_value
-from ._never_silent import never_silent
 from ._prox import AbstractProximalPredictor, _as_lam
 from ._solution import RESULTS
 from ._state import as_state, as_state_like, time_like

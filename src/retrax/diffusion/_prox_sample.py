@@ -6,9 +6,9 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._errors import error_if, filter_jit
+from .._never_silent import never_silent
 from .._solution import AbstractSolution, throw_if_failed
 from .._validate import check_positive_int, check_value
-from ._never_silent import never_silent
 from ._prox import AbstractProximalPredictor
 from ._sample import _dtype
 from ._solution import RESULTS

@@ -11,9 +11,9 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from .._errors import error_if, filter_jit
 from .._misc import all_finite
+from .._never_silent import never_silent
 from .._solution import AbstractSolution, throw_if_failed
 from .._validate import check_positive_int, check_value, static_float
-from ._never_silent import never_silent
 from ._predictor import AbstractPredictor
 from ._schedule import AbstractNoiseSchedule, as_time
 from ._solution import RESULTS

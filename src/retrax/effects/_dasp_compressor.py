@@ -37,7 +37,14 @@ from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._deprecated import warn_deprecated
-from .._effect import AbstractRangedEffect, Range
+from .._effect import (
+    AbstractRangedEffect,
+    Range,
+    fields_as_they_are,
+    logit_to_unconstrained,
+    logit_with_unconstrained,
+    with_values_by_tree_at,
+)
 from .._signal import no_state, output, signal
 from .._validate import check_delay, check_rate
 
@@ -240,6 +247,20 @@ class DaspCompressor(AbstractRangedEffect):
         frames = self.sample_rate * (attack / 1e3)
         alpha = jnp.exp(-jnp.log(jnp.asarray(9.0, dtype)) / frames)
         return _smooth(g, alpha)
+
+    def checked_values(self) -> dict[str, Array]:
+        return fields_as_they_are(self)
+
+    def with_values(self, values: dict[str, Array]) -> "DaspCompressor":
+        return with_values_by_tree_at(self, values)
+
+    def to_unconstrained(self) -> Float[Array, " params"]:
+        return logit_to_unconstrained(self)
+
+    def with_unconstrained(
+        self, theta: Shaped[ArrayLike, " params"]
+    ) -> "DaspCompressor":
+        return logit_with_unconstrained(self, theta)
 
     def __call__(
         self,

@@ -4,7 +4,14 @@ import equinox as eqx
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._delay_history import history_length
-from .._effect import AbstractRangedEffect, Range
+from .._effect import (
+    AbstractRangedEffect,
+    Range,
+    fields_as_they_are,
+    logit_to_unconstrained,
+    logit_with_unconstrained,
+    with_values_by_tree_at,
+)
 from .._signal import output, per_channel, signal, state_leaf
 from .._validate import check_rate, static_float
 from ..ops import delay
@@ -66,6 +73,18 @@ class Delay(AbstractRangedEffect):
     def max_delay(self) -> float:
         """The longest delay in samples."""
         return self.max_delay_ms * self.sample_rate / 1000.0
+
+    def checked_values(self) -> dict[str, Array]:
+        return fields_as_they_are(self)
+
+    def with_values(self, values: dict[str, Array]) -> "Delay":
+        return with_values_by_tree_at(self, values)
+
+    def to_unconstrained(self) -> Float[Array, " params"]:
+        return logit_to_unconstrained(self)
+
+    def with_unconstrained(self, theta: Shaped[ArrayLike, " params"]) -> "Delay":
+        return logit_with_unconstrained(self, theta)
 
     def __call__(
         self,

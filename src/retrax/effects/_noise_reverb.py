@@ -29,7 +29,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, Shaped
 
-from .._effect import AbstractRangedEffect, Range
+from .._effect import (
+    AbstractRangedEffect,
+    Range,
+    fields_as_they_are,
+    logit_to_unconstrained,
+    logit_with_unconstrained,
+    with_values_by_tree_at,
+)
 from .._float_dtypes import check_float_dtype
 from .._signal import output, signal, state_leaf
 from .._validate import check_finite, check_positive_int, check_rate, real_array
@@ -259,6 +266,20 @@ class NoiseShapedReverb(AbstractRangedEffect):
         rate = (3.0 * math.log(10.0) / self.sample_rate) / t60s
         envelope = gains[:, None] * jnp.exp(-rate[:, None] * n)
         return jnp.einsum("cbn,bn->cn", noise, envelope) / N_BANDS
+
+    def checked_values(self) -> dict[str, Array]:
+        return fields_as_they_are(self)
+
+    def with_values(self, values: dict[str, Array]) -> "NoiseShapedReverb":
+        return with_values_by_tree_at(self, values)
+
+    def to_unconstrained(self) -> Float[Array, " params"]:
+        return logit_to_unconstrained(self)
+
+    def with_unconstrained(
+        self, theta: Shaped[ArrayLike, " params"]
+    ) -> "NoiseShapedReverb":
+        return logit_with_unconstrained(self, theta)
 
     def __call__(
         self,

@@ -6,7 +6,12 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
-from .._effect import AbstractRangedEffect, Range
+from .._effect import (
+    AbstractRangedEffect,
+    Range,
+    fields_as_they_are,
+    with_values_by_tree_at,
+)
 from .._misc import as_inexact
 from .._signal import output, per_channel, signal, state_leaf
 from .._unconstrained import (
@@ -212,6 +217,12 @@ class Compressor(AbstractRangedEffect):
     def ranges(self) -> dict[str, Range]:
         """The normalised parameters' ranges (see the class docstring)."""
         return self.RANGES
+
+    def checked_values(self) -> dict[str, Array]:
+        return fields_as_they_are(self)
+
+    def with_values(self, values: dict[str, Array]) -> "Compressor":
+        return with_values_by_tree_at(self, values)
 
     def to_unconstrained(self) -> Float[Array, " 9"]:
         r"""The unconstrained vector `(9,)` of this compressor, the inverse of

@@ -11,10 +11,10 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
 from .._validate import check_positive_int, check_tol
-from ..diffusion._solution import ImplicitSolution
 from ._abstract_relation import AbstractImplicitRelation
 from ._channel import AbstractChannel, Latent
 from ._infer import implicit_infer, implicit_pullback
+from ._solution import ImplicitSolution
 
 
 def blockranges(blocks: Mapping[str, int]) -> dict[str, range]:
@@ -367,7 +367,7 @@ def factor_infer(
 
     **Returns:**
 
-    An [`retrax.diffusion.ImplicitSolution`][]; `factor.split(sol.z)` gives
+    An [`retrax.relations.ImplicitSolution`][]; `factor.split(sol.z)` gives
     the answer by channel.
     """
     if not isinstance(factor, Factor):

@@ -7,7 +7,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._validate import check_value
-from ..diffusion._predictor import AbstractPredictor
+from ..diffusion import AbstractPredictor
 from ._abstract_relation import AbstractImplicitRelation
 from ._deblur import deblurred_precision, node_levels
 from ._nodes import FieldNodes, density_lambda

@@ -21,12 +21,12 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._errors import filter_jit
+from .._never_silent import nan_unless
 from .._solution import AbstractSolution, throw_if_failed
 from .._validate import check_positive_int, check_tol, static_float
-from ..diffusion._never_silent import nan_unless
-from ..diffusion._solution import RESULTS
 from ._graph import FactorGraph
 from ._infer import default_tol
+from ._solution import RESULTS
 
 
 class PropagationSolution(AbstractSolution):
@@ -39,7 +39,7 @@ class PropagationSolution(AbstractSolution):
     - `covariances`: each variable's belief covariance, by name
       (`(dimension, dimension)`, or `(count, dimension, dimension)`).
     - `x`: the means as one flat vector.
-    - `result`: [`retrax.diffusion.RESULTS`][]: `successful`,
+    - `result`: [`retrax.relations.RESULTS`][]: `successful`,
       `max_steps_reached` or `nonfinite_iterate`.
     - `stats`: `{"num_steps": ..., "change": {name: ...}}`: the iterations
       taken and, per variable, the largest change of its mean in the last

@@ -10,13 +10,13 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._errors import filter_jit
+from .._never_silent import never_silent
 from .._solution import AbstractSolution, throw_if_failed
 from .._validate import check_positive_int, check_tol
-from ..diffusion._never_silent import never_silent
-from ..diffusion._solution import RESULTS
 from ._graph import FactorGraph
 from ._graph_system import LinearSolver, choose_solver, graph_system
 from ._infer import default_tol
+from ._solution import RESULTS
 
 
 class GraphSolution(AbstractSolution):
@@ -34,7 +34,7 @@ class GraphSolution(AbstractSolution):
       evaluated (at a point within about $\sqrt{\mathrm{tol}}$ of `x`: the
       last steps reuse it) is positive definite (a minimum of the energy, not
       a saddle).
-    - `result`: a [`retrax.diffusion.RESULTS`][]: `successful`,
+    - `result`: a [`retrax.relations.RESULTS`][]: `successful`,
       `unstable_root` (converged to a saddle: an answer, reported, never
       raised), `max_steps_reached` or `nonfinite_iterate`.
     - `stats`: `{"num_steps": ..., "max_step": ...}`, the Newton iterations

@@ -11,10 +11,9 @@ import optimistix as optx
 from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
 from .._errors import error_if, filter_jit
+from .._never_silent import nan_derivatives_unless, nan_unless, never_silent
 from .._solution import AbstractSolution, throw_if_failed
 from .._validate import check_positive_int, check_tol
-from ..diffusion._never_silent import nan_derivatives_unless, nan_unless, never_silent
-from ..diffusion._solution import RESULTS, ImplicitSolution
 from ._abstract_relation import (
     AbstractImplicitRelation,
     clamp_mask,
@@ -22,6 +21,7 @@ from ._abstract_relation import (
     soft_stiffness,
 )
 from ._batched_adjoint import BatchedImplicitAdjoint
+from ._solution import RESULTS, ImplicitSolution
 from ._solver import GuardedNewton
 
 
@@ -246,7 +246,7 @@ def implicit_infer(
       the solution `off_data` when its `support_ratio` exceeds 1, and
       otherwise when its `clamp_load` exceeds 3. A float: flagged when
       `clamp_load` exceeds it, calibrated or not (see
-      [`retrax.diffusion.ImplicitSolution`][]).
+      [`retrax.relations.ImplicitSolution`][]).
     - `throw`: whether a solve that did not converge, or a query that is not
       valid, raises.
     - `coupling`: `None`, or a symmetric `(n, n)` matrix $K$ of stiffness
@@ -283,7 +283,7 @@ def implicit_infer(
 
     **Returns:**
 
-    An [`retrax.diffusion.ImplicitSolution`][].
+    An [`retrax.relations.ImplicitSolution`][].
     """
     return _infer(
         model,
@@ -440,7 +440,7 @@ class ImplicitPullback(AbstractSolution):
     - `model_bar`: a pytree shaped like the model with the cotangent at every
       floating-point leaf (`None` elsewhere).
     - `z0_bar`, `rho_bar`: the cotangents of `z0` and `rho`, shape `(n,)`.
-    - `result`: a [`retrax.diffusion.RESULTS`][] code: `successful` when the
+    - `result`: a [`retrax.relations.RESULTS`][] code: `successful` when the
       cotangents are numbers; the query's own `sol.result` when it did not
       converge; lineax's failure (`singular`) when the adjoint solve failed.
       The cotangents are NaN whenever it is not `successful`.

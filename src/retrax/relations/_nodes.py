@@ -10,7 +10,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._errors import error_if
 from .._validate import check_positive_int, check_value
-from ..diffusion._schedule import AbstractNoiseSchedule
+from ..diffusion import AbstractNoiseSchedule
 
 
 class FieldNodes(eqx.Module):

@@ -8,12 +8,12 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .._errors import error_if, filter_jit
 from .._solution import AbstractSolution, throw_if_failed
+from .._state import as_state
 from .._validate import check_positive_int
-from ..diffusion._solution import RESULTS
-from ..diffusion._state import as_state
 from ._abstract_relation import AbstractImplicitRelation, clamp_mask
 from ._implicit_energy import implicit_energy
 from ._infer import _check_query, _infer
+from ._solution import RESULTS
 
 
 class ImplicitRoots(AbstractSolution):
@@ -29,7 +29,7 @@ class ImplicitRoots(AbstractSolution):
     - `valid`: which slots hold a distinct, converged and stable answer.
     - `count`: the number of valid slots.
     - `converged`, `stable`, `steps`, `result`, `clamp_load`, `off_data`,
-      `support_ratio`: per slot, as in [`retrax.diffusion.ImplicitSolution`][].
+      `support_ratio`: per slot, as in [`retrax.relations.ImplicitSolution`][].
     - `stats`: `{"num_steps": steps}`, the solver steps of every slot (see
       [`retrax.diffusion.AbstractSolution`][]).
     """

@@ -25,10 +25,10 @@ from .._errors import filter_jit
 from .._misc import all_finite
 from .._solution import AbstractSolution
 from .._validate import check_positive_int, check_tol, static_float
-from ..diffusion._predictor import AbstractPredictor
-from ..diffusion._solution import RESULTS
+from ..diffusion import AbstractPredictor
 from ._abstract_relation import AbstractImplicitRelation, clamp_mask
 from ._infer import implicit_infer, implicit_pullback
+from ._solution import RESULTS
 
 
 # one module-level default, so that repeated calls reuse the compiled epoch
@@ -53,7 +53,7 @@ class TaskGradient(AbstractSolution):
     - `valid`: which queries entered the loss: converged, stable, a solvable
       adjoint system (for `gradient="implicit"`) and a finite loss.
     - `failed`: the number of queries masked out.
-    - `result`: each query's [`retrax.diffusion.RESULTS`][] code from
+    - `result`: each query's [`retrax.relations.RESULTS`][] code from
       [`retrax.relations.implicit_infer`][] (a failed query is masked out of
       the loss, never raised: see `failed`).
     - `stats`: `{"num_steps": ...}`, each query's solver steps, shape
