@@ -61,7 +61,8 @@ def main():
     rows.append(
         (f"fit circle MLP, {args.steps} steps, batch 256, incl. compile", wall, cpu)
     )
-    (_, losses), wall, cpu = timed(lambda: train(jax.random.fold_in(key, 4)))
+    run, wall, cpu = timed(lambda: train(jax.random.fold_in(key, 4)))
+    losses = run.losses
     rows.append((f"fit circle MLP, {args.steps} steps, compiled", wall, cpu))
     final = float(jnp.mean(losses[-500:]))
 
@@ -73,9 +74,9 @@ def main():
     )
     keys = jax.random.split(jax.random.fold_in(key, 5), 5000)
     samplers = [
-        ("ancestral, 500 steps", lambda k: rd.sample_ancestral(mix, k, 2).x),
-        ("DDIM, 100 steps", lambda k: rd.sample_ddim(mix, k, 2).x),
-        ("probability-flow ODE, Tsit5", lambda k: rd.sample_ode(mix, k, 2).x),
+        ("ancestral, 500 steps", lambda k: rd.sample_ancestral(mix, k, 2).value),
+        ("DDIM, 100 steps", lambda k: rd.sample_ddim(mix, k, 2).value),
+        ("probability-flow ODE, Tsit5", lambda k: rd.sample_ode(mix, k, 2).value),
     ]
     for name, sampler in samplers:
         fn = jax.jit(jax.vmap(sampler))
@@ -83,7 +84,7 @@ def main():
         rows.append((f"5,000 samples, {name}, incl. compile", wall, cpu))
         xs, wall, cpu = timed(lambda fn=fn: fn(keys))
         rows.append((f"5,000 samples, {name}, compiled", wall, cpu))
-    ll = jax.jit(jax.vmap(lambda x: rd.log_likelihood(mix, x).log_p))
+    ll = jax.jit(jax.vmap(lambda x: rd.log_likelihood(mix, x).value))
     timed(lambda: ll(xs[:100]))
     _, wall, cpu = timed(lambda: ll(xs[:100]))
     rows.append(("log_likelihood of 100 points, compiled", wall, cpu))

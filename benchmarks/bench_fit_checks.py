@@ -63,7 +63,7 @@ def main():
                 run = rd.fit(
                     pred, data, jax.random.key(seed), steps=args.steps, progress=False
                 )
-                return jax.block_until_ready(run[1])
+                return jax.block_until_ready(run.losses)
 
             first = {name: train(name, 0) for name in variants}  # compile
             if not bool(jnp.all(first["checked"] == first["unchecked"])):

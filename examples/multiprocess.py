@@ -240,9 +240,8 @@ def run(args) -> dict | None:
     fit_kw = dict(steps=3, batch_size=16, optimizer=optax.adam(1e-2))
     # --8<-- [start:fit]
     # every process calls fit alike; only process 0 shows a progress bar
-    trained, fit_losses = rd.fit(
-        pred, data, jax.random.key(2), mesh=mesh, progress=lead, **fit_kw
-    )
+    run = rd.fit(pred, data, jax.random.key(2), mesh=mesh, progress=lead, **fit_kw)
+    trained, fit_losses = run.value, run.losses
     # --8<-- [end:fit]
     got["fit"] = host(trained)
     phase("fit done")
@@ -295,7 +294,7 @@ def run(args) -> dict | None:
 
     def answers(inputs):
         relation, z0 = inputs
-        solve = lambda q: rr.implicit_infer(relation, q, rho, tol=1e-12).z
+        solve = lambda q: rr.implicit_infer(relation, q, rho, tol=1e-12).value
         z = jax.vmap(solve)(z0)
         return jnp.sum(z[:, 1] ** 2), z
 
@@ -324,7 +323,7 @@ def run(args) -> dict | None:
         ref = {
             "filter": (y1, g_x1),
             "filter_chain": host(g_chain1),
-            "fit": host(fit1[0]),
+            "fit": host(fit1.value),
             "chain": host(train(chain, x1, a1)[0]),
             "queries": (z1, g_z01),
             "query_relation": host(g_relation1),

@@ -91,15 +91,15 @@ def main(smoke: bool = False, plot: str | None = None) -> dict:
 
     x_map = exact_map()
     x_gauss = gaussian_surrogate_map(v0)
-    err_gauss = jnp.linalg.norm(averaged_runs.x - x_gauss, axis=1)
-    err_plain = jnp.linalg.norm(plain_runs.x - x_map, axis=1)
-    err_avg = jnp.linalg.norm(averaged_runs.x - x_map, axis=1)
+    err_gauss = jnp.linalg.norm(averaged_runs.value - x_gauss, axis=1)
+    err_plain = jnp.linalg.norm(plain_runs.value - x_map, axis=1)
+    err_avg = jnp.linalg.norm(averaged_runs.value - x_map, axis=1)
     print(f"measurement y = {float(Y):.4f}, calibrated lam = {lam:.4f}")
     print(f"true point            {np.round(np.asarray(X_TRUE), 4)}")
     print(f"exact MAP             {np.round(np.asarray(x_map), 4)}")
     print(f"Gaussian-prior MAP    {np.round(np.asarray(x_gauss), 4)}")
-    mean_plain = np.asarray(jnp.mean(plain_runs.x, axis=0))
-    mean_avg = np.asarray(jnp.mean(averaged_runs.x, axis=0))
+    mean_plain = np.asarray(jnp.mean(plain_runs.value, axis=0))
+    mean_avg = np.asarray(jnp.mean(averaged_runs.value, axis=0))
     print(f"RED-Diff, defaults    {np.round(mean_plain, 4)} (mean of {len(keys)} runs)")
     print(f"RED-Diff, averaged    {np.round(mean_avg, 4)} (mean of {len(keys)} runs)")
     print(
@@ -119,8 +119,8 @@ def main(smoke: bool = False, plot: str | None = None) -> dict:
         save_plot(plot, x_map, x_gauss, plain_runs, averaged_runs)
     return {
         "map": x_map,
-        "plain": plain_runs.x,
-        "averaged": averaged_runs.x,
+        "plain": plain_runs.value,
+        "averaged": averaged_runs.value,
         "err_plain": err_plain,
         "err_averaged": err_avg,
         "gaussian_map": x_gauss,
@@ -151,8 +151,8 @@ def save_plot(path, x_map, x_gauss, plain_runs, averaged_runs):
     path0 = np.asarray(plain_runs.path[0])
     left.plot(path0[:, 0], path0[:, 1], "C1", lw=0.8, label="one run (defaults)")
     left.set_title("Prior (grey), measurement, a RED-Diff path")
-    right.scatter(*np.asarray(plain_runs.x).T, s=14, c="C1", label="defaults")
-    right.scatter(*np.asarray(averaged_runs.x).T, s=14, c="C2", label="averaged")
+    right.scatter(*np.asarray(plain_runs.value).T, s=14, c="C1", label="defaults")
+    right.scatter(*np.asarray(averaged_runs.value).T, s=14, c="C2", label="averaged")
     for ax in (left, right):
         ax.plot(*np.asarray(x_map), "r*", ms=12, label="exact MAP")
         ax.plot(*np.asarray(x_gauss), "kx", ms=9, label="Gaussian-prior MAP")

@@ -77,11 +77,11 @@ def main(coordinator, count, rank, out):
             lambda kw=kw: rd.fit(kw.pop("pred"), kw.pop("data"), kw.pop("key"), **kw)
         )
     # after all that, a run on which both agree trains
-    run = rd.fit_solution(pred, data, key, **base)
+    run = rd.fit(pred, data, key, **base)
     losses, state = run.losses, run.state
     result["losses"] = np.asarray(losses).tolist()
     # a continued run compares its (replicated, global) `opt_state` too
-    _, more = rd.fit(pred, data, key, **base, opt_state=state)
+    more = rd.fit(pred, data, key, **base, opt_state=state).losses
     result["continued"] = np.asarray(more).tolist()
     later = eqx.tree_at(lambda s: s.step, state, state.step + rank)
     result["opt_state"] = raised(

@@ -3,6 +3,8 @@
 import os
 import sys
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 
@@ -23,3 +25,16 @@ def warn_deprecated(message: str) -> None:
     while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, DeprecationWarning, stacklevel=level)
+
+
+def deprecated_property(old: str, new: str, read: Callable[[Any], Any]) -> property:
+    """A read-only property for the renamed field `old` (e.g. `"Sample.x"`):
+    it warns with a `DeprecationWarning` naming `new` (e.g. `".value"`), and
+    returns `read(self)`, the field's new place."""
+
+    def get(self):
+        warn_deprecated(f"`{old}` is deprecated: use `{new}`.")
+        return read(self)
+
+    get.__doc__ = f"Deprecated: `{new}`."
+    return property(get)

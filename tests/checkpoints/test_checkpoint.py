@@ -88,7 +88,7 @@ SCRIPT = textwrap.dedent(
                 time.sleep(600)
 
         pred, data, key = problem()
-        trained, losses = rd.fit(
+        run = rd.fit(
             pred,
             data,
             key,
@@ -96,6 +96,7 @@ SCRIPT = textwrap.dedent(
             checkpoint_dir=directory,
             **FIT,
         )
+        trained, losses = run.value, run.losses
         leaves = jax.tree.leaves(eqx.filter(trained, eqx.is_inexact_array))
         np.savez(out, losses, *leaves)
     """
@@ -134,7 +135,9 @@ def script(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(script):
     """The uninterrupted run of the script's problem."""
-    return script.fit()
+    run = script.fit()
+    assert int(run.stats["resumed_from"]) == -1
+    return run.value, run.losses
 
 
 def params(pred):
@@ -170,12 +173,14 @@ def steps_in(directory):
 
 
 def fit_run(*args, **kwargs):
-    """`fit_solution`'s predictor, losses and state, each run's whole answer."""
-    run = rd.fit_solution(*args, **kwargs)
+    """`fit`'s predictor, losses and state, each run's whole answer."""
+    run = rd.fit(*args, **kwargs)
     assert isinstance(run, rd.AbstractSolution)
     assert run.result == rd.RESULTS.successful
     assert int(run.stats["num_steps"]) == run.losses.shape[0]
-    return run.pred, run.losses, run.state
+    assert int(run.stats["num_skipped"]) == 0
+    assert int(run.stats["nonfinite_step"]) == -1
+    return run.value, run.losses, run.state
 
 
 @pytest.mark.parametrize("ema", [None, 0.9])
@@ -198,18 +203,16 @@ def test_two_calls_end_where_one_call_ends(getkey, ema):
         for a, b in zip(jax.tree.leaves(state.params), params(one), strict=True)
     ]
     assert all(last_is_returned) if ema is None else not any(last_is_returned)
-    # `fit` returns the solution's first two fields
-    again = rd.fit(pred, data, key, steps=9, **kw)
-    assert len(again) == 2
-    assert_identical(params(again[0]), params(one))
-    assert_identical(again[1], losses)
-    # the deprecated `return_state=True` still gives the three, and says what
-    # replaces it
-    with pytest.warns(DeprecationWarning, match="`fit_solution`"):
+    # the deprecated spellings still give the same run, and say what replaces
+    # them: `fit_solution`, `return_state=True` and `TrainSolution.pred`
+    with pytest.warns(DeprecationWarning, match="`fit` takes the same arguments"):
+        again = rd.fit_solution(pred, data, key, steps=9, **kw)
+    with pytest.warns(DeprecationWarning, match=r"`\.state` is the state"):
         old = rd.fit(pred, data, key, steps=9, return_state=True, **kw)
-    assert len(old) == 3
-    assert_identical(params(old[0]), params(one))
-    assert_identical(old[1:], (losses, state))
+    for run in (again, old):
+        with pytest.warns(DeprecationWarning, match=r"use `\.value`"):
+            assert_identical(params(run.pred), params(one))
+        assert_identical((run.losses, run.state), (losses, state))
 
 
 class Interrupt(Exception):
@@ -227,12 +230,17 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, script, reference):
     with pytest.raises(Exception, match="Interrupt"):
         script.fit(crash_at_step_7, checkpoint_dir=tmp_path)
     assert steps_in(tmp_path) == [3, 6]
-    resumed, losses = script.fit(checkpoint_dir=tmp_path)
+    run = script.fit(checkpoint_dir=tmp_path)
+    resumed, losses = run.value, run.losses
+    assert int(run.stats["resumed_from"]) == 6
+    assert int(run.stats["num_steps"]) == 8
     assert steps_in(tmp_path) == [3, 6, 8]
     assert_identical(params(resumed), params(ref_pred))
     assert_identical(losses, ref_losses)
     # a finished run found in its directory is returned without a step
-    done, done_losses = script.fit(crash_at_step_7, checkpoint_dir=tmp_path)
+    run = script.fit(crash_at_step_7, checkpoint_dir=tmp_path)
+    done, done_losses = run.value, run.losses
+    assert int(run.stats["resumed_from"]) == 8
     assert_identical(params(done), params(ref_pred))
     assert_identical(done_losses, ref_losses)
 
@@ -240,13 +248,15 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, script, reference):
 def test_resume_with_ema_bit_for_bit(getkey, tmp_path):
     pred, data, key = small_problem(getkey)
     kw = dict(KW, steps=9, ema=0.9)
-    ref_pred, ref_losses = rd.fit(pred, data, key, **kw)
+    run = rd.fit(pred, data, key, **kw)
+    ref_pred, ref_losses = run.value, run.losses
     rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
     assert steps_in(tmp_path) == [4, 8, 9]
     # as if killed after the first checkpoint
     for step in (8, 9):
         (tmp_path / f"checkpoint-{step:09d}.ckpt").unlink()
-    resumed, losses = rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
+    run = rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
+    resumed, losses = run.value, run.losses
     assert_identical(params(resumed), params(ref_pred))
     assert_identical(losses, ref_losses)
 
@@ -297,10 +307,10 @@ def test_killed_subprocess_resumes_bit_for_bit(tmp_path, script, reference):
 def test_checkpoint_every_longer_than_a_chunk(getkey, tmp_path):
     pred, data, key = small_problem(getkey)
     kw = dict(KW, steps=13)
-    reference, _ = rd.fit(pred, data, key, **kw)
-    trained, _ = rd.fit(
+    reference = rd.fit(pred, data, key, **kw).value
+    trained = rd.fit(
         pred, data, key, checkpoint_dir=tmp_path, checkpoint_every=9, **kw
-    )
+    ).value
     # chunk boundaries 4, 8, 12, 13: a checkpoint at the first one past 9,
     # and at the end
     assert steps_in(tmp_path) == [12, 13]
@@ -315,10 +325,11 @@ def test_continue_a_run_with_checkpoints(getkey, tmp_path):
     # `opt_state` and `checkpoint_dir` together: the checkpoints of the
     # second call continue the first's step count
     pred, data, key = small_problem(getkey)
-    reference, _ = rd.fit(pred, data, key, steps=12, **KW)
+    reference = rd.fit(pred, data, key, steps=12, **KW).value
     first, _, state = fit_run(pred, data, key, steps=4, **KW)
     kw = dict(KW, steps=8, opt_state=state, checkpoint_dir=tmp_path)
-    second, losses = rd.fit(first, data, key, **kw)
+    run = rd.fit(first, data, key, **kw)
+    second, losses = run.value, run.losses
     assert steps_in(tmp_path) == [8, 12]
     assert losses.shape == (8,)
     assert_identical(params(second), params(reference))
@@ -326,18 +337,20 @@ def test_continue_a_run_with_checkpoints(getkey, tmp_path):
     (tmp_path / "checkpoint-000000012.ckpt").unlink()
     with pytest.raises(ValueError, match="continued an `opt_state` at step 4"):
         rd.fit(first, data, key, **dict(kw, opt_state=None))
-    resumed, _ = rd.fit(first, data, key, **kw)
+    resumed = rd.fit(first, data, key, **kw).value
     assert_identical(params(resumed), params(reference))
 
 
 def test_float32_model_resumes(getkey, tmp_path):
     pred, data, key = small_problem(getkey, dtype=jnp.float32)
     kw = dict(KW, steps=6)
-    reference, ref_losses = rd.fit(pred, data, key, **kw)
+    run = rd.fit(pred, data, key, **kw)
+    reference, ref_losses = run.value, run.losses
     rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
     for path in sorted(tmp_path.glob("checkpoint-*"))[1:]:
         path.unlink()
-    resumed, losses = rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
+    run = rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
+    resumed, losses = run.value, run.losses
     assert losses.dtype == jnp.float32
     assert_identical(params(resumed), params(reference))
     assert_identical(losses, ref_losses)
@@ -346,7 +359,8 @@ def test_float32_model_resumes(getkey, tmp_path):
 def test_truncated_checkpoint_is_skipped(getkey, tmp_path):
     pred, data, key = small_problem(getkey)
     kw = dict(KW, steps=12)
-    reference, ref_losses = rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
+    run = rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
+    reference, ref_losses = run.value, run.losses
     newest = tmp_path / "checkpoint-000000012.ckpt"
     whole = newest.read_bytes()
     # cut short, as by a write that stopped half way
@@ -358,7 +372,8 @@ def test_truncated_checkpoint_is_skipped(getkey, tmp_path):
         with pytest.raises(ValueError, match="different structure"):
             retrax.load_checkpoint(tmp_path, like)
     with pytest.warns(RuntimeWarning, match="checkpoint-000000012.ckpt.*truncated"):
-        resumed, losses = rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
+        run = rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
+        resumed, losses = run.value, run.losses
     assert_identical(params(resumed), params(reference))
     assert_identical(losses, ref_losses)
     # the resumed run rewrote it whole
@@ -369,7 +384,7 @@ def test_truncated_checkpoint_is_skipped(getkey, tmp_path):
     damaged[len(damaged) // 2] ^= 0x01
     newest.write_bytes(bytes(damaged))
     with pytest.warns(RuntimeWarning, match="checkpoint-000000012.ckpt.*SHA-256"):
-        resumed, _ = rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw)
+        resumed = rd.fit(pred, data, key, checkpoint_dir=tmp_path, **kw).value
     assert_identical(params(resumed), params(reference))
 
 
@@ -540,9 +555,9 @@ def test_fit_diverging_schedule_keeps_the_finite_checkpoints(getkey, tmp_path):
     assert tree_is_finite(found.tree["state"].opt_state)
     # the steps before the failure are the ones an unchecked run takes
     stopped = found.step
-    _, losses = rd.fit(
+    losses = rd.fit(
         pred, data, key, **fit_kwargs(optimizer=DIVERGING, steps=stopped)
-    )
+    ).losses
     np.testing.assert_array_equal(found.tree["losses"][:stopped], losses)
     # running the script again resumes and stops at the same step, loudly
     with pytest.raises(FloatingPointError, match=r"stopped at step 1\d "):

@@ -50,7 +50,7 @@ def _tweedie_batch(dtype):
     def one(key, h, y, sigma_y):
         return rd.sample_tweedie_projection(
             pred, key, h, y, sigma_y, steps=5, dtype=dtype
-        ).x
+        ).value
 
     # one compiled program for the check and for the run-time errors below
     return jax.jit(jax.vmap(one, in_axes=(0, None, None, None)))
@@ -94,7 +94,7 @@ def test_samplers_sample_float32_by_default():
     key = jax.random.key(2)
     for sampler in (rd.sample_tweedie_projection, rd.sample_dps):
         # traced, not compiled: the dtype and shape of the program's output
-        out = jax.eval_shape(lambda k, f=sampler: f(pred, k, H, Y, SIGMA_Y).x, key)
+        out = jax.eval_shape(lambda k, f=sampler: f(pred, k, H, Y, SIGMA_Y).value, key)
         assert out.dtype == jnp.float32 and out.shape == (3,)
 
 
@@ -140,7 +140,9 @@ def test_dps_bias_is_measured():
     keys = jax.random.split(jax.random.key(0), NUM)
 
     def one(key):
-        return rd.sample_dps(pred, key, H, Y, SIGMA_Y, steps=500, dtype=jnp.float64).x
+        return rd.sample_dps(
+            pred, key, H, Y, SIGMA_Y, steps=500, dtype=jnp.float64
+        ).value
 
     bias, ratio = standardised_errors(jax.jit(jax.vmap(one))(keys))
     print("DPS: mean error / posterior std", bias, "std ratio", ratio)
@@ -176,7 +178,7 @@ def test_tweedie_projection_derivative_in_y():
         def one(k):
             return rd.sample_tweedie_projection(
                 pred, k, H, y, SIGMA_Y, steps=5, dtype=jnp.float64
-            ).x
+            ).value
 
         return jax.vmap(one)(keys).mean(0)
 
@@ -238,15 +240,15 @@ def test_dps_stays_on_the_measurement_at_small_noise(dtype):
 
     @jax.jit
     def dps(sigma_y):
-        return jax.vmap(lambda k: rd.sample_dps(pred, k, h, y, sigma_y, dtype=dtype).x)(
-            keys
-        )
+        return jax.vmap(
+            lambda k: rd.sample_dps(pred, k, h, y, sigma_y, dtype=dtype).value
+        )(keys)
 
     @jax.jit
     def tweedie(sigma_y):
         return jax.vmap(
             lambda k: (
-                rd.sample_tweedie_projection(pred, k, h, y, sigma_y, dtype=dtype).x
+                rd.sample_tweedie_projection(pred, k, h, y, sigma_y, dtype=dtype).value
             )
         )(keys)
 

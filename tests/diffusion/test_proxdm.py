@@ -154,9 +154,9 @@ def pda_moments(steps, hybrid, t_start=1.0, x_init=None):
 def test_proxdm_sample_gaussian(getkey, hybrid):
     prox = rd.MixtureProx(rd.GaussianMixtureEps(SCHED, MU1[None], S1))
     keys = jax.random.split(getkey(), 400)
-    xs = jax.vmap(lambda k: rd.proxdm_sample(prox, k, 2, steps=40, hybrid=hybrid).x)(
-        keys
-    )
+    xs = jax.vmap(
+        lambda k: rd.proxdm_sample(prox, k, 2, steps=40, hybrid=hybrid).value
+    )(keys)
     mean, var = pda_moments(40, hybrid)
     stderr = np.sqrt(var / len(keys))
     assert np.all(np.abs(np.mean(xs, 0) - mean) < 5 * stderr)
@@ -173,7 +173,7 @@ def test_proxdm_sample_from_a_given_point(getkey):
     a, b = jnp.array([2.0, 1.5]), jnp.array([-1.0, 0.5])
 
     def sample(key, x):
-        return rd.proxdm_sample(prox, key, 2, steps=20, t_start=0.3, x_init=x).x
+        return rd.proxdm_sample(prox, key, 2, steps=20, t_start=0.3, x_init=x).value
 
     keys = jax.random.split(getkey(), 400)
     xs = jax.jit(jax.vmap(sample, (0, None)))(keys, a)
@@ -207,7 +207,7 @@ def test_proxdm_sample_pda_step_limit(getkey):
     with pytest.raises(eqx.EquinoxRuntimeError, match="gamma_k < 2"):
         rd.proxdm_sample(prox, getkey(), 2, steps=2)
     sample = rd.proxdm_sample(prox, getkey(), 2, steps=2, hybrid=True)
-    assert sample.x.shape == (2,)
+    assert sample.value.shape == (2,)
     assert isinstance(sample, rd.AbstractSolution)
     assert sample.result == rd.RESULTS.successful
     assert int(sample.stats["num_steps"]) == 2
@@ -215,7 +215,7 @@ def test_proxdm_sample_pda_step_limit(getkey):
 
 def hqs_conditions(mix, sol, z0, rho, t, lam):
     """Stationarity of -log p_t(u) + |u - w|^2/(2 lam) + sum rho^2 (w - z0)^2 / 2."""
-    u, w = sol.u, sol.z
+    u, w = sol.u, sol.value
     grad_u = (u - w) / lam - jax.grad(rd.mixture_logdensity, argnums=1)(mix, u, t)
     hard = jnp.isinf(rho)
     rho_s = jnp.where(hard, 0.0, rho)
@@ -231,10 +231,14 @@ def test_prox_infer_converges(getkey):
     mix = mixture()
     t, lam = 0.01, 0.01
     sol = rd.prox_infer(rd.MixtureProx(mix), Z0, RHO, t, lam)
-    assert bool(sol.converged) and int(sol.steps) > 1
+    assert bool(sol.converged) and int(sol.stats["num_steps"]) > 1
     assert isinstance(sol, rd.AbstractSolution)
-    assert int(sol.stats["num_steps"]) == int(sol.steps)
-    assert sol.z[0] == Z0[0]  # hard clamp exactly
+    # the old spellings read the new places, and say so
+    with pytest.warns(DeprecationWarning, match=r"`ProxSolution.steps` .*num_steps"):
+        assert sol.steps is sol.stats["num_steps"]
+    with pytest.warns(DeprecationWarning, match=r"`ProxSolution.z` .*`\.value`"):
+        assert sol.z is sol.value
+    assert sol.value[0] == Z0[0]  # hard clamp exactly
     assert sol.residual[0] == 0
     for cond in hqs_conditions(mix, sol, Z0, RHO, t, lam):
         assert_close(cond, jnp.zeros(3), atol=1e-6)
@@ -248,7 +252,7 @@ def test_prox_infer_gradient_matches_fd():
     @jax.jit
     def loss(z0, rho, means):
         prox = rd.MixtureProx(eqx.tree_at(lambda m: m.means, mix, means))
-        return jnp.sum(weights * rd.prox_infer(prox, z0, rho, t, lam, tol=1e-13).z)
+        return jnp.sum(weights * rd.prox_infer(prox, z0, rho, t, lam, tol=1e-13).value)
 
     gz, grho, gmeans = jax.grad(loss, argnums=(0, 1, 2))(Z0, RHO, mix.means)
     assert grho[0] == 0  # infinite stiffness
@@ -275,16 +279,16 @@ def test_prox_infer_vmap_patterns_and_float32(getkey):
     rhos = jnp.stack([RHO, jnp.array([0.0, jnp.inf, 0.0]), jnp.full(3, 1.0)])
     sols = jax.vmap(lambda z, r: rd.prox_infer(prox, z, r, 0.01, 0.05))(z0s, rhos)
     assert jnp.all(sols.converged)
-    assert sols.z[1, 1] == -1.0
+    assert sols.value[1, 1] == -1.0
     for i in range(3):
         single = rd.prox_infer(prox, z0s[i], rhos[i], 0.01, 0.05)
-        assert_close(sols.z[i], single.z, rtol=1e-12)
+        assert_close(sols.value[i], single.value, rtol=1e-12)
     prox32 = rd.MixtureProx(mixture(jnp.float32))
     sol32 = rd.prox_infer(
         prox32, Z0.astype(jnp.float32), RHO.astype(jnp.float32), 0.01, 0.05
     )
-    assert sol32.z.dtype == jnp.float32 and bool(sol32.converged)
-    assert_close(sol32.z, sols.z[0], rtol=1e-4)
+    assert sol32.value.dtype == jnp.float32 and bool(sol32.converged)
+    assert_close(sol32.value, sols.value[0], rtol=1e-4)
 
 
 def test_prox_value_checks_hold_under_jit():
@@ -305,7 +309,7 @@ def test_prox_value_checks_hold_under_jit():
     )
     mix = rd.MixtureProx(mixture())
     raises_eagerly_and_under_jit(
-        lambda lam: rd.prox_infer(mix, Z0, RHO, 0.01, lam).z,
+        lambda lam: rd.prox_infer(mix, Z0, RHO, 0.01, lam).value,
         0.0,
         match="`lam` must be positive and finite",
     )
@@ -339,9 +343,9 @@ def test_prox_infer_bad_input():
         rd.prox_infer(prox, Z0, RHO, t, max_steps=3)
     # without throw: a flagged result whose derivatives are NaN in both modes,
     # never a silent number
-    solve = lambda z0: rd.prox_infer(prox, z0, RHO, t, max_steps=3, throw=False).z
+    solve = lambda z0: rd.prox_infer(prox, z0, RHO, t, max_steps=3, throw=False).value
     sol = rd.prox_infer(prox, Z0, RHO, t, max_steps=3, throw=False)
-    assert not bool(sol.converged) and jnp.all(jnp.isfinite(sol.z))
+    assert not bool(sol.converged) and jnp.all(jnp.isfinite(sol.value))
     assert sol.result == rd.RESULTS.nonlinear_max_steps_reached
     assert bool(jnp.all(jnp.isnan(jax.grad(lambda z0: jnp.sum(solve(z0)))(Z0))))
     assert bool(jnp.all(jnp.isnan(jax.jvp(solve, (Z0,), (jnp.ones(3),))[1])))
@@ -395,7 +399,7 @@ def test_prox_failure_reaches_prox_infer_and_proxdm_sample(getkey):
     assert not bool(sol.converged)
 
     def solve(a):
-        return rd.prox_infer(short, a, rho, 0.1, throw=False).z
+        return rd.prox_infer(short, a, rho, 0.1, throw=False).value
 
     assert bool(jnp.all(jnp.isnan(jax.jacfwd(solve)(z0))))
     assert bool(jnp.all(jnp.isnan(jax.jacrev(solve)(z0))))
@@ -408,7 +412,7 @@ def test_prox_failure_reaches_prox_infer_and_proxdm_sample(getkey):
     sample = rd.proxdm_sample(short, key, 3, steps=10, throw=False)
     assert sample.result == rd.RESULTS.nonlinear_max_steps_reached
     grad = jax.grad(
-        lambda p: jnp.sum(rd.proxdm_sample(p, key, 3, steps=10, throw=False).x)
+        lambda p: jnp.sum(rd.proxdm_sample(p, key, 3, steps=10, throw=False).value)
     )(short)
     assert bool(jnp.all(jnp.isnan(grad.mixture.means)))
     fine = rd.proxdm_sample(rd.MixtureProx(mixture()), key, 3, steps=10)

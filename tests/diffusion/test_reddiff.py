@@ -126,7 +126,9 @@ def test_map_with_iterate_averaging(getkey):
     averaged = rd.REDDiff(lam=lam, steps=2000, average=0.5)
     keys = jax.random.split(getkey(), 4)
     solve = jax.vmap(
-        lambda cfg, k: rd.reddiff_solve(prior, cfg, jnp.zeros(3), data_grad, key=k).x,
+        lambda cfg, k: (
+            rd.reddiff_solve(prior, cfg, jnp.zeros(3), data_grad, key=k).value
+        ),
         in_axes=(None, 0),
     )
     err = jnp.max(jnp.abs(solve(averaged, keys) - ref), axis=1)
@@ -158,9 +160,9 @@ def test_hard_clamps_hold_after_every_step(getkey):
     )
     assert sol.path.shape == (2000, 3)
     assert jnp.all(sol.path[:, 1] == 0.123456789)
-    assert sol.x[1] == 0.123456789 and sol.last[1] == 0.123456789
+    assert sol.value[1] == 0.123456789 and sol.last[1] == 0.123456789
     ref = exact_map(mask, jnp.where(mask, values, 0.0))
-    assert jnp.max(jnp.abs(sol.x - ref)) < 0.02, (sol.x, ref)
+    assert jnp.max(jnp.abs(sol.value - ref)) < 0.02, (sol.value, ref)
 
 
 def test_float32_and_jit(getkey):
@@ -170,9 +172,9 @@ def test_float32_and_jit(getkey):
     sol = rd.reddiff_solve(
         prior, cfg, jnp.zeros(3, jnp.float32), data_grad, key=getkey()
     )
-    assert sol.x.dtype == jnp.float32 and sol.path is None
-    assert jnp.all(jnp.isfinite(sol.x))
-    assert rd.regulariser_gradient(prior, cfg, sol.x, getkey()).dtype == jnp.float32
+    assert sol.value.dtype == jnp.float32 and sol.path is None
+    assert jnp.all(jnp.isfinite(sol.value))
+    assert rd.regulariser_gradient(prior, cfg, sol.value, getkey()).dtype == jnp.float32
 
 
 def test_reddiff_checks_hold_under_jit(getkey):
@@ -187,7 +189,7 @@ def test_reddiff_checks_hold_under_jit(getkey):
 
     def solve(lam, lr, t_max, b1, b2, eps):
         cfg = rd.REDDiff(lam=lam, steps=3, lr=lr, t_max=t_max, b1=b1, b2=b2, eps=eps)
-        return rd.reddiff_solve(prior, cfg, x, grad, key=key).x
+        return rd.reddiff_solve(prior, cfg, x, grad, key=key).value
 
     good = (0.25, 0.1, 1.0, 0.9, 0.999, 1e-8)
     for i, bad, match in [
@@ -251,7 +253,7 @@ def test_reddiff_solve_derivatives_are_never_silent(getkey):
     cfg, key = rd.REDDiff(steps=5), getkey()
 
     def solve(x0):
-        return rd.reddiff_solve(prior, cfg, x0, data_grad, key=key).x
+        return rd.reddiff_solve(prior, cfg, x0, data_grad, key=key).value
 
     x0 = jnp.array([0.1, 0.2, 0.3])
     assert bool(jnp.all(jnp.isfinite(solve(x0))))
@@ -260,7 +262,7 @@ def test_reddiff_solve_derivatives_are_never_silent(getkey):
 
     def through_means(means):
         p = eqx.tree_at(lambda m: m.means, prior, means)
-        return jnp.sum(rd.reddiff_solve(p, cfg, x0, data_grad, key=key).x)
+        return jnp.sum(rd.reddiff_solve(p, cfg, x0, data_grad, key=key).value)
 
     assert bool(jnp.all(jnp.isnan(jax.grad(through_means)(prior.means))))
 
@@ -293,20 +295,20 @@ def test_reddiff_nonfinite_run_has_a_result(getkey):
     assert good.result == rd.RESULTS.successful
     assert int(good.stats["num_steps"]) == 20
     assert int(good.stats["nonfinite_step"]) == -1
-    assert bool(jnp.all(jnp.isfinite(good.x)))
+    assert bool(jnp.all(jnp.isfinite(good.value)))
     bad = solve(jnp.array([-20.0, 0.0, 0.0]))
     assert bad.result == rd.RESULTS.nonfinite_iterate
     assert int(bad.stats["nonfinite_step"]) == 0
     # NaN answers, the clamped entry included: never a silent number
-    assert bool(jnp.all(jnp.isnan(bad.x))) and bool(jnp.all(jnp.isnan(bad.last)))
+    assert bool(jnp.all(jnp.isnan(bad.value))) and bool(jnp.all(jnp.isnan(bad.last)))
 
     def raising(x0):
-        return rd.reddiff_solve(prior, cfg, x0, grad, (mask, values), key=key).x
+        return rd.reddiff_solve(prior, cfg, x0, grad, (mask, values), key=key).value
 
     raises_eagerly_and_under_jit(
         raising, jnp.array([-20.0, 0.0, 0.0]), match="An iterate of the run became"
     )
-    assert_close(raising(jnp.zeros(3)), solve(jnp.zeros(3)).x, rtol=0)
+    assert_close(raising(jnp.zeros(3)), solve(jnp.zeros(3)).value, rtol=0)
     # the result code passes the eager throw=False path too
     eager = rd.reddiff_solve(
         prior, cfg, jnp.array([-20.0, 0.0, 0.0]), grad, key=key, throw=False
@@ -325,11 +327,11 @@ def test_reddiff_nonfinite_example_in_a_batch_is_its_own(getkey):
     sols = jax.jit(jax.vmap(solve))(x0)
     failed = np.asarray(sols.result == rd.RESULTS.nonfinite_iterate)
     assert failed.tolist() == [False, True, False]
-    assert bool(jnp.all(jnp.isnan(sols.x[1])))
+    assert bool(jnp.all(jnp.isnan(sols.value[1])))
     for i in (0, 2):
-        assert_close(sols.x[i], solve(x0[i]).x, rtol=1e-12)
+        assert_close(sols.value[i], solve(x0[i]).value, rtol=1e-12)
     # under a plain `jax.jit` equinox's error reaches the caller as a JAX error
     with pytest.raises(Exception, match="An iterate of the run became"):
-        jax.jit(jax.vmap(lambda x: rd.reddiff_solve(prior, cfg, x, grad, key=key).x))(
-            x0
-        )
+        jax.jit(
+            jax.vmap(lambda x: rd.reddiff_solve(prior, cfg, x, grad, key=key).value)
+        )(x0)

@@ -36,7 +36,7 @@ def gaussian_fit():
     data = GAUSS_MEAN + jnp.sqrt(GAUSS_VAR) * jax.random.normal(key, (2048, 2))
     model = rd.TimeMLP(2, hidden=32, key=jax.random.key(2))
     pred = rd.NoisePredictor(model, SCHED)
-    trained, losses = rd.fit(
+    run = rd.fit(
         pred,
         data,
         jax.random.key(3),
@@ -46,6 +46,7 @@ def gaussian_fit():
         t_range=(0.05, 0.5),
         progress=False,
     )
+    trained, losses = run.value, run.losses
     return pred, trained, losses
 
 
@@ -93,8 +94,10 @@ def test_fit_is_deterministic_and_chunked(getkey):
     data = jax.random.normal(getkey(), (64, 2))
     pred = rd.NoisePredictor(rd.TimeMLP(2, hidden=8, depth=1, key=getkey()), SCHED)
     key = getkey()
-    a, la = rd.fit(pred, data, key, steps=8, batch_size=8, progress=False)
-    b, lb = rd.fit(pred, data, key, steps=8, batch_size=8, progress=False, chunk_size=3)
+    run = rd.fit(pred, data, key, steps=8, batch_size=8, progress=False)
+    a, la = run.value, run.losses
+    run = rd.fit(pred, data, key, steps=8, batch_size=8, progress=False, chunk_size=3)
+    b, lb = run.value, run.losses
     # chunking (3 chunks, the last one padded) does not change the result
     assert_close(la, lb, rtol=1e-12)
     leaves_a = jax.tree.leaves(eqx.filter(a, eqx.is_inexact_array))
@@ -140,15 +143,17 @@ def test_fit_ema_averages_the_iterates(getkey):
     # the iterates theta_1, theta_2, theta_3 of one run (steps draw their
     # minibatches by absolute index, so shorter runs are its prefixes)
     iterates = [
-        params(rd.fit(pred, data, key, steps=s, batch_size=8, progress=False)[0])
+        params(rd.fit(pred, data, key, steps=s, batch_size=8, progress=False).value)
         for s in (1, 2, 3)
     ]
-    last, losses = rd.fit(pred, data, key, steps=3, batch_size=8, progress=False)
+    run = rd.fit(pred, data, key, steps=3, batch_size=8, progress=False)
+    last, losses = run.value, run.losses
     d = 0.8
     # chunked (the last chunk padded): padded steps do not enter the average
-    avg, avg_losses = rd.fit(
+    run = rd.fit(
         pred, data, key, steps=3, batch_size=8, progress=False, ema=d, chunk_size=2
     )
+    avg, avg_losses = run.value, run.losses
     # the optimiser and the loss history are unchanged
     assert_close(avg_losses, losses, rtol=1e-12)
     weights = [(1 - d) * d**2, (1 - d) * d, 1 - d]
@@ -157,7 +162,7 @@ def test_fit_ema_averages_the_iterates(getkey):
         assert_close(got, want / (1 - d**3), rtol=1e-12)
         assert not np.allclose(got, iterates[-1][j])
     # decay 0 keeps only the last iterate
-    zero, _ = rd.fit(pred, data, key, steps=3, batch_size=8, progress=False, ema=0.0)
+    zero = rd.fit(pred, data, key, steps=3, batch_size=8, progress=False, ema=0.0).value
     for got, want in zip(params(zero), params(last), strict=True):
         assert_close(got, want, rtol=1e-12)
 
@@ -165,14 +170,14 @@ def test_fit_ema_averages_the_iterates(getkey):
 def test_fit_ema_float32(getkey):
     data = jax.random.normal(getkey(), (32, 2), jnp.float32)
     model = rd.TimeMLP(2, hidden=8, depth=1, dtype=jnp.float32, key=getkey())
-    trained, _ = rd.fit(
+    trained = rd.fit(
         rd.NoisePredictor(model, SCHED),
         data,
         getkey(),
         steps=5,
         progress=False,
         ema=0.99,
-    )
+    ).value
     assert trained.model.layers[0].weight.dtype == jnp.float32
     assert jnp.all(jnp.isfinite(trained.model.layers[0].weight))
 
@@ -189,9 +194,10 @@ def test_fit_progress_bar(getkey, capsys):
 def test_fit_float32(getkey):
     data = jax.random.normal(getkey(), (32, 2), jnp.float32)
     model = rd.TimeMLP(2, hidden=8, depth=1, dtype=jnp.float32, key=getkey())
-    trained, losses = rd.fit(
+    run = rd.fit(
         rd.NoisePredictor(model, SCHED), data, getkey(), steps=5, progress=False
     )
+    trained, losses = run.value, run.losses
     assert losses.dtype == jnp.float32
     assert trained.model.layers[0].weight.dtype == jnp.float32
 
@@ -251,11 +257,11 @@ def mixture_stats(xs):
 @pytest.mark.parametrize(
     "sampler",
     [
-        lambda k: rd.sample_ancestral(MIX, k, 2).x,
-        lambda k: rd.sample_euler_maruyama(MIX, k, 2).x,
-        lambda k: rd.sample_ddim(MIX, k, (2,)).x,
-        lambda k: rd.sample_ddim(MIX, k, 2, eta=1.0).x,
-        lambda k: rd.sample_ode(MIX, k, 2).x,
+        lambda k: rd.sample_ancestral(MIX, k, 2).value,
+        lambda k: rd.sample_euler_maruyama(MIX, k, 2).value,
+        lambda k: rd.sample_ddim(MIX, k, (2,)).value,
+        lambda k: rd.sample_ddim(MIX, k, 2, eta=1.0).value,
+        lambda k: rd.sample_ode(MIX, k, 2).value,
     ],
     ids=["ancestral", "euler_maruyama", "ddim", "ddim_eta1", "ode"],
 )
@@ -272,7 +278,7 @@ def test_ode_sampler_against_rk4():
     # the probability-flow ODE integrated here by fixed-step RK4 from the
     # same x_1 (sample_ode draws x_1 = normal(key) directly)
     key = jax.random.key(5)
-    got = rd.sample_ode(MIX, key, 2, rtol=1e-9, atol=1e-9).x
+    got = rd.sample_ode(MIX, key, 2, rtol=1e-9, atol=1e-9).value
 
     def f(t, x):
         beta, sigma = SCHED.beta(t), SCHED.sigma(t)
@@ -293,12 +299,12 @@ def test_ode_sampler_against_rk4():
 
 def test_log_likelihood_matches_mixture():
     keys = jax.random.split(jax.random.key(1), 12)
-    xs = jax.vmap(lambda k: rd.sample_ancestral(MIX, k, 2).x)(keys)
+    xs = jax.vmap(lambda k: rd.sample_ancestral(MIX, k, 2).value)(keys)
 
     def exact_prior(z):
         return rd.mixture_logdensity(MIX, z, 1.0)
 
-    ll = jax.vmap(lambda x: rd.log_likelihood(MIX, x, prior=exact_prior).log_p)(xs)
+    ll = jax.vmap(lambda x: rd.log_likelihood(MIX, x, prior=exact_prior).value)(xs)
     ref = jax.vmap(lambda x: rd.mixture_logdensity(MIX, x, SCHED.t_min))(xs)
     assert_close(ll, ref, atol=1e-3, rtol=0)
 
@@ -310,7 +316,7 @@ def test_log_likelihood_gaussian_closed_form():
     x = jnp.array([0.3, -0.4])
     got = rd.log_likelihood(
         one, x, t0=0.1, prior=lambda z: rd.mixture_logdensity(one, z, 1.0)
-    ).log_p
+    ).value
     v = SCHED.marginal_variance(0.1, 0.25)
     ref = -0.5 * jnp.sum(x**2) / v - jnp.log(2 * jnp.pi * v)
     assert_close(got, ref, atol=1e-5, rtol=0)
@@ -323,7 +329,7 @@ def test_sample_conditional_mixture():
     mix = rd.GaussianMixtureEps(SCHED, means, 0.3, weights)
     mask, values = jnp.array([True, False]), jnp.array([1.0, 123.0])
     keys = jax.random.split(jax.random.key(2), 4000)
-    xs = jax.vmap(lambda k: rd.sample_conditional(mix, k, mask, values).x)(keys)
+    xs = jax.vmap(lambda k: rd.sample_conditional(mix, k, mask, values).value)(keys)
     assert jnp.all(xs[:, 0] == 1.0)
     y = np.asarray(xs[:, 1])
     # exact conditional: component posteriors given x = 1 (isotropic components)
@@ -340,9 +346,9 @@ def test_samplers_float32_jit_and_errors(getkey):
     mix32 = rd.GaussianMixtureEps(SCHED, MEANS.astype(jnp.float32), 0.3)
     key = getkey()
     for f in [rd.sample_ancestral, rd.sample_euler_maruyama, rd.sample_ddim]:
-        x = f(mix32, key, 2, steps=20, dtype=jnp.float32).x
+        x = f(mix32, key, 2, steps=20, dtype=jnp.float32).value
         assert x.dtype == jnp.float32 and jnp.all(jnp.isfinite(x))
-    x = rd.sample_ode(mix32, key, 2, dtype=jnp.float32, rtol=1e-3, atol=1e-3).x
+    x = rd.sample_ode(mix32, key, 2, dtype=jnp.float32, rtol=1e-3, atol=1e-3).value
     assert x.dtype == jnp.float32 and jnp.all(jnp.isfinite(x))
     with pytest.raises(ValueError, match="t_end"):
         rd.sample_ancestral(MIX, key, 2, t_end=0.0)
@@ -357,7 +363,7 @@ def test_samplers_float32_jit_and_errors(getkey):
     with pytest.raises(Exception, match="max_steps"):
         rd.sample_ode(MIX, key, 2, max_steps=2)
     failed = rd.sample_ode(MIX, key, 2, max_steps=2, throw=False)
-    assert jnp.all(jnp.isnan(failed.x)) and failed.result == rd.RESULTS.ode_failed
+    assert jnp.all(jnp.isnan(failed.value)) and failed.result == rd.RESULTS.ode_failed
     with pytest.raises((ValueError, TypeError), match="mask"):
         rd.sample_conditional(MIX, key, jnp.array([1.0, 0.0]), jnp.zeros(2))
     with pytest.raises((ValueError, TypeError), match="values|shape"):
@@ -413,7 +419,7 @@ def test_samplers_return_a_sample_with_a_result_per_draw(name):
     sampler = samplers[name]
     keys = jax.random.split(jax.random.key(3), 32)
     clean = jax.vmap(lambda k: sampler(MIX, k))(keys)
-    assert isinstance(clean, rd.Sample) and clean.x.shape == (32, 2)
+    assert isinstance(clean, rd.Sample) and clean.value.shape == (32, 2)
     assert bool(jnp.all(clean.result == rd.RESULTS.successful))
     assert clean.stats["num_steps"].shape == (32,)
     assert bool(jnp.all(clean.stats["num_steps"] > 0))
@@ -425,30 +431,34 @@ def test_samplers_return_a_sample_with_a_result_per_draw(name):
     # (the ODE solver rejects its steps on a NaN field, and runs out of them)
     code = rd.RESULTS.ode_failed if name == "ode" else rd.RESULTS.nonfinite_sample
     assert np.asarray(got.result == code)[failed].all()
-    assert bool(jnp.all(jnp.isnan(got.x[failed])))
+    assert bool(jnp.all(jnp.isnan(got.value[failed])))
     good = ~failed
     if name == "ode":
         # a vmapped adaptive solve steps every draw until the slowest is done
         # (here: the failed ones, at max_steps), so the others' last steps
         # differ, within the solver's tolerance
-        np.testing.assert_allclose(got.x[good], clean.x[good], rtol=0, atol=1e-2)
+        np.testing.assert_allclose(
+            got.value[good], clean.value[good], rtol=0, atol=1e-2
+        )
     else:
-        np.testing.assert_array_equal(got.x[good], clean.x[good])
+        np.testing.assert_array_equal(got.value[good], clean.value[good])
 
     # throw=True (the default) raises with the code's message, eagerly and
     # under jit
     bad_key = keys[int(np.argmax(failed))]
     match = "did not reach its final" if name == "ode" else "became non-finite"
-    raises_eagerly_and_under_jit(lambda k: sampler(poisoned, k).x, bad_key, match=match)
+    raises_eagerly_and_under_jit(
+        lambda k: sampler(poisoned, k).value, bad_key, match=match
+    )
 
 
 def test_log_likelihood_returns_its_result():
     x = jnp.array([0.3, -0.4])
     sol = rd.log_likelihood(MIX, x, rtol=1e-4, atol=1e-4)
-    assert isinstance(sol, rd.LogLikelihood) and sol.log_p.shape == ()
+    assert isinstance(sol, rd.LogLikelihood) and sol.value.shape == ()
     assert sol.result == rd.RESULTS.successful and sol.stats["num_steps"] > 0
     failed = jax.jit(lambda x: rd.log_likelihood(MIX, x, max_steps=2, throw=False))(x)
-    assert failed.result == rd.RESULTS.ode_failed and jnp.isnan(failed.log_p)
+    assert failed.result == rd.RESULTS.ode_failed and jnp.isnan(failed.value)
     with pytest.raises(eqx.EquinoxRuntimeError, match="max_steps"):
         rd.log_likelihood(MIX, x, max_steps=2)
 
@@ -470,9 +480,9 @@ def test_samplers_with_trained_network(gaussian_fit):
     _, trained, _ = gaussian_fit
     keys = jax.random.split(jax.random.key(3), 8)
     for f in [rd.sample_ancestral, rd.sample_ddim]:
-        xs = jax.vmap(lambda k, f=f: f(trained, k, 2, steps=50).x)(keys)
+        xs = jax.vmap(lambda k, f=f: f(trained, k, 2, steps=50).value)(keys)
         assert xs.shape == (8, 2) and jnp.all(jnp.isfinite(xs))
-    ll = rd.log_likelihood(trained, GAUSS_MEAN, rtol=1e-4, atol=1e-4).log_p
+    ll = rd.log_likelihood(trained, GAUSS_MEAN, rtol=1e-4, atol=1e-4).value
     assert jnp.isfinite(ll)
 
 
@@ -487,7 +497,8 @@ def test_circle_mlp_end_to_end():
     data = jnp.stack([jnp.cos(theta), jnp.sin(theta)], axis=1) + noise
     pred = rd.NoisePredictor(rd.TimeMLP(2, key=jax.random.fold_in(key, 3)), SCHED)
     with users_compiler():  # 6,000 steps: optimised code runs them faster
-        trained, losses = rd.fit(pred, data, jax.random.fold_in(key, 4), steps=6000)
+        run = rd.fit(pred, data, jax.random.fold_in(key, 4), steps=6000)
+        trained, losses = run.value, run.losses
     assert losses.shape == (6000,)
     kde = rd.kde_predictor(SCHED, data, 0.02)
     eps = jax.random.normal(jax.random.fold_in(key, 5), (1000, 2))
@@ -549,8 +560,39 @@ def test_fit_names_the_step_whose_update_failed(getkey, part, why):
     # with "skip" every step from 5 on is skipped: the count that reaches
     # the poison is part of the state each skip throws away
     with pytest.warns(RuntimeWarning, match="skipped 7 of 12 steps"):
-        run = rd.fit_solution(pred, data, getkey(), nonfinite="skip", **kw)
-    assert tree_is_finite(run.pred) and tree_is_finite(run.state.opt_state)
+        run = rd.fit(pred, data, getkey(), nonfinite="skip", **kw)
+    assert tree_is_finite(run.value) and tree_is_finite(run.state.opt_state)
+    assert run.result == rd.RESULTS.successful
+    assert int(run.stats["num_skipped"]) == 7
+
+
+@pytest.mark.loud
+@pytest.mark.parametrize("part", ["parameters", "state"])
+def test_fit_without_throw_returns_the_run_up_to_the_failed_step(getkey, part):
+    """With `throw=False` a run that meets a non-finite step returns where it
+    stopped, its result code and the step in `stats`: the same predictor,
+    state and losses as a run of the steps before it."""
+    pred, data = tiny_training_problem(getkey)
+    key = getkey()
+    kw = fit_kwargs(optimizer=_poisoned(5, part), chunk_size=4)
+    run = rd.fit(pred, data, key, steps=12, throw=False, **kw)
+    assert run.result == rd.RESULTS.nonfinite_iterate
+    assert int(run.stats["nonfinite_step"]) == 5
+    assert int(run.stats["num_steps"]) == 5
+    assert run.state.step == 5
+    before = rd.fit(pred, data, key, steps=5, **kw)
+    assert before.result == rd.RESULTS.successful
+    assert int(before.stats["nonfinite_step"]) == -1
+    for got, want in [
+        (run.value, before.value),
+        (run.state.opt_state, before.state.opt_state),
+        (run.losses[:5], before.losses),
+    ]:
+        got, want = (jax.tree.leaves(eqx.filter(v, eqx.is_array)) for v in (got, want))
+        assert len(got) == len(want) > 0
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    # the losses up to and including the step that stopped the run
+    assert run.losses.shape == (6,)
 
 
 @pytest.mark.loud
@@ -558,13 +600,13 @@ def test_fit_nonfinite_skip_keeps_the_last_finite_state(getkey):
     pred, data = tiny_training_problem(getkey)
     key = getkey()
     with pytest.warns(RuntimeWarning, match=r"skipped \d+ of 20 steps") as record:
-        run = rd.fit_solution(
+        run = rd.fit(
             pred,
             data,
             key,
             **fit_kwargs(optimizer=DIVERGING, steps=20, nonfinite="skip"),
         )
-    trained, losses, state = run.pred, run.losses, run.state
+    trained, losses, state = run.value, run.losses, run.state
     # the skipped steps are counted in the run's statistics too, as the
     # warning counts them
     skipped = int(run.stats["num_skipped"])

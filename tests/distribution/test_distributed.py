@@ -126,8 +126,10 @@ def _fit_with_and_without_mesh(getkey, rtol):
     pred = rd.NoisePredictor(model, rd.VPSDE())
     key = getkey()
     kw = dict(steps=3, batch_size=8, progress=False, optimizer=optax.adam(1e-2))
-    plain, losses = rd.fit(pred, data, key, **kw)
-    meshed, meshed_losses = rd.fit(pred, data, key, mesh=retrax.batch_mesh(), **kw)
+    run = rd.fit(pred, data, key, **kw)
+    plain, losses = run.value, run.losses
+    run = rd.fit(pred, data, key, mesh=retrax.batch_mesh(), **kw)
+    meshed, meshed_losses = run.value, run.losses
     arrays = lambda m: eqx.filter(m, eqx.is_array)
     assert tree_allclose(arrays(meshed), arrays(plain), rtol=rtol)
     assert tree_allclose(meshed_losses, losses, rtol=rtol)
@@ -136,9 +138,8 @@ def _fit_with_and_without_mesh(getkey, rtol):
 
 def test_fit_on_a_one_process_mesh_equals_fit(getkey):
     pred, data, key, kw = _fit_with_and_without_mesh(getkey, rtol=1e-12)
-    # (`fit` passes `mesh` on to `fit_solution`, which checks it)
     with pytest.raises(TypeError, match="`mesh` must be a jax.sharding.Mesh"):
-        unchecked(rd.fit_solution)(pred, data, key, mesh=("batch",), **kw)
+        unchecked(rd.fit)(pred, data, key, mesh=("batch",), **kw)
 
 
 @pytest.mark.float32

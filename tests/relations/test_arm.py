@@ -57,7 +57,7 @@ def arm_model():
     data = arm_rows(jax.random.key(0), 20_000)
     net = rd.TimeMLP(4, hidden=128, depth=3, key=jax.random.key(1), dtype=jnp.float32)
     with users_compiler():
-        pred, _ = rd.fit(
+        pred = rd.fit(
             rd.NoisePredictor(net, SCHED),
             data.astype(jnp.float32),
             jax.random.key(2),
@@ -65,7 +65,7 @@ def arm_model():
             batch_size=512,
             ema=0.995,
             progress=False,
-        )
+        ).value
     return data, arm.to_dtype(pred, jnp.float64)
 
 

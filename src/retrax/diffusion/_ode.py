@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
+from .._deprecated import deprecated_property
 from .._errors import error_if, filter_jit
 from .._solution import AbstractSolution, throw_if_failed
 from .._validate import static_float
@@ -23,18 +24,22 @@ class LogLikelihood(AbstractSolution):
 
     **Attributes:**
 
-    - `log_p`: the scalar $\log p_{t_0}(x)$ (`(batch,)` under `jax.vmap`);
+    - `value`: the scalar $\log p_{t_0}(x)$ (`(batch,)` under `jax.vmap`);
       NaN when `result` is not `successful`.
     - `result`: a [`retrax.diffusion.RESULTS`][] code: `successful`,
       `ode_failed` (the ODE solve did not reach `t1`) or `nonfinite_sample`
       (it did, with a non-finite value).
     - `stats`: `{"num_steps": ...}`, the ODE solver's accepted and rejected
       steps (see [`retrax.diffusion.AbstractSolution`][]).
+
+    `log_p` is a deprecated alias of `value`.
     """
 
-    log_p: Float[Array, ""]
+    value: Float[Array, ""]
     result: RESULTS
     stats: dict[str, Int[Array, ""]]
+
+    log_p = deprecated_property("LogLikelihood.log_p", ".value", lambda s: s.value)
 
 
 def _ode_result(sol) -> RESULTS:

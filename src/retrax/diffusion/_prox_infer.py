@@ -3,8 +3,9 @@
 import jax
 import jax.numpy as jnp
 import optimistix as optx
-from jaxtyping import Array, ArrayLike, Bool, Float, Int
+from jaxtyping import Array, ArrayLike, Bool, Float
 
+from .._deprecated import deprecated_property
 from .._errors import error_if, filter_jit
 from .._never_silent import never_silent
 from .._solution import AbstractSolution, throw_if_failed
@@ -23,29 +24,35 @@ def _max_norm(x) -> Array:
 class ProxSolution(AbstractSolution):
     """The result of [`retrax.diffusion.prox_infer`][].
 
-    **Arguments:**
+    **Attributes:**
 
-    - `z`: the answer $w$: exact on hard clamps, full length.
+    - `value`: the answer $w$: exact on hard clamps, full length.
     - `u`: the prior's proximal point at the answer, $\\mathrm{prox}(w)$.
     - `residual`: the fixed-point residual $T(w) - w$, full length (0 on
       hard clamps).
-    - `steps`: the number of iterations taken.
     - `converged`: whether the iteration met its tolerance and the prox at
       the answer is a proximal point.
     - `result`: a [`retrax.diffusion.RESULTS`][] code: optimistix's result of
       the iteration, or the prox's own failure at the answer (see
       [`retrax.diffusion.AbstractProximalPredictor.prox_result`][]).
-    - `stats`: `{"num_steps": steps}` (see
+    - `stats`: `{"num_steps": ...}`, the number of iterations taken (see
       [`retrax.diffusion.AbstractSolution`][]).
+
+    `z` is a deprecated alias of `value`, and `steps` of
+    `stats["num_steps"]`.
     """
 
-    z: Float[Array, " n"]
+    value: Float[Array, " n"]
     u: Float[Array, " n"]
     residual: Float[Array, " n"]
-    steps: Int[Array, ""]
     converged: Bool[Array, ""]
     result: RESULTS
     stats: dict[str, Array]
+
+    z = deprecated_property("ProxSolution.z", ".value", lambda s: s.value)
+    steps = deprecated_property(
+        "ProxSolution.steps", '.stats["num_steps"]', lambda s: s.stats["num_steps"]
+    )
 
 
 def _hqs_step(w, args):
@@ -172,10 +179,9 @@ def prox_infer(
     residual = _hqs_step(z, args) - z
     steps = jnp.asarray(sol.stats["num_steps"])
     out = ProxSolution(
-        z=z,
+        value=z,
         u=u,
         residual=residual,
-        steps=steps,
         converged=converged,
         result=result,
         stats={"num_steps": steps},

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
+from .._deprecated import deprecated_property
 from .._errors import error_if, filter_jit
 from .._never_silent import never_silent
 from .._solution import AbstractSolution, throw_if_failed
@@ -126,7 +127,7 @@ def proxdm_sample(
     (x, result), _ = jax.lax.scan(body, init, (ts[:-1], gammas, keys), reverse=True)
     x = never_silent(x, (prox, x_init), result == RESULTS.successful)
     out = ProxSample(
-        x=x, result=result, stats={"num_steps": jnp.asarray(steps, jnp.int32)}
+        value=x, result=result, stats={"num_steps": jnp.asarray(steps, jnp.int32)}
     )
     return throw_if_failed(out, throw)
 
@@ -136,14 +137,18 @@ class ProxSample(AbstractSolution):
 
     **Attributes:**
 
-    - `x`: the sample.
+    - `value`: the sample.
     - `result`: a [`retrax.diffusion.RESULTS`][] code: `successful`, or the
-      first failure of a prox along the chain (then the derivatives of `x`
-      are NaN).
+      first failure of a prox along the chain (then the derivatives of
+      `value` are NaN).
     - `stats`: `{"num_steps": steps}`, the number of proximal steps taken
       (see [`retrax.diffusion.AbstractSolution`][]).
+
+    `x` is a deprecated alias of `value`.
     """
 
-    x: Float[Array, " n"]
+    value: Float[Array, " n"]
     result: RESULTS
     stats: dict[str, Array]
+
+    x = deprecated_property("ProxSample.x", ".value", lambda s: s.value)

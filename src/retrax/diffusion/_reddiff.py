@@ -9,6 +9,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
+from .._deprecated import deprecated_property
 from .._errors import error_if, filter_jit
 from .._misc import all_finite
 from .._never_silent import never_silent
@@ -223,9 +224,9 @@ def _regulariser_gradient(pred, cfg, x, key):
 class REDDiffSolution(AbstractSolution):
     """The result of [`retrax.diffusion.reddiff_solve`][].
 
-    **Arguments:**
+    **Attributes:**
 
-    - `x`: the answer: the average of the last `cfg.window` iterates
+    - `value`: the answer: the average of the last `cfg.window` iterates
       (the last iterate when `cfg.average == 0`); NaN when the run failed.
     - `last`: the last iterate; NaN when the run failed.
     - `path`: every iterate, shape `(steps, n)`, when requested with
@@ -239,13 +240,17 @@ class REDDiffSolution(AbstractSolution):
       optimiser steps taken (`cfg.steps`), and the first step (counted from
       0) whose iterate was not finite, -1 when none was (see
       [`retrax.diffusion.AbstractSolution`][]).
+
+    `x` is a deprecated alias of `value`.
     """
 
-    x: Float[Array, " n"]
+    value: Float[Array, " n"]
     last: Float[Array, " n"]
     path: Float[Array, "steps n"] | None
     result: RESULTS
     stats: dict[str, Array]
+
+    x = deprecated_property("REDDiffSolution.x", ".value", lambda s: s.value)
 
 
 def _check_hard(hard, x):

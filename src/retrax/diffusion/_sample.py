@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
+from .._deprecated import deprecated_property
 from .._errors import error_if, filter_jit
 from .._solution import AbstractSolution, throw_if_failed
 from .._validate import check_positive_int, static_float
@@ -24,12 +25,12 @@ class Sample(AbstractSolution):
     [`retrax.diffusion.sample_ode`][],
     [`retrax.diffusion.sample_tweedie_projection`][] and
     [`retrax.diffusion.sample_dps`][]. Batch a sampler with `jax.vmap` over
-    keys: every field gains the batch axis (`jax.vmap(...)(keys).x` is
+    keys: every field gains the batch axis (`jax.vmap(...)(keys).value` is
     `(batch, *shape)`).
 
     **Attributes:**
 
-    - `x`: the sample, of the shape and dtype asked for; NaN when `result`
+    - `value`: the sample, of the shape and dtype asked for; NaN when `result`
       is not `successful`.
     - `result`: a [`retrax.diffusion.RESULTS`][] code: `successful`,
       `nonfinite_sample` (the chain's state became NaN or inf) or, for the
@@ -39,11 +40,15 @@ class Sample(AbstractSolution):
 
     With `throw=True` (every sampler's default) a failed sample raises with
     the result's message instead, eagerly and under `jax.jit`.
+
+    `x` is a deprecated alias of `value`.
     """
 
-    x: Float[Array, "*shape"]
+    value: Float[Array, "*shape"]
     result: RESULTS
     stats: dict[str, Int[Array, ""]]
+
+    x = deprecated_property("Sample.x", ".value", lambda s: s.value)
 
 
 def finished_sample(
