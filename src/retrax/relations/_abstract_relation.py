@@ -44,7 +44,7 @@ class AbstractImplicitRelation(eqx.Module):
     The interface [`retrax.relations.implicit_infer`][] and the other query
     functions need: the joint dimension `dim`, the prior field
     $g(z)$ (`prior_field`) and its Jacobian (`prior_jacobian`, one
-    `jax.jacfwd` by default). A query's residual
+    `jax.jacfwd`). A query's residual
     ([`retrax.relations.AbstractImplicitRelation.implicit_residual`][]) is
     built from the field alone.
 
@@ -132,12 +132,14 @@ class AbstractImplicitRelation(eqx.Module):
         z = self.check_point("z", z)
         return jax.jacfwd(self.prior_field)(z)
 
+    @abc.abstractmethod
     def belief_precision(self, z: Float[ArrayLike, " n"]) -> Float[Array, "n n"]:
         r"""The precision of the relation's Laplace belief at `z`, before a
-        query's clamps and soft inputs: $\mathrm{sym}(J)/\lambda_{\mathrm{eff}}$
-        (see [`retrax.relations.implicit_laplace`][]). An
-        [`retrax.relations.ImplicitDiffusion`][] built with `deblur=True`
-        also removes its nodes' smoothing from it.
+        query's clamps and soft inputs (see
+        [`retrax.relations.implicit_laplace`][]): for a single field,
+        $\mathrm{sym}(J)/\lambda_{\mathrm{eff}}$ (`laplace_precision`), less
+        any smoothing the relation undoes; for a composed relation, built
+        from its members'.
 
         **Arguments:**
 
@@ -147,9 +149,6 @@ class AbstractImplicitRelation(eqx.Module):
 
         The symmetric `(n, n)` precision.
         """
-        z = self.check_point("z", z)
-        jac = self.prior_jacobian(z)
-        return 0.5 * (jac + jac.T) / self.effective_lambda(z.dtype)
 
     def implicit_residual(
         self,
@@ -196,3 +195,14 @@ class AbstractImplicitRelation(eqx.Module):
             coupling = jnp.asarray(coupling, z.dtype)
             free_rows = free_rows + coupling_term(coupling, clamped, diff)
         return jnp.where(clamped, diff, free_rows)
+
+
+def laplace_precision(
+    relation: AbstractImplicitRelation, z: Float[ArrayLike, " n"]
+) -> Float[Array, "n n"]:
+    r"""$\mathrm{sym}(J)/\lambda_{\mathrm{eff}}$ at `z`, the precision of the
+    Laplace belief of a relation's field: its `prior_jacobian` symmetrised,
+    over its `effective_lambda`."""
+    z = relation.check_point("z", z)
+    jac = relation.prior_jacobian(z)
+    return 0.5 * (jac + jac.T) / relation.effective_lambda(z.dtype)

@@ -62,14 +62,14 @@ class AbstractChannel(eqx.Module):
         A tuple `(z0, rho)` of two `(size,)` vectors.
         """
 
+    @abc.abstractmethod
     def coupling(
         self, name: str, size: int, dtype, lam_eff: Float[Array, ""], check=True
     ) -> Float[Array, "size size"] | None:
         r"""The channel's block of the query's coupling matrix: the stiffness
         between its coordinates beyond the diagonal `rho**2` (see
-        [`retrax.relations.implicit_infer`][]); `None` (the default) for a
-        channel without one. Arguments as in `query`."""
-        return None
+        [`retrax.relations.implicit_infer`][]); `None` for a channel without
+        one. Arguments as in `query`."""
 
 
 class Observed(AbstractChannel):
@@ -95,6 +95,9 @@ class Observed(AbstractChannel):
                 f"the observed value of channel {name!r} must be finite.",
             )
         return value, jnp.full((size,), jnp.inf, dtype)
+
+    def coupling(self, name, size, dtype, lam_eff, check=True):
+        return None
 
 
 class Unobserved(AbstractChannel):
@@ -230,3 +233,6 @@ class Latent(AbstractChannel):
                 f"the start of the latent channel {name!r} must be finite.",
             )
         return start, jnp.zeros((size,), dtype)
+
+    def coupling(self, name, size, dtype, lam_eff, check=True):
+        return None

@@ -8,7 +8,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._validate import check_value
 from ..diffusion import AbstractPredictor
-from ._abstract_relation import AbstractImplicitRelation
+from ._abstract_relation import AbstractImplicitRelation, laplace_precision
 from ._deblur import deblurred_precision, node_levels
 from ._nodes import FieldNodes, density_lambda
 from ._support import DataSupport
@@ -227,7 +227,7 @@ class ImplicitDiffusion(AbstractImplicitRelation):
     def belief_precision(self, z: Float[ArrayLike, " n"]) -> Float[Array, "n n"]:
         r"""$\mathrm{sym}(J)/\lambda_{\mathrm{eff}}$, with the nodes' smoothing
         removed when the relation was built with `deblur=True`."""
-        precision = super().belief_precision(z)
+        precision = laplace_precision(self, z)
         if not self.deblur:
             return precision
         r2, c = node_levels(self.pred.schedule, self.nodes, precision.dtype)

@@ -108,12 +108,15 @@ class AbstractGraphFactor(eqx.Module):
 
     Every row $i$ connects the variables its slots name at index $i$ and
     contributes an energy $E_i$ (data units, $-\log\phi_i$ up to a
-    constant). Subclasses give the gradient of one row's energy with respect
-    to the concatenation of its slots' values (`row_gradient`); the Jacobian
-    (`row_jacobian`, one `jax.jacfwd` by default), the local precision of
-    belief propagation (`row_precision`, the positive part of the symmetric
-    Jacobian by default) and the energy (`row_energy`, for the free energy)
-    may be overridden.
+    constant). Subclasses are final and give the gradient of one row's
+    energy with respect to the concatenation of its slots' values
+    (`row_gradient`), its Jacobian (`row_jacobian`; `jacobian_by_jacfwd`
+    takes one `jax.jacfwd`), the matrix whose symmetric part is the row's
+    Laplace precision (`row_belief`; often the Jacobian), the local
+    precision of belief propagation (`row_precision`; `positive_part` of the
+    symmetric `row_belief`), the energy (`row_energy`, for the free energy;
+    `TypeError` when there is none) and the check against their variables'
+    sizes (`check_sizes`).
 
     **Attributes:**
 
@@ -129,10 +132,10 @@ class AbstractGraphFactor(eqx.Module):
         """The number of rows."""
         return _rows(self.slots)
 
+    @abc.abstractmethod
     def check_sizes(self, index: int, sizes: tuple[int, ...]) -> None:
         """Check the factor against its slots' variables' dimensions `sizes`
-        (a `ValueError` naming factor `index` of the graph); nothing by
-        default."""
+        (a `ValueError` naming factor `index` of the graph)."""
 
     @abc.abstractmethod
     def rows(self) -> PyTree:
@@ -146,41 +149,50 @@ class AbstractGraphFactor(eqx.Module):
         r"""$\partial E_i/\partial x$ for one row, at its slots' values `xs` (one
         vector per slot), as one vector: the slots' blocks concatenated."""
 
+    @abc.abstractmethod
     def row_jacobian(
         self, row: PyTree, xs: tuple[Float[Array, " _"], ...]
     ) -> Float[Array, "d d"]:
         """The Jacobian of `row_gradient` with respect to the concatenated
-        slots' values (not symmetric for a learned field); one `jax.jacfwd`."""
-        blocks = jax.jacfwd(lambda ys: self.row_gradient(row, ys))(tuple(xs))
-        return jnp.concatenate(blocks, axis=1)
+        slots' values (not symmetric for a learned field)."""
 
+    @abc.abstractmethod
     def row_belief(
         self, row: PyTree, xs: tuple[Float[Array, " _"], ...]
     ) -> Float[Array, "d d"]:
         """The matrix whose symmetric part is the row's Laplace precision at
         `xs` (`graph_laplace`'s and belief propagation's curvature): the
-        Jacobian by default; a relation's `belief_precision` (deblurred if the
+        Jacobian, or a relation's `belief_precision` (deblurred if the
         relation is) for a `RelationFactor`."""
-        return self.row_jacobian(row, xs)
 
+    @abc.abstractmethod
     def row_precision(
         self, row: PyTree, xs: tuple[Float[Array, " _"], ...]
     ) -> Float[Array, "d d"]:
         """A symmetric positive semidefinite local precision at `xs`, belief
-        propagation's curvature of the row: the symmetric part of
-        `row_belief` with its negative eigenvalues set to 0."""
-        jac = self.row_belief(row, xs)
-        vals, vecs = jnp.linalg.eigh(0.5 * (jac + jac.T))
-        return (vecs * jnp.maximum(vals, 0)) @ vecs.T
+        propagation's curvature of the row."""
 
+    @abc.abstractmethod
     def row_energy(
         self, row: PyTree, xs: tuple[Float[Array, " _"], ...]
     ) -> Float[Array, ""]:
         """The row's energy; a `TypeError` for a factor without one."""
-        raise TypeError(
-            f"{type(self).__name__} has no energy (its gradient is not the "
-            "gradient of a known potential), so the graph has no free energy."
-        )
+
+
+def jacobian_by_jacfwd(
+    factor: AbstractGraphFactor, row: PyTree, xs: tuple[Float[Array, " _"], ...]
+) -> Float[Array, "d d"]:
+    """`factor.row_jacobian(row, xs)` by one `jax.jacfwd` of `row_gradient`,
+    its slots' blocks concatenated."""
+    blocks = jax.jacfwd(lambda ys: factor.row_gradient(row, ys))(tuple(xs))
+    return jnp.concatenate(blocks, axis=1)
+
+
+def positive_part(matrix: Float[Array, "d d"]) -> Float[Array, "d d"]:
+    """The symmetric part of `matrix` with its negative eigenvalues set to 0:
+    belief propagation's local precision from a row's `row_belief`."""
+    vals, vecs = jnp.linalg.eigh(0.5 * (matrix + matrix.T))
+    return (vecs * jnp.maximum(vals, 0)) @ vecs.T
 
 
 class GaussianFactor(AbstractGraphFactor):
@@ -321,6 +333,9 @@ class GaussianFactor(AbstractGraphFactor):
         a, _, p = row
         return a.T @ p @ a
 
+    def row_belief(self, row, xs):
+        return self.row_jacobian(row, xs)
+
     def row_precision(self, row, xs):
         return self.row_jacobian(row, xs)
 
@@ -377,6 +392,11 @@ class ResidualFactor(AbstractGraphFactor):
         self.params = params
         self.data = data
 
+    def check_sizes(self, index, sizes):
+        # Nothing to check here: the user's residual receives the slots'
+        # values with their variables' sizes, whatever they are.
+        del index, sizes
+
     def rows(self) -> PyTree:
         return self.data
 
@@ -386,6 +406,12 @@ class ResidualFactor(AbstractGraphFactor):
     def row_gradient(self, row, xs):
         r, vjp = jax.vjp(lambda ys: self._r(row, ys), tuple(xs))
         return jnp.concatenate(vjp(r)[0])
+
+    def row_jacobian(self, row, xs):
+        return jacobian_by_jacfwd(self, row, xs)
+
+    def row_belief(self, row, xs):
+        return self.row_jacobian(row, xs)
 
     def row_precision(self, row, xs):
         blocks = jax.jacfwd(lambda ys: self._r(row, ys))(tuple(xs))
@@ -503,10 +529,16 @@ class RelationFactor(AbstractGraphFactor):
         field = self.factor.prior_field(z) / self.factor.effective_lambda(z.dtype)
         return field[self._coords()]
 
+    def row_jacobian(self, row, xs):
+        return jacobian_by_jacfwd(self, row, xs)
+
     def row_belief(self, row, xs):
         z = self._state(row, xs)
         idx = self._coords()
         return self.factor.belief_precision(z)[np.ix_(idx, idx)]
+
+    def row_precision(self, row, xs):
+        return positive_part(self.row_belief(row, xs))
 
     def row_energy(self, row, xs):
         if not self.factor.conservative:
