@@ -576,7 +576,7 @@ def test_fit_without_throw_returns_the_run_up_to_the_failed_step(getkey, part):
     key = getkey()
     kw = fit_kwargs(optimizer=_poisoned(5, part), chunk_size=4)
     run = rd.fit(pred, data, key, steps=12, throw=False, **kw)
-    assert run.result == rd.RESULTS.nonfinite_iterate
+    assert run.result == rd.RESULTS.nonfinite_update
     assert int(run.stats["nonfinite_step"]) == 5
     assert int(run.stats["num_steps"]) == 5
     assert run.state.step == 5
@@ -593,6 +593,25 @@ def test_fit_without_throw_returns_the_run_up_to_the_failed_step(getkey, part):
         assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
     # the losses up to and including the step that stopped the run
     assert run.losses.shape == (6,)
+
+
+@pytest.mark.loud
+def test_fit_without_throw_names_what_failed_as_the_raised_message_does(getkey):
+    pred, data = tiny_training_problem(getkey)
+    key = getkey()
+    kw = fit_kwargs(optimizer=DIVERGING, steps=20)
+    with pytest.raises(FloatingPointError) as info:
+        rd.fit(pred, data, key, **kw)
+    run = rd.fit(pred, data, key, throw=False, **kw)
+    step = int(run.stats["nonfinite_step"])
+    assert f"stopped at step {step} " in str(info.value)
+    if "the minibatch loss is not finite" in str(info.value):
+        assert run.result == rd.RESULTS.nonfinite_loss
+        assert not bool(jnp.isfinite(run.losses[-1]))
+    else:
+        assert run.result == rd.RESULTS.nonfinite_update
+    assert run.losses.shape == (step + 1,)
+    assert tree_is_finite(run.value) and tree_is_finite(run.state.opt_state)
 
 
 @pytest.mark.loud

@@ -30,3 +30,18 @@ class RESULTS(optx.RESULTS):  # pyright: ignore
         "was reached, or the step size collapsed on a non-finite or stiff field. "
         "Raise `max_steps` or loosen `rtol`/`atol`. The answer is NaN."
     )
+    nonfinite_loss = (
+        "A training step's minibatch loss was not finite (NaN or inf), so `fit` "
+        "stopped there (`stats['nonfinite_step']` names the step): no update from "
+        "that step on was applied, and the answer is the predictor of the last "
+        "finite step. A learning rate too large, NaN or inf, or a schedule that "
+        "grows, makes a run diverge; lower it, or pass `nonfinite='skip'`."
+    )
+    nonfinite_update = (
+        "A training step's update made the parameters or the optimiser state "
+        "non-finite (NaN or inf), so `fit` stopped there "
+        "(`stats['nonfinite_step']` names the step): no update from that step on "
+        "was applied, and the answer is the predictor of the last finite step. "
+        "A learning rate too large, NaN or inf, or a schedule that grows, makes "
+        "a run diverge; lower it, or pass `nonfinite='skip'`."
+    )

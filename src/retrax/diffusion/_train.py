@@ -374,7 +374,8 @@ def fit(
     `FloatingPointError` naming the step (a NaN learning rate fails at step
     0; a schedule that grows to 1e12 at the step where the loss overflows);
     with `throw=False` it returns the run up to that step, its `result`
-    `RESULTS.nonfinite_iterate` and `stats["nonfinite_step"]` the step. With
+    `RESULTS.nonfinite_loss` or `RESULTS.nonfinite_update` and
+    `stats["nonfinite_step"]` the step. With
     "raise" the compiled scan checks each step's loss and, after each chunk,
     the parameters and optimiser state; a chunk that fails runs again with
     every step's update checked, to name the step, so the checks cost a
@@ -599,10 +600,11 @@ class TrainSolution(AbstractSolution):
       the run with `opt_state=state`.
     - `result`: a [`retrax.diffusion.RESULTS`][] code: `successful` for a run
       that took all its steps (with `nonfinite="skip"`, its skipped steps
-      counted in `stats`), or `nonfinite_iterate` for a run stopped at a step
-      whose loss or update was not finite (`nonfinite="raise"` with
-      `throw=False`; with `throw=True` such a run raises a
-      `FloatingPointError` instead).
+      counted in `stats`), or, for a run stopped at a step whose loss or
+      update was not finite (`nonfinite="raise"` with `throw=False`; with
+      `throw=True` such a run raises a `FloatingPointError` instead),
+      `nonfinite_loss` (the step's minibatch loss) or `nonfinite_update` (the
+      parameters or optimiser state its update made).
     - `stats`: a dict of integer arrays (see
       [`retrax.diffusion.AbstractSolution`][]):
       - `num_steps`: the optimiser steps of the run, `steps` (those a
@@ -841,6 +843,7 @@ class _Run(NamedTuple):
     skipped: int
     stopped: str | None  # why the run stopped at a non-finite step, or None
     stop_step: int  # the step that stopped the run, -1 when none did
+    why: _Stop  # what failed at `stop_step`
 
 
 def _run_chunks(
@@ -916,7 +919,8 @@ def _run_chunks(
                     params, opt, average = new[:3]
                     history.append(losses[: bad - start - done + 1])
                     state = TrainState(params, opt, average, bad, key, ema)
-                return _Run(state, _joined(history, data.dtype), skipped, message, bad)
+                losses = _joined(history, data.dtype)
+                return _Run(state, losses, skipped, message, bad, why)
             params, opt, average = new[:3]
             history.append(losses[:n])
             previous, done = done, done + n
@@ -938,7 +942,7 @@ def _run_chunks(
                     finite_part=state,
                 )
     state = TrainState(params, opt, average, end, key, ema)
-    return _Run(state, _joined(history, data.dtype), skipped, None, -1)
+    return _Run(state, _joined(history, data.dtype), skipped, None, -1, _Stop.none)
 
 
 def _joined(history: list[np.ndarray], dtype) -> np.ndarray:
@@ -969,8 +973,10 @@ def _solution(run: _Run, static, start: int, resumed_from: int) -> TrainSolution
         params = jax.tree.map(lambda a: (a * correction).astype(a.dtype), state.average)
     if run.stopped is None:
         result = RESULTS.successful
+    elif run.why == _Stop.loss:
+        result = RESULTS.nonfinite_loss
     else:
-        result = RESULTS.nonfinite_iterate
+        result = RESULTS.nonfinite_update
     stats = {
         "num_steps": jnp.asarray(state.step - start),
         "num_skipped": jnp.asarray(run.skipped),
