@@ -218,7 +218,7 @@ class LogCoshLoss(AbstractTimeDomainLoss):
         return jnp.mean(value / a, axis=-1)
 
 
-class _SignalToError(AbstractTimeDomainLoss):
+class _AbstractSignalToError(AbstractTimeDomainLoss):
     """The negative of a signal-to-error ratio in dB, with auraloss's
     optional removal of each signal's mean first."""
 
@@ -256,7 +256,7 @@ def _scaled_energy(
     return alpha, alpha * alpha * target_energy
 
 
-class SNRLoss(_SignalToError):
+class SNRLoss(_AbstractSignalToError):
     r"""The negative signal-to-noise ratio in dB, as auraloss's `SNRLoss`:
 
     $$-10 \log_{10}\Big(\frac{\sum_t y_t^2}{\sum_t (\hat y_t - y_t)^2
@@ -276,7 +276,7 @@ class SNRLoss(_SignalToError):
         return _ratio_db(_energy(target), _energy(pred - target), eps)
 
 
-class SISDRLoss(_SignalToError):
+class SISDRLoss(_AbstractSignalToError):
     r"""The negative scale-invariant signal-to-distortion ratio in dB, as
     auraloss's `SISDRLoss` (Le Roux et al., 2018): with
     $\alpha = \sum_t \hat y_t y_t / (\sum_t y_t^2 + \varepsilon)$,
@@ -300,7 +300,7 @@ class SISDRLoss(_SignalToError):
         return _ratio_db(scaled_energy, error, eps)
 
 
-class SDSDRLoss(_SignalToError):
+class SDSDRLoss(_AbstractSignalToError):
     r"""The negative scale-dependent signal-to-distortion ratio in dB, as
     auraloss's `SDSDRLoss` (Le Roux et al., 2018): with $\alpha$ as in
     [`SISDRLoss`][retrax.losses.SISDRLoss],
