@@ -75,43 +75,58 @@ def compiled(*, static: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
     as any other."""
 
     def decorate(fn: Callable) -> Callable:
-        names = list(inspect.signature(fn).parameters)
-        # the positions of the static arguments, when they are passed by position
-        static_at = frozenset(i for i, name in enumerate(names) if name in static)
-        jitted = jax.jit(fn, static_argnames=static)
-
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            __tracebackhide__ = True
-            args = tuple(
-                v if i in static_at else _as_argument(v) for i, v in enumerate(args)
-            )
-            kwargs = {
-                k: v if k in static else _as_argument(v) for k, v in kwargs.items()
-            }
-            dynamic = [v for i, v in enumerate(args) if i not in static_at]
-            dynamic += [v for k, v in kwargs.items() if k not in static]
-            if not all(_jax_type(leaf) for leaf in jax.tree.leaves(dynamic)):
-                return fn(*args, **kwargs)
-            quiet = _QuietCallbackLog()
-            _CALLBACK_LOG.addFilter(quiet)
-            try:
-                # As `eqx.filter_jit` does: wait for the program, so that a
-                # failed check raises here, not later (or never) from an
-                # array dispatched asynchronously.
-                return jax.block_until_ready(jitted(*args, **kwargs))
-            # JAX raises a failed callback as `JaxRuntimeError` or, in some
-            # releases, `ValueError` (equinox's `filter_jit` catches both)
-            except (JaxRuntimeError, ValueError) as error:
-                msg = check_message(str(error))
-                if msg is None:
-                    raise
-                raise InvalidArgumentError(msg) from None
-            finally:
-                _CALLBACK_LOG.removeFilter(quiet)
-
-        call.lower = jitted.lower
-        call._cache_size = jitted._cache_size
-        return call
+        return _CompiledCall(fn, static)
 
     return decorate
+
+
+class _CompiledCall:
+    """A function compiled as a whole by `compiled`: called like it, with
+    `lower` (the jitted function's) as a method. A method, not an attribute:
+    `jax.vmap` and `jax.jit` copy a wrapped function's attributes onto their
+    wrapper, so an attribute `lower` would make `jax.jit(jax.vmap(f)).lower`
+    lower the unbatched `f`."""
+
+    def __init__(self, fn: Callable, static: tuple[str, ...]):
+        functools.update_wrapper(self, fn)
+        names = list(inspect.signature(fn).parameters)
+        self._fn = fn
+        self._static = frozenset(static)
+        # the positions of the static arguments, when they are passed by position
+        self._static_at = frozenset(i for i, name in enumerate(names) if name in static)
+        self._jitted = jax.jit(fn, static_argnames=static)
+
+    def __call__(self, *args, **kwargs):
+        __tracebackhide__ = True
+        static, static_at = self._static, self._static_at
+        args = tuple(
+            v if i in static_at else _as_argument(v) for i, v in enumerate(args)
+        )
+        kwargs = {k: v if k in static else _as_argument(v) for k, v in kwargs.items()}
+        dynamic = [v for i, v in enumerate(args) if i not in static_at]
+        dynamic += [v for k, v in kwargs.items() if k not in static]
+        if not all(_jax_type(leaf) for leaf in jax.tree.leaves(dynamic)):
+            return self._fn(*args, **kwargs)
+        quiet = _QuietCallbackLog()
+        _CALLBACK_LOG.addFilter(quiet)
+        try:
+            # As `eqx.filter_jit` does: wait for the program, so that a
+            # failed check raises here, not later (or never) from an
+            # array dispatched asynchronously.
+            return jax.block_until_ready(self._jitted(*args, **kwargs))
+        # JAX raises a failed callback as `JaxRuntimeError` or, in some
+        # releases, `ValueError` (equinox's `filter_jit` catches both)
+        except (JaxRuntimeError, ValueError) as error:
+            msg = check_message(str(error))
+            if msg is None:
+                raise
+            raise InvalidArgumentError(msg) from None
+        finally:
+            _CALLBACK_LOG.removeFilter(quiet)
+
+    def lower(self, *args, **kwargs):
+        """The jitted function's `lower` (ahead-of-time compilation)."""
+        return self._jitted.lower(*args, **kwargs)
+
+    def _cache_size(self) -> int:
+        return self._jitted._cache_size()

@@ -168,7 +168,7 @@ def _inside(stack: str, fn: Callable | None = None) -> str:
     check's place."""
     frames = _frames(stack)
     this = f'"{__file__}"'
-    calls = [i for i, f in enumerate(frames) if this in f and ", in call" in f]
+    calls = [i for i, f in enumerate(frames) if this in f and ", in __call__" in f]
     if calls:
         frames = frames[calls[-1] + 1 :]
     frames = [f for f in frames if this not in f]
@@ -235,13 +235,24 @@ def filter_jit(fn: Callable | None = None, **jit_kwargs) -> Callable:
     """
     if fn is None:
         return functools.partial(filter_jit, **jit_kwargs)
-    jitted = eqx.filter_jit(fn, **jit_kwargs)
+    return _FilterJit(fn, eqx.filter_jit(fn, **jit_kwargs))
 
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
+
+class _FilterJit:
+    """`filter_jit(fn)`: called like `fn`, with `lower` (`eqx.filter_jit`'s)
+    as a method. A method, not an attribute: `jax.vmap` and `jax.jit` copy a
+    wrapped function's attributes onto their wrapper, so an attribute
+    `lower` would make `jax.jit(jax.vmap(f)).lower` lower the unbatched `f`."""
+
+    def __init__(self, fn: Callable, jitted: Callable):
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._jitted = jitted
+
+    def __call__(self, *args, **kwargs):
         __tracebackhide__ = True
         try:
-            return jitted(*args, **kwargs)
+            return self._jitted(*args, **kwargs)
         except eqx.EquinoxRuntimeError as error:
             # an eager call: its arguments are concrete, so a failed argument
             # check is a bad value, raised as Python and scipy raise one
@@ -249,7 +260,8 @@ def filter_jit(fn: Callable | None = None, **jit_kwargs) -> Callable:
             msg = check_message(text)
             bad_value = msg is not None and is_argument_check(msg)
             kind = InvalidArgumentError if bad_value else eqx.EquinoxRuntimeError
-            raise kind(lead_with_check(text, fn)) from None
+            raise kind(lead_with_check(text, self._fn)) from None
 
-    call.lower = jitted.lower
-    return call
+    def lower(self, *args, **kwargs):
+        """`eqx.filter_jit`'s `lower` (ahead-of-time compilation)."""
+        return self._jitted.lower(*args, **kwargs)

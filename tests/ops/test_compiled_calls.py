@@ -9,6 +9,8 @@ import pytest
 import scipy.signal
 
 import retrax
+from helpers import assert_close
+from retrax import ops
 from retrax.ops import allpole, linear_recurrence
 
 
@@ -166,3 +168,22 @@ def test_lists_of_python_integers_keep_the_signal_dtype_and_compile():
         assert y.dtype == np.float32
         np.testing.assert_array_equal(y, b[0] * x)
     assert _lfilter._cache_size() == before
+
+
+def test_jitted_and_vmapped_forms_lower_ahead_of_time():
+    # `jax.vmap` and `jax.jit` copy a wrapped function's attributes: a `lower`
+    # stored on the compiled call made `jax.jit(jax.vmap(allpole)).lower`
+    # lower the unbatched function ("`x` must be one signal").
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 32)))
+    a = jnp.full((4, 2), 0.1)
+    for f, args in [
+        (ops.allpole, (x, a)),
+        (ops.linear_recurrence, (jnp.full((4,), 0.5), x)),
+        (lambda b, x: ops.lfilter(b, jnp.array([1.0, -0.5]), x), (a, x)),
+    ]:
+        batched = jax.jit(jax.vmap(f))
+        compiled = batched.lower(*args).compile()
+        assert_close(compiled(*args), batched(*args))
+    lowered = jax.jit(ops.allpole).lower(x[0], a[0])
+    assert_close(lowered.compile()(x[0], a[0]), ops.allpole(x[0], a[0]))
+    assert ops.allpole.lower(x[0], a[0]).compile() is not None
