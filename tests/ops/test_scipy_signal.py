@@ -757,3 +757,40 @@ def test_narrow_floats_filter_to_their_own_precision(name, f, ref, args, dtype):
         y = g(b, a, sos, x)
         assert y.dtype == dtype
         assert_close(np.asarray(y, np.float64), expected, rtol=eps)
+
+
+@pytest.mark.float32
+def test_float64_input_without_x64_warns_once(monkeypatch):
+    # Without x64, NumPy float64 input computes in float32 (as jnp.asarray
+    # converts it), 1e-5 from scipy's float64: said once a process, not silent.
+    import warnings
+
+    from retrax.ops import _scipy_args
+
+    monkeypatch.setattr(_scipy_args, "_NARROWED", [False])
+    sos = ss.butter(4, [0.1, 0.3], btype="band", output="sos")
+    x = np.random.default_rng(0).standard_normal((3, 256))
+    with pytest.warns(UserWarning, match="x64 mode is off") as record:
+        y = ops.sosfiltfilt(sos, x)
+    assert record[0].filename == __file__  # points at the caller's line
+    assert y.dtype == jnp.float32
+    assert_close(y, ops.sosfiltfilt(sos.astype(np.float32), x.astype(np.float32)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ops.lfilter([1.0], [1.0, -0.5], x)  # once a process
+        ops.sosfiltfilt(sos.astype(np.float32), x.astype(np.float32))
+
+
+def test_float64_input_with_x64_does_not_warn(monkeypatch):
+    import warnings
+
+    from retrax.ops import _scipy_args
+
+    monkeypatch.setattr(_scipy_args, "_NARROWED", [False])
+    sos = ss.butter(4, [0.1, 0.3], btype="band", output="sos")
+    x = np.random.default_rng(0).standard_normal((3, 256))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = ops.sosfiltfilt(sos, x)
+    assert y.dtype == jnp.float64
+    assert_close(y, ss.sosfiltfilt(sos, x), rtol=1e-9)

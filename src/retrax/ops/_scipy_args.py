@@ -6,6 +6,9 @@ same way for every scipy-named op, so that each op's own code only handles
 one signal of shape `(T,)`.
 """
 
+import os
+import sys
+import warnings
 from collections.abc import Callable
 
 import jax
@@ -37,13 +40,52 @@ def _python_kind(value) -> type | None:
     return None
 
 
+_WIDE = (np.dtype(np.float64), np.dtype(np.complex128))
+_NARROWED = [False]  # whether the warning below has been given in this process
+
+
+def _warn_if_narrowed(args) -> None:
+    """Warn, once a process, that NumPy float64 (or complex128) input computes
+    in float32 (complex64) because JAX's x64 mode is off: scipy would compute
+    in float64, and the results differ in the 5th to 7th digit."""
+    if _NARROWED[0] or jax.config.jax_enable_x64:
+        return
+    if any(type(arg) is np.ndarray and arg.dtype in _WIDE for arg in args):
+        _NARROWED[0] = True
+        warnings.warn(
+            "retrax.ops: float64 input computes in float32 because JAX's x64 "
+            "mode is off (JAX's default; scipy computes in float64). Enable it "
+            'with `jax.config.update("jax_enable_x64", True)` at the start of '
+            "the program for scipy's precision, or pass float32 arrays to "
+            "silence this warning. It is given once a process.",
+            UserWarning,
+            stacklevel=_outside_retrax(sys._getframe(0)),
+        )
+
+
+def _outside_retrax(frame) -> int:
+    """The `stacklevel`, for a warning issued in `frame`, of the first caller
+    outside retrax (and outside the type checkers that may wrap its
+    functions): the user's line."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    level = 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(package) and "jaxtyping" not in name:
+            return level
+        frame, level = frame.f_back, level + 1
+    return 1
+
+
 def scipy_dtype(*args: ArrayLike | list | tuple | None) -> np.dtype:
     """The dtype scipy-style arguments compute in.
 
     Arrays count with their dtype, Python numbers and lists of them weakly
     (`jnp.result_type` rules), and an integer or boolean result becomes the
-    default float, as scipy computes integer input in floating point.
+    default float, as scipy computes integer input in floating point. NumPy
+    float64 input without x64 warns once a process (`_warn_if_narrowed`).
     """
+    _warn_if_narrowed(args)
     fast = _inexact_arrays_dtype(args)
     if fast is not None:
         return fast
