@@ -144,6 +144,9 @@ class AbstractEffect(eqx.Module):
     - `to_normalised()`: the normalised vector `(P,)` of the module's values;
     - `with_normalised(p)`: the same effect (same structure, sample rate,
       delay lengths) with the values of the normalised vector `p`;
+    - `to_unconstrained()` and `with_unconstrained(theta)`: the same for a
+      vector of any real numbers, what an optimiser that knows nothing of
+      ranges (optax) trains;
     - `__call__(x, *, zi=None, return_zf=False)`: process a signal of shape
       `(time,)` or `(channels, time)`, with the state `zi` before the first
       sample (`None`: silence before the signal) and, with `return_zf=True`,
@@ -174,6 +177,19 @@ class AbstractEffect(eqx.Module):
         """This effect with the physical values of the normalised vector `p`
         `(P,)`; entries outside $[0, 1]$ raise an error (also under
         `jax.jit`)."""
+
+    @abc.abstractmethod
+    def to_unconstrained(self) -> Float[Array, " params"]:
+        """The unconstrained vector of this effect (any real vector; as long
+        as the normalised one, or longer where the effect's valid region
+        needs more numbers), the inverse of `with_unconstrained`."""
+
+    @abc.abstractmethod
+    def with_unconstrained(
+        self, theta: Shaped[ArrayLike, " params"]
+    ) -> "AbstractEffect":
+        """This effect built from any finite real `theta`, its parameters in
+        their valid region: what an optimiser (optax) steps on."""
 
     @abc.abstractmethod
     def __call__(

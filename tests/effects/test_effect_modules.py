@@ -12,6 +12,8 @@ import math
 import re
 
 import equinox as eqx
+import hypothesis
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -635,6 +637,68 @@ def test_chain_mono_and_stereo():
     assert rebuilt.effects[5].delays == FDN_DELAYS
     # streaming through the chain
     assert_close(_blocks(chain, x, (20, 20)), y, rtol=1e-12)
+
+
+def _training_chain(sr=1000):
+    return fx.Chain(
+        [
+            ParametricEQ([2.0, 20.0, 200.0], [2.0, -3.0, 1.0], None, sr),
+            Compressor(-15.0, 3.0, 1.0, 20.0, 1.0, sample_rate=sr),
+            fx.Distortion(6.0),
+            fx.FeedbackDelay(0.3, 0.5, delay_samples=4),
+            fx.StereoPanner(-0.4),
+        ]
+    )
+
+
+def test_chain_trains_like_an_effect():
+    # A chain has the unconstrained pair each effect has, over its effects in
+    # order, with the same guarantees: round trips, and any finite vector
+    # (an optimiser's step however large) gives a chain of valid effects.
+    chain = _training_chain()
+    theta = chain.to_unconstrained()
+    assert_close(theta, jnp.concatenate([e.to_unconstrained() for e in chain.effects]))
+    p = chain.to_normalised()
+    assert_close(chain.with_normalised(p).to_normalised(), p, rtol=1e-6)
+    again = chain.with_unconstrained(theta)
+    assert_close(again.to_unconstrained(), theta, rtol=1e-6)
+    x = jnp.asarray(_signal())
+    assert_close(run(again, x), run(chain, x), rtol=1e-6)
+    rng = np.random.default_rng(0)
+    for scale in (1.0, 30.0):
+        wild = chain.with_unconstrained(
+            jnp.asarray(scale * rng.normal(size=theta.shape))
+        )
+        # each effect in its valid region (the compressor's and the EQ's are
+        # wider than their documented ranges): it runs, and maps back
+        assert bool(jnp.all(jnp.isfinite(wild.to_unconstrained())))
+        assert bool(jnp.all(jnp.isfinite(run(wild, x))))
+    # under jit, and the gradient through the whole chain
+    built = jax.jit(lambda t: chain.with_unconstrained(t).to_unconstrained())(theta)
+    assert_close(built, theta, rtol=1e-6)
+    grad = jax.grad(lambda t: jnp.sum(run(chain.with_unconstrained(t), x) ** 2))(theta)
+    assert grad.shape == theta.shape and bool(jnp.all(jnp.isfinite(grad)))
+    with pytest.raises(ValueError, match="`theta`.*shape"):
+        chain.with_unconstrained(theta[:-1])
+    with pytest.raises(ValueError, match="`theta`.*finite"):
+        chain.with_unconstrained(theta.at[0].set(jnp.nan))
+
+
+@hypothesis.settings(max_examples=15, deadline=None)
+@hypothesis.given(st.integers(0, 2**32 - 1))
+def test_random_valid_chains_have_normalised_vectors_in_the_unit_interval(seed):
+    chain = _training_chain()
+    p = jnp.asarray(np.random.default_rng(seed).uniform(size=chain.n_params))
+    drawn = chain.with_normalised(p)
+    q = drawn.to_normalised()
+    assert bool(jnp.all((q >= 0) & (q <= 1)))
+    assert_close(q, p, rtol=1e-6, atol=1e-6)
+    assert_close(
+        drawn.with_unconstrained(drawn.to_unconstrained()).to_normalised(),
+        q,
+        rtol=1e-6,
+        atol=1e-6,
+    )
 
 
 # --- the filter modules as effects ------------------------------------------------

@@ -2,12 +2,14 @@
 
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PyTree, Shaped
 
 from .._effect import AbstractEffect, check_normalised
 from .._signal import output, signal
+from .._unconstrained import unconstrained
 
 
 class Chain(AbstractEffect):
@@ -19,7 +21,11 @@ class Chain(AbstractEffect):
     controller network that outputs `chain.n_params` numbers in $[0, 1]$
     sets the whole chain: `Chain.from_normalised(p, effects=templates)` (or
     `chain.with_normalised(p)`) keeps each effect's structure and replaces
-    its parameters.
+    its parameters. Its unconstrained vector (`to_unconstrained`,
+    `with_unconstrained`), what optax trains, is likewise its effects'
+    unconstrained vectors in order (an effect's may be longer than its
+    normalised one: a compressor's is), each with its effect's guarantee:
+    every finite vector gives a chain of valid effects.
 
     Mono and stereo effects mix: a stereo effect (a panner, a ping-pong
     delay) turns a mono `(time,)` signal into `(2, time)`, and the effects
@@ -62,11 +68,32 @@ class Chain(AbstractEffect):
         """The chain with the effects' parameters from `p` `(P,)`, split in
         order; entries outside $[0, 1]$ raise an error (also under `jax.jit`)."""
         p = check_normalised(p, self.n_params)
-        bounds = np.cumsum([0] + [e.n_params for e in self.effects])
         return Chain(
             [
                 e.with_normalised(p[lo:hi])
-                for e, lo, hi in zip(self.effects, bounds[:-1], bounds[1:], strict=True)
+                for e, lo, hi in zip(
+                    self.effects,
+                    *_bounds([e.n_params for e in self.effects]),
+                    strict=True,
+                )
+            ]
+        )
+
+    def to_unconstrained(self) -> Float[Array, " params"]:
+        """The concatenated unconstrained vectors of the effects."""
+        return jnp.concatenate([e.to_unconstrained() for e in self.effects])
+
+    def with_unconstrained(self, theta: Shaped[ArrayLike, " params"]) -> "Chain":
+        """The chain with each effect built from its part of `theta` `(P,)`,
+        any finite real vector (split in order, as `with_normalised` splits);
+        a wrong shape raises `ValueError`, non-finite entries an error (also
+        under `jax.jit`)."""
+        sizes = [jax.eval_shape(e.to_unconstrained).shape[0] for e in self.effects]
+        theta = unconstrained("theta", theta, sum(sizes))
+        return Chain(
+            [
+                e.with_unconstrained(theta[lo:hi])
+                for e, lo, hi in zip(self.effects, *_bounds(sizes), strict=True)
             ]
         )
 
@@ -91,3 +118,9 @@ class Chain(AbstractEffect):
             x, state = effect(x, zi=state, return_zf=True)
             zf.append(state)
         return output(x, tuple(zf), return_zf)
+
+
+def _bounds(sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Where each effect's part of a chain's vector starts and ends."""
+    bounds = np.cumsum([0, *sizes])
+    return bounds[:-1], bounds[1:]
