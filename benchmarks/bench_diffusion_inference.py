@@ -75,7 +75,7 @@ def main():
     ring_model = rr.ImplicitDiffusion(ring, nodes64)
     rho64 = jnp.array([inf, 0.0])
     q64 = jnp.array([0.6, 0.5])
-    fn = prepared(lambda m, q: rr.implicit_infer(m, q, rho64).z, ring_model, q64)
+    fn = prepared(lambda m, q: rr.implicit_infer(m, q, rho64).value, ring_model, q64)
     rows.append(
         ("ring mixture (m=48), one query, float64", median_ms(fn, args.repeats))
     )
@@ -96,7 +96,7 @@ def main():
     rho = jnp.array([inf, 0.0], jnp.float32)
 
     def one(m, q):
-        return rr.implicit_infer(m, q, rho).z
+        return rr.implicit_infer(m, q, rho).value
 
     q = jnp.array([0.6, 0.5], jnp.float32)
     t_one = median_ms(prepared(one, mlp, q), args.repeats)
@@ -118,7 +118,7 @@ def main():
     queries = jnp.stack([xs, ys], 1)
 
     def batch(m, qs):
-        return jax.vmap(lambda a: rr.implicit_infer(m, a, rho, throw=False).z)(qs)
+        return jax.vmap(lambda a: rr.implicit_infer(m, a, rho, throw=False).value)(qs)
 
     t_batch = median_ms(prepared(batch, mlp, queries), max(3, args.repeats // 4))
     rows.append((f"circle MLP, {n_batch} vmapped queries, float32", t_batch))
@@ -177,12 +177,12 @@ def main():
             model, qs, r = build(dtype)
 
             def alone(m, a, r=r):
-                return rr.implicit_infer(m, a, r, throw=False).z
+                return rr.implicit_infer(m, a, r, throw=False).value
 
             def vmapped(m, qs, chunk, r=r):
                 return jax.vmap(
                     lambda a: (
-                        rr.implicit_infer(m, a, r, throw=False, batch_chunk=chunk).z
+                        rr.implicit_infer(m, a, r, throw=False, batch_chunk=chunk).value
                     )
                 )(qs)
 

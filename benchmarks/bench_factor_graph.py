@@ -79,7 +79,7 @@ def bench(factor, poses, repeats, loop_limit):
             first,
             int(sol.stats["num_steps"]),
             ok,
-            rmse(sol.values["q"], q_true),
+            rmse(sol.value["q"], q_true),
             None,
         )
     )
@@ -97,7 +97,7 @@ def bench(factor, poses, repeats, loop_limit):
             first,
             int(out.stats["num_steps"]),
             rr.RESULTS[out.result] == "",
-            rmse(out.values["q"], q_true),
+            rmse(out.value["q"], q_true),
             float(jnp.max(jnp.abs(out.x - sol.x))),
         )
     )
@@ -117,7 +117,7 @@ def bench(factor, poses, repeats, loop_limit):
             first,
             int(out.stats["num_steps"]),
             rr.RESULTS[out.result] == "",
-            rmse(out.values["q"], q_true),
+            rmse(out.value["q"], q_true),
             None,
         )
     )
@@ -130,7 +130,7 @@ def bench(factor, poses, repeats, loop_limit):
         return rr.factor_infer(factor, marks, throw=False)
 
     batched = eqx.filter_jit(eqx.filter_vmap(query, in_axes=(None, 0)))
-    t, first = timed(lambda: batched(factor, measured).z, repeats)
+    t, first = timed(lambda: batched(factor, measured).value, repeats)
     sols = batched(factor, measured)
     ok = bool(jnp.all(sols.result == rr.RESULTS.successful))
     rows.append(
@@ -139,9 +139,9 @@ def bench(factor, poses, repeats, loop_limit):
             poses,
             t,
             first,
-            int(jnp.max(sols.steps)),
+            int(jnp.max(sols.stats["num_steps"])),
             ok,
-            rmse(sols.z[:, :2], q_true),
+            rmse(sols.value[:, :2], q_true),
             None,
         )
     )
@@ -150,14 +150,14 @@ def bench(factor, poses, repeats, loop_limit):
         single = eqx.filter_jit(query)
 
         def loop():
-            return [single(factor, xy).z for xy in measured]
+            return [single(factor, xy).value for xy in measured]
 
         t, first = timed(loop, max(1, repeats // 3))
         rows.append(("loop of factor queries", poses, t, first, None, None, None, None))
 
     def loss(factor):
         g = arm.pose_graph(factor, measured)
-        return jnp.sum(rr.solve_graph(g, init).values["q"] ** 2)
+        return jnp.sum(rr.solve_graph(g, init).value["q"] ** 2)
 
     grad = eqx.filter_jit(eqx.filter_grad(loss))
     t_grad, first = timed(lambda: jax.tree.leaves(grad(factor))[0], repeats)

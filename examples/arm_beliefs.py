@@ -60,7 +60,7 @@ def sensor_only(factor, q_true):
     sd = jnp.sqrt(jnp.diag(jnp.linalg.inv(msg.precision)))
     jinv = jnp.linalg.inv(jax.jacfwd(kinematics)(q_true))
     truth = SENSOR_SD * jnp.sqrt(jnp.diag(jinv @ jinv.T))
-    q, xy_est = sol.z[:2], sol.z[2:]
+    q, xy_est = sol.value[:2], sol.value[2:]
     return {
         "ratio": sd / truth,
         "kinematic_miss": jnp.linalg.norm(kinematics(q) - xy_est),

@@ -213,11 +213,11 @@ def main(smoke=False, plot_path=None, json_path=None, seed=0):
         )
     )(graph, init)
 
-    q_err = float(jnp.sqrt(jnp.mean((sol.values["q"] - q_true) ** 2)))
-    xy_err = float(jnp.sqrt(jnp.mean((sol.values["xy"] - xy_true) ** 2)))
+    q_err = float(jnp.sqrt(jnp.mean((sol.value["q"] - q_true) ** 2)))
+    xy_err = float(jnp.sqrt(jnp.mean((sol.value["xy"] - xy_true) ** 2)))
     meas_err = float(jnp.sqrt(jnp.mean((measured - xy_true) ** 2)))
     kin_err = float(
-        jnp.sqrt(jnp.mean((kinematics(sol.values["q"]) - sol.values["xy"]) ** 2))
+        jnp.sqrt(jnp.mean((kinematics(sol.value["q"]) - sol.value["xy"]) ** 2))
     )
     bp_gap = float(jnp.max(jnp.abs(bp.x - sol.x)))
     results = {
@@ -240,9 +240,7 @@ def main(smoke=False, plot_path=None, json_path=None, seed=0):
     for k, v in results.items():
         print(f"{k:>22}: {v}")
     if plot_path:
-        plot(
-            sol.values["q"], xy_true, measured, sol.values["xy"], covs["xy"], plot_path
-        )
+        plot(sol.value["q"], xy_true, measured, sol.value["xy"], covs["xy"], plot_path)
     if json_path:
         pathlib.Path(json_path).write_text(json.dumps(results, indent=2) + "\n")
     return results

@@ -51,7 +51,7 @@ def answer_loss(relation, x, z0y):
     """`(y - 0.7)^2 / 2` of the answer to "x clamped, y from `z0y`"."""
     z0 = jnp.stack([x, z0y])
     sol = rr.implicit_infer(relation, z0, jnp.array([jnp.inf, 0.0]), tol=1e-13)
-    return 0.5 * (sol.z[1] - 0.7) ** 2
+    return 0.5 * (sol.value[1] - 0.7) ** 2
 
 
 # --8<-- [end:loss]
@@ -148,7 +148,7 @@ def main(smoke: bool = False, plot_path: str | None = None, seed: int = 0) -> di
     sols = eqx.filter_jit(
         eqx.filter_vmap(lambda r, q: rr.implicit_infer(r, q, rho, tol=1e-13))
     )(relations, z0)
-    losses_fd = 0.5 * (sols.z[3:, 1] - 0.7) ** 2
+    losses_fd = 0.5 * (sols.value[3:, 1] - 0.7) ** 2
     fd_x = (losses_fd[0] - losses_fd[1]) / (2 * h)
     fd_w = (losses_fd[2] - losses_fd[3]) / (2 * h)
 
@@ -157,7 +157,7 @@ def main(smoke: bool = False, plot_path: str | None = None, seed: int = 0) -> di
         "\n  x clamped | y start |  answer (x, y)     | radius | spec y | conv | stable"
     )
     for q, (xq, yq, spec) in enumerate(QUERIES):
-        z = np.asarray(sols.z[q])
+        z = np.asarray(sols.value[q])
         radius = float(np.hypot(*z))
         conv, stable = bool(sols.converged[q]), bool(sols.stable[q])
         answers.append(z)
@@ -170,7 +170,7 @@ def main(smoke: bool = False, plot_path: str | None = None, seed: int = 0) -> di
                 "radius": radius,
                 "converged": conv,
                 "stable": stable,
-                "steps": int(sols.steps[q]),
+                "steps": int(sols.stats["num_steps"][q]),
             }
         )
         print(
@@ -189,7 +189,7 @@ def main(smoke: bool = False, plot_path: str | None = None, seed: int = 0) -> di
     )
     print(f"    relative difference {rel_w:.1e}")
 
-    jac = eqx.filter_jit(lambda r, z: r.prior_jacobian(z))(relation, sols.z[0])
+    jac = eqx.filter_jit(lambda r, z: r.prior_jacobian(z))(relation, sols.value[0])
     asym = float(jnp.linalg.norm(jac - jac.T) / jnp.linalg.norm(jac))
     print(
         f"\nJacobian asymmetry |J - J^T| / |J| at the first answer: {asym:.3f}"

@@ -186,8 +186,8 @@ def main(smoke: bool = False) -> dict:
         sj = float(jnp.sqrt(joint.cov[i, i]))
         engine_err = max(
             engine_err,
-            abs(float(sol.values[v][0]) - float(joint.mean[i])),
-            abs(float(bp.values[v][0]) - float(joint.mean[i])),
+            abs(float(sol.value[v][0]) - float(joint.mean[i])),
+            abs(float(bp.value[v][0]) - float(joint.mean[i])),
             abs(float(jnp.sqrt(covariances[v][0, 0])) - sj),
             abs(float(jnp.sqrt(bp.covariances[v][0, 0])) - sj),
         )

@@ -294,7 +294,7 @@ def run(args) -> dict | None:
 
     def answers(inputs):
         relation, z0 = inputs
-        solve = lambda q: rr.implicit_infer(relation, q, rho, tol=1e-12).z
+        solve = lambda q: rr.implicit_infer(relation, q, rho, tol=1e-12).value
         z = jax.vmap(solve)(z0)
         return jnp.sum(z[:, 1] ** 2), z
 

@@ -150,7 +150,7 @@ def ring_relation():
 def answer_queries(relation, z0):
     """Clamp x, solve for y, for every query (row of `z0`) at once."""
     rho = jnp.array([jnp.inf, 0.0])
-    solve = jax.vmap(lambda q: rr.implicit_infer(relation, q, rho, tol=1e-12).z)
+    solve = jax.vmap(lambda q: rr.implicit_infer(relation, q, rho, tol=1e-12).value)
     return eqx.filter_jit(solve)(z0)
 
 

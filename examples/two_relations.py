@@ -140,7 +140,7 @@ def main(
     line = rr.ImplicitDiffusion(to_float64(preds[1]), nodes)
 
     sols = eqx.filter_jit(answers)(circle, line)
-    before = np.asarray(sols.z)
+    before = np.asarray(sols.value)
     print("\nclamp x, infer (y, z) on the product of the two relations:")
     print("  x     | y       | z       | line 0.5y+0.3 | radius (x, y) | conv | stable")
     for q, z in enumerate(before):
@@ -160,7 +160,7 @@ def main(
 
     def loss_of_pred(p):
         sols = answers(circle, with_pred(p))
-        return jnp.mean((sols.z[:, 1:] - targets) ** 2)
+        return jnp.mean((sols.value[:, 1:] - targets) ** 2)
 
     opt = optax.adam(3e-3)
     state = opt.init(p)
@@ -184,8 +184,8 @@ def main(
             print(f"  step {i:3d}  loss {float(loss):.3e}")
     line = with_pred(p)
     sols = eqx.filter_jit(answers)(circle, line)
-    after = np.asarray(sols.z)
-    final = float(jnp.mean((sols.z[:, 1:] - targets) ** 2))
+    after = np.asarray(sols.value)
+    final = float(jnp.mean((sols.value[:, 1:] - targets) ** 2))
     train_s = time.perf_counter() - start
     print(f"  final loss {final:.3e} ({train_steps} steps, {train_s:.1f} s)")
     print(

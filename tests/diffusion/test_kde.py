@@ -236,7 +236,7 @@ def test_online_kde_drifting_circle_query():
         model = rr.ImplicitDiffusion(kde.predictor(SCHED), nodes)
         z0, rho = jnp.zeros(2), jnp.array([jnp.inf, 0.0])
         roots = rr.implicit_roots(model, z0, rho, jax.random.key(0), 13, 1.5)
-        return jnp.max(jnp.where(roots.valid, roots.z[:, 1], -jnp.inf))
+        return jnp.max(jnp.where(roots.valid, roots.value[:, 1], -jnp.inf))
 
     assert 1.1 < float(answer(stream_kde(stream, 1.0))) < 1.35
     assert abs(float(answer(stream_kde(stream, 0.99))) - 1.5) < 0.08

@@ -69,7 +69,9 @@ def test_joint_solve_is_the_exact_posterior(meas, loop, linear_solver):
     assert sol.result == rr.RESULTS.successful
     assert sol.linear_solver == linear_solver
     np.testing.assert_allclose(sol.x, mean, rtol=0, atol=1e-10)
-    np.testing.assert_allclose(sol.values["x"], mean.reshape(N, 2), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(sol.value["x"], mean.reshape(N, 2), rtol=0, atol=1e-10)
+    with pytest.warns(DeprecationWarning, match=r"GraphSolution\.values"):
+        assert sol.values is sol.value
     np.testing.assert_allclose(
         rr.graph_laplace(graph, sol)["x"], blocks(cov), atol=1e-10
     )
@@ -136,7 +138,7 @@ def test_relation_factor_with_an_observed_channel():
     # the conditional of N(m, P^-1) given a: m_b - P_bb^-1 P_ba (a - m_a)
     p, m = np.array([[2.0, 1.2], [1.2, 1.5]]), np.array([0.5, -0.3])
     np.testing.assert_allclose(
-        sol.values["b"], [m[1] - p[1, 0] / p[1, 1] * (0.7 - m[0])], atol=1e-10
+        sol.value["b"], [m[1] - p[1, 0] / p[1, 1] * (0.7 - m[0])], atol=1e-10
     )
 
 

@@ -133,8 +133,8 @@ def test_arm_chain_of_a_thousand_poses_solves_in_one_call(arm_model):
     assert sol.linear_solver == "banded"
     # the unmeasured joint angles follow the true track, and the end
     # effectors are no further from the truth than their measurements
-    assert float(jnp.sqrt(jnp.mean((sol.values["q"] - q_true) ** 2))) < 0.1
-    xy_err = jnp.sqrt(jnp.mean((sol.values["xy"] - xy_true) ** 2))
+    assert float(jnp.sqrt(jnp.mean((sol.value["q"] - q_true) ** 2))) < 0.1
+    xy_err = jnp.sqrt(jnp.mean((sol.value["xy"] - xy_true) ** 2))
     assert float(xy_err) <= float(jnp.sqrt(jnp.mean((measured - xy_true) ** 2)))
 
 
@@ -173,7 +173,7 @@ def test_arm_chain_gradients_equal_central_differences(arm_model):
             ],
         )
         sol = rr.solve_graph(graph, init, tol=1e-13)
-        return jnp.sum(jnp.sin(3 * sol.values["q"]))
+        return jnp.sum(jnp.sin(3 * sol.value["q"]))
 
     smooth = jnp.asarray(arm.smooth_sd(100) ** -2)
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(measured, smooth, weight)

@@ -122,11 +122,11 @@ def test_product_gaussians_closed_form(rho):
     sol = rr.implicit_infer(model, z0, rho, tol=1e-13)
     assert bool(sol.converged) and bool(sol.stable)
     ref = linear_answer(nodes, lam, np.asarray(z0), np.asarray(rho))
-    assert_close(sol.z, ref, atol=1e-8, rtol=0)
+    assert_close(sol.value, ref, atol=1e-8, rtol=0)
     # The conservative product is detected: the symmetric adjoint path agrees
     # with the general (transposed) one.
     sol2 = rr.implicit_infer(model, z0, rho, tol=1e-13, symmetric=False)
-    assert_close(sol2.z, ref, atol=1e-8, rtol=0)
+    assert_close(sol2.value, ref, atol=1e-8, rtol=0)
 
 
 @pytest.mark.slow
@@ -146,7 +146,7 @@ def test_product_density_lambda_trend():
         sol = rr.implicit_infer(
             model, jnp.array([x, 0.0, 0.0]), jnp.array([INF, 0.0, 0.0]), tol=1e-13
         )
-        errors.append(float(np.max(np.abs(np.asarray(sol.z) - ref))))
+        errors.append(float(np.max(np.abs(np.asarray(sol.value) - ref))))
     assert errors[0] > errors[1] > errors[2]
     assert errors[2] < 1e-4 and errors[1] < 0.1 * errors[0]
 
@@ -160,7 +160,7 @@ def test_product_gradients_every_member():
 
     def loss(m, x):
         sol = rr.implicit_infer(m, z0.at[0].set(x), rho, tol=1e-13)
-        return 0.5 * jnp.sum((sol.z - target) ** 2)
+        return 0.5 * jnp.sum((sol.value - target) ** 2)
 
     gm = eqx.filter_jit(eqx.filter_grad(loss))(model, z0[0])
     grads = [gm.relations[i].relation.pred.means for i in range(2)]
@@ -203,7 +203,7 @@ def test_product_pullback_and_roots():
     zbar = jnp.array([0.0, 1.0, -0.5])
     mbar, z0bar, _ = rr.implicit_pullback(model, sol, z0, rho, zbar)
     g = eqx.filter_grad(
-        lambda m: jnp.dot(rr.implicit_infer(m, z0, rho, tol=1e-13).z, zbar)
+        lambda m: jnp.dot(rr.implicit_infer(m, z0, rho, tol=1e-13).value, zbar)
     )(model)
     for i in range(2):
         assert_close(
@@ -213,7 +213,7 @@ def test_product_pullback_and_roots():
         )
     roots = rr.implicit_roots(model, z0, rho, jax.random.key(1), n_starts=4)
     assert int(roots.count) == 1
-    assert_close(roots.z[0], linear_answer(nodes, lam, z0, rho), atol=1e-8, rtol=0)
+    assert_close(roots.value[0], linear_answer(nodes, lam, z0, rho), atol=1e-8, rtol=0)
 
 
 # -- energy relations -----------------------------------------------------------
@@ -231,7 +231,7 @@ def test_product_energy_and_symmetric_cholesky():
 
     def loss(m, solver):
         sol = rr.implicit_infer(m, z0, rho, tol=1e-13, adjoint_solver=solver)
-        return jnp.sum(sol.z**2)
+        return jnp.sum(sol.value**2)
 
     g_lu = eqx.filter_grad(lambda m: loss(m, None))(model)
     g_ch = eqx.filter_grad(lambda m: loss(m, lx.Cholesky()))(model)
@@ -253,9 +253,12 @@ def test_roots_by_energy():
     rho = jnp.array([0.0, INF])
     roots = rr.implicit_roots(model, z0, rho, jax.random.key(3), n_starts=8, spread=1.5)
     assert int(roots.count) == 2
-    ordered, energy = rr.roots_by_energy(model, roots, z0, rho)
+    by_energy = rr.roots_by_energy(model, roots, z0, rho)
+    assert isinstance(by_energy, rr.RootsByEnergy)
+    ordered, energy = by_energy  # unpacks as the pair it was
+    assert by_energy.value is ordered.value and by_energy.energy is energy
     assert int(ordered.count) == 2
-    assert float(ordered.z[0, 0]) > 0.5 and float(ordered.z[1, 0]) < -0.5
+    assert float(ordered.value[0, 0]) > 0.5 and float(ordered.value[1, 0]) < -0.5
     assert float(energy[0]) < float(energy[1])
     assert np.all(np.isinf(np.asarray(energy)[~np.asarray(ordered.valid)]))
 
@@ -361,7 +364,7 @@ def test_energy_network_symmetric_adjoint():
 
     def loss(m, symmetric):
         sol = rr.implicit_infer(m, z0, rho, tol=1e-13, symmetric=symmetric)
-        return jnp.sum(jnp.sin(sol.z))
+        return jnp.sum(jnp.sin(sol.value))
 
     g_sym = eqx.filter_grad(lambda m: loss(m, None))(model)
     g_gen = eqx.filter_grad(lambda m: loss(m, False))(model)

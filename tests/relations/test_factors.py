@@ -104,13 +104,17 @@ def test_factor_pullback_is_the_gradient_and_finite_differences():
     @jax.jit
     def loss(f, x, v, p):
         sol = rr.factor_infer(f, marks_of(x, v, p), tol=1e-13)
-        z = f.split(sol.z)
+        z = f.split(sol.value)
         return 0.7 * z["b"][0] - 1.3 * z["c"][0]
 
     args = (jnp.asarray(0.4), jnp.asarray(0.3), jnp.asarray(2.0))
     marks = marks_of(*args)
     sol = rr.factor_infer(factor, marks, tol=1e-13)
-    factor_bar, marks_bar = rr.factor_pullback(factor, sol, marks, zbar)
+    pullback = rr.factor_pullback(factor, sol, marks, zbar)
+    assert isinstance(pullback, rr.FactorPullback)
+    assert pullback.result == rr.RESULTS.successful
+    factor_bar, marks_bar = pullback  # unpacks as the pair it was
+    assert pullback.value[1] is marks_bar
     g_factor, *grads = eqx.filter_grad(lambda a: loss(*a))((factor, *args))
     assert_close(marks_bar["a"].value, grads[0], rtol=1e-10)
     assert_close(marks_bar["b"].value, grads[1], rtol=1e-10)
@@ -285,7 +289,7 @@ def test_factor_message_and_precision_gradient():
         }
         sol = rr.factor_infer(factor, marks)
         message = rr.factor_messages(factor, sol, marks)["b"]
-        return sol.z[1], message.precision[0, 0], sol.converged & sol.stable
+        return sol.value[1], message.precision[0, 0], sol.converged & sol.stable
 
     def answer(means, precision):
         return query(means, precision)[0]
@@ -424,16 +428,16 @@ def test_factor_infer_refuses_tolerances_and_step_counts_it_cannot_use():
     # under jit (the options are fixed when the program is traced)
     @eqx.filter_jit
     def solve(factor, marks, tol):
-        return rr.factor_infer(factor, marks, tol=tol).z
+        return rr.factor_infer(factor, marks, tol=tol).value
 
     with pytest.raises(ValueError, match="`tol` must be a positive, finite"):
         solve(factor, marks, -1.0)
     with pytest.raises(TypeError, match="`tol` is fixed when the program is traced"):
-        jax.jit(lambda tol: rr.factor_infer(factor, marks, tol=tol).z)(1e-9)
+        jax.jit(lambda tol: rr.factor_infer(factor, marks, tol=tol).value)(1e-9)
     # valid options still answer
     sol = rr.factor_infer(factor, marks, tol=1e-10, max_steps=50)
     assert bool(sol.converged) and bool(sol.stable)
-    np.testing.assert_allclose(solve(factor, marks, 1e-10), sol.z, rtol=1e-12)
+    np.testing.assert_allclose(solve(factor, marks, 1e-10), sol.value, rtol=1e-12)
 
 
 @pytest.mark.loud

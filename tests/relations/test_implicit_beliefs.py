@@ -43,7 +43,7 @@ def test_roots_of_the_ring_are_two_branches():
     )
     assert int(roots.count) == 2
     assert bool(jnp.all(roots.valid[:2])) and not bool(jnp.any(roots.valid[2:]))
-    ys = np.sort(np.asarray(roots.z[:2, 1]))
+    ys = np.sort(np.asarray(roots.value[:2, 1]))
     # the branches at the ring's radius from the spec's smoothing bias (see
     # `helpers.ring_radius`; within 0.01 as in test_implicit_infer.py)
     y = np.sqrt(ring_radius(SCHED, model.nodes, 0.05) ** 2 - 0.6**2)
@@ -57,7 +57,7 @@ def test_roots_of_the_ring_are_two_branches():
             jnp.array([INF, 0.0]),
             jax.random.key(1),
         )
-        return jnp.sum(jnp.where(r.valid, r.z[:, 1] ** 2, 0.0))
+        return jnp.sum(jnp.where(r.valid, r.value[:, 1] ** 2, 0.0))
 
     g = jax.jit(jax.grad(total))(jnp.asarray(0.6))
     assert bool(jnp.isfinite(g))
@@ -73,29 +73,29 @@ def test_roots_from_explicit_starts():
     # the clamped coordinate of a start is ignored (held at z0)
     starts = jnp.array([[0.6, -0.5], [9.0, -0.4], [0.6, 0.7]])
     roots = jax.jit(lambda s: rr.implicit_roots(model, z0, rho, starts=s))(starts)
-    assert roots.z.shape == (4, 2) and int(roots.count) == 2
+    assert roots.value.shape == (4, 2) and int(roots.count) == 2
     # discovery order: the own start (the upper branch), then the lower one;
     # the two other starts repeat them
     y = np.sqrt(ring_radius(SCHED, model.nodes, 0.05) ** 2 - 0.6**2)
-    assert abs(float(roots.z[0, 1]) - y) < 0.01
-    assert abs(float(roots.z[1, 1]) + y) < 0.01
+    assert abs(float(roots.value[0, 1]) - y) < 0.01
+    assert abs(float(roots.value[1, 1]) + y) < 0.01
     assert bool(jnp.all(roots.valid[:2])) and not bool(jnp.any(roots.valid[2:]))
-    assert bool(jnp.all(roots.z[:, 0] == 0.6))
+    assert bool(jnp.all(roots.value[:, 0] == 0.6))
     # (`z_init=z0` is the default start, passed to share one compilation)
     own = rr.implicit_infer(model, z0, rho, z_init=z0)
     lower = rr.implicit_infer(model, z0, rho, z_init=starts[0])
-    assert_close(roots.z[0], own.z, rtol=1e-10)
-    assert_close(roots.z[1], lower.z, rtol=1e-10)
+    assert_close(roots.value[0], own.value, rtol=1e-10)
+    assert_close(roots.value[1], lower.value, rtol=1e-10)
     loads = jnp.stack([own.clamp_load, lower.clamp_load])
     assert_close(roots.clamp_load[:2], loads, rtol=1e-8)
     # `z_init` is the query's own start: here the lower branch comes first
     flipped = rr.implicit_roots(model, z0, rho, starts=starts[2:], z_init=starts[0])
-    assert_close(flipped.z[0], lower.z, rtol=1e-10)
-    assert int(flipped.count) == 2 and float(flipped.z[1, 1]) > 0
+    assert_close(flipped.value[0], lower.value, rtol=1e-10)
+    assert int(flipped.count) == 2 and float(flipped.value[1, 1]) > 0
     # random starts: the own start is slot 0 of the `n_starts`
     rand = rr.implicit_roots(model, z0, rho, jax.random.key(1))
-    assert rand.z.shape == (16, 2) and bool(rand.valid[0])
-    assert_close(rand.z[0], own.z, rtol=1e-10)
+    assert rand.value.shape == (16, 2) and bool(rand.valid[0])
+    assert_close(rand.value[0], own.value, rtol=1e-10)
 
 
 def test_roots_pass_the_solver_options_on():
@@ -115,13 +115,13 @@ def test_roots_pass_the_solver_options_on():
         off_data_tol=0.0,
         symmetric=True,
     )
-    assert_close(krylov.z, plain.z, rtol=1e-8)
+    assert_close(krylov.value, plain.value, rtol=1e-8)
     assert bool(jnp.all(krylov.off_data)) and not bool(jnp.any(plain.off_data))
     short = rr.implicit_roots(
         model, z0, rho, starts=starts, z_init=lower, max_steps=1, throw=False
     )
     assert not bool(jnp.any(short.converged))
-    assert bool(jnp.all(short.steps == 1))
+    assert bool(jnp.all(short.stats["num_steps"] == 1))
     assert bool(jnp.all(short.result == rr.RESULTS.nonlinear_max_steps_reached))
 
 
@@ -192,7 +192,7 @@ def test_laplace_covariance_of_a_gaussian():
     model = rr.ImplicitDiffusion(mix, nodes, lam=rr.density_lambda(SCHED, nodes))
     z0, rho = jnp.array([0.3, 0.2]), jnp.array([0.0, 0.0])
     sol = rr.implicit_infer(model, z0, rho)
-    assert_close(sol.z, jnp.zeros(2), atol=1e-9)
+    assert_close(sol.value, jnp.zeros(2), atol=1e-9)
     cov = rr.implicit_laplace(model, sol, rho)
     ratio = SCHED.sigma(nodes.t) ** 2 / SCHED.alpha(nodes.t) ** 2
     c = SCHED.alpha(nodes.t) ** 2 * s**2 + SCHED.sigma(nodes.t) ** 2
@@ -237,7 +237,9 @@ def test_deblurred_laplace_covariance_is_the_data_covariance():
         wide = rr.implicit_laplace(blurred, sol, free)
         assert float(wide[0, 0]) > 1.01 * s**2
         # the answer itself does not change
-        assert_close(rr.implicit_infer(blurred, z0, free).z, sol.z, rtol=0, atol=0)
+        assert_close(
+            rr.implicit_infer(blurred, z0, free).value, sol.value, rtol=0, atol=0
+        )
         # a soft input adds its precision rho^2 to the data's; a clamp is known
         rho = jnp.array([INF, 3.0])
         belief = rr.laplace_belief(model, rr.implicit_infer(model, z0, rho), rho)
@@ -341,8 +343,8 @@ def test_mixture_weights_follow_the_mass():
     mixture = eqx.filter_jit(rr.implicit_mixture)
     mix = mixture(model, roots, z0, rho)
     assert_close(jnp.sum(mix.weights), 1.0, rtol=1e-12)
-    left = int(jnp.argmin(jnp.where(roots.valid, roots.z[:, 0], jnp.inf)))
-    right = int(jnp.argmax(jnp.where(roots.valid, roots.z[:, 0], -jnp.inf)))
+    left = int(jnp.argmin(jnp.where(roots.valid, roots.value[:, 0], jnp.inf)))
+    right = int(jnp.argmax(jnp.where(roots.valid, roots.value[:, 0], -jnp.inf)))
     assert abs(float(mix.weights[left]) - 0.7) < 0.02
     assert abs(float(mix.weights[right]) - 0.3) < 0.02
     assert float(jnp.sum(mix.weights[~roots.valid])) == 0.0

@@ -162,8 +162,8 @@ def test_ring_branches(y0, sign):
     sol = rr.implicit_infer(model, jnp.array([0.6, y0]), jnp.array([INF, 0.0]))
     assert bool(sol.converged) and bool(sol.stable)
     assert sol.result == rr.RESULTS.successful
-    assert float(sol.z[0]) == 0.6
-    assert abs(float(sol.z[1]) - sign * ring_y(model, 0.6)) < RING_TOL
+    assert float(sol.value[0]) == 0.6
+    assert abs(float(sol.value[1]) - sign * ring_y(model, 0.6)) < RING_TOL
     assert float(sol.residual[0]) == 0.0
     assert float(jnp.max(jnp.abs(sol.residual))) <= 1e-9 * (1 + 0.8)
 
@@ -171,7 +171,7 @@ def test_ring_branches(y0, sign):
 def test_ring_radius_at_top():
     model = ring_model()
     sol = rr.implicit_infer(model, jnp.array([0.0, 0.7]), jnp.array([INF, 0]))
-    radius = float(jnp.linalg.norm(sol.z))
+    radius = float(jnp.linalg.norm(sol.value))
     assert bool(sol.converged) and bool(sol.stable)
     assert abs(radius - ring_radius(SCHED, model.nodes, 0.05)) < RING_TOL
     # the spec: 1-3% inside the data's radius
@@ -189,7 +189,7 @@ def test_ring_radius_noisefree_is_the_smoothing_bias(t):
     sol = rr.implicit_infer(model, jnp.array([0.0, 0.7]), jnp.array([INF, 0.0]))
     assert bool(sol.converged) and bool(sol.stable)
     v = 0.05**2 + float(SCHED.sigma(t) ** 2 / SCHED.alpha(t) ** 2)
-    assert abs(float(sol.z[1]) - ring_radius(SCHED, model.nodes, 0.05)) < v**2
+    assert abs(float(sol.value[1]) - ring_radius(SCHED, model.nodes, 0.05)) < v**2
 
 
 def test_ring_all_starts_reach_a_branch_quickly():
@@ -203,8 +203,10 @@ def test_ring_all_starts_reach_a_branch_quickly():
 
     sols = jax.vmap(query)(starts)
     assert bool(jnp.all(sols.converged & sols.stable))
-    assert int(jnp.max(sols.steps)) <= 30
-    assert bool(jnp.all(jnp.abs(jnp.abs(sols.z[:, 1]) - ring_y(model, 0.6)) < RING_TOL))
+    assert int(jnp.max(sols.stats["num_steps"])) <= 30
+    assert bool(
+        jnp.all(jnp.abs(jnp.abs(sols.value[:, 1]) - ring_y(model, 0.6)) < RING_TOL)
+    )
 
 
 def test_ring_leaves_an_exact_unstable_root():
@@ -222,11 +224,15 @@ def test_ring_leaves_an_exact_unstable_root():
     assert float(jac[1, 1]) < 0  # unstable in the free coordinate
     sol = rr.implicit_infer(model, z0, rho, z_init=saddle)
     assert bool(sol.converged) and bool(sol.stable)
-    assert abs(abs(float(sol.z[1])) - ring_y(model, 0.6)) < RING_TOL
-    assert int(sol.steps) <= 30
+    assert abs(abs(float(sol.value[1])) - ring_y(model, 0.6)) < RING_TOL
+    assert int(sol.stats["num_steps"]) <= 30
     assert isinstance(sol, rd.AbstractSolution)
     assert list(sol.stats) == ["num_steps"]
-    assert int(sol.stats["num_steps"]) == int(sol.steps)
+    # the old names read the new places, with a warning
+    with pytest.warns(DeprecationWarning, match=r"ImplicitSolution\.steps"):
+        assert int(sol.stats["num_steps"]) == int(sol.steps)
+    with pytest.warns(DeprecationWarning, match=r"ImplicitSolution\.z.*\.value"):
+        assert sol.z is sol.value
     # No solve without a step (an unstable root that the solver cannot leave
     # is reported by a result code: test_pullback_detects_a_singular_jacobian)
     with pytest.raises(ValueError, match="`max_steps` must be a positive integer"):
@@ -240,9 +246,9 @@ def test_vmap_over_clamp_patterns():
     sols = jax.vmap(lambda a, b: rr.implicit_infer(model, a, b))(z0, rho)
     for i in range(4):
         one = rr.implicit_infer(model, z0[i], rho[i])
-        assert_close(sols.z[i], one.z, rtol=1e-9)
+        assert_close(sols.value[i], one.value, rtol=1e-9)
     assert bool(jnp.all(sols.converged & sols.stable))
-    assert abs(float(sols.z[1, 0]) - ring_y(model, 0.6)) < RING_TOL  # x inferred
+    assert abs(float(sols.value[1, 0]) - ring_y(model, 0.6)) < RING_TOL  # x inferred
 
 
 def test_float32_query():
@@ -250,9 +256,9 @@ def test_float32_query():
     sol = rr.implicit_infer(
         model, jnp.array([0.6, 0.5], jnp.float32), jnp.array([INF, 0.0], jnp.float32)
     )
-    assert sol.z.dtype == jnp.float32
+    assert sol.value.dtype == jnp.float32
     assert bool(sol.converged) and bool(sol.stable)
-    assert abs(float(sol.z[1]) - ring_y(model, 0.6)) < RING_TOL
+    assert abs(float(sol.value[1]) - ring_y(model, 0.6)) < RING_TOL
 
 
 # -- gradients -----------------------------------------------------------------
@@ -263,7 +269,7 @@ ZBAR = jnp.array([0.7, -1.3, 0.4])
 
 
 def loss(model, z0, rho):
-    return jnp.dot(ZBAR, rr.implicit_infer(model, z0, rho, tol=1e-13).z)
+    return jnp.dot(ZBAR, rr.implicit_infer(model, z0, rho, tol=1e-13).value)
 
 
 def central(f, x, h=1e-5):
@@ -281,7 +287,7 @@ def twisted():
     model = twisted_model()
     sol = rr.implicit_infer(model, Z0, RHO, tol=1e-13)
     assert bool(sol.converged) and bool(sol.stable)
-    jac = model.prior_jacobian(sol.z)
+    jac = model.prior_jacobian(sol.value)
     # the test is only meaningful on a non-conservative field
     assert float(jnp.max(jnp.abs(jac - jac.T))) > 0.1 * float(jnp.max(jnp.abs(jac)))
     return model, sol
@@ -334,7 +340,7 @@ def test_pullback_is_the_adjoint_formula(twisted):
     )
     # The same formula with J in place of J^T disagrees with finite differences.
     free = ~jnp.isinf(RHO)
-    jac = jax.jacfwd(lambda y: model.implicit_residual(y, Z0, RHO))(sol.z)
+    jac = jax.jacfwd(lambda y: model.implicit_residual(y, Z0, RHO))(sol.value)
     wrong_mu = jnp.where(free, jnp.linalg.solve(jac, -ZBAR), 0)
     wrong_clamped = ZBAR[0] + (jac.T @ wrong_mu)[0]
     fd = central(lambda a: loss(model, a, RHO), Z0)
@@ -349,7 +355,7 @@ def test_gradient_of_unconverged_solve_is_never_silent():
         rr.implicit_infer(model, z0, rho, max_steps=1)
 
     def f(a):
-        return rr.implicit_infer(model, a, rho, max_steps=1, throw=False).z[1]
+        return rr.implicit_infer(model, a, rho, max_steps=1, throw=False).value[1]
 
     sol = rr.implicit_infer(model, z0, rho, max_steps=1, throw=False)
     assert not bool(sol.converged)
@@ -364,7 +370,7 @@ def test_jit_vmap_grad():
     rho = jnp.array([INF, 0.0])
 
     def loss_y(x):
-        z = rr.implicit_infer(model, jnp.stack([x, jnp.asarray(0.5)]), rho).z
+        z = rr.implicit_infer(model, jnp.stack([x, jnp.asarray(0.5)]), rho).value
         return 0.5 * (z[1] - 0.7) ** 2
 
     xs = jnp.array([0.5, 0.6, 0.7])
@@ -414,12 +420,12 @@ def test_matrix_free_matches_dense(twisted):
     model, sol = twisted
 
     def loss_mf(m, a, b):
-        z = rr.implicit_infer(m, a, b, tol=1e-13, matrix_free=True).z
+        z = rr.implicit_infer(m, a, b, tol=1e-13, matrix_free=True).value
         return jnp.dot(ZBAR, z)
 
     mf = rr.implicit_infer(model, Z0, RHO, tol=1e-13, matrix_free=True)
     assert bool(mf.converged) and bool(mf.stable)
-    assert_close(mf.z, sol.z, rtol=1e-11)
+    assert_close(mf.value, sol.value, rtol=1e-11)
     dense = eqx.filter_grad(lambda args: loss(*args))((model, Z0, RHO))
     free = eqx.filter_grad(lambda args: loss_mf(*args))((model, Z0, RHO))
     assert_close(free[1], dense[1], rtol=1e-8)
@@ -440,13 +446,13 @@ def test_matrix_free_larger_space_and_saddle_escape():
     mf = rr.implicit_infer(model, z0, rho, matrix_free=True)
     for s in (dense, mf):
         assert bool(s.converged) and bool(s.stable)
-        assert float(jnp.min(jnp.abs(s.z[3:]))) > 0.3  # on a component, not at 0
-    assert_close(mf.z, dense.z, rtol=1e-7)
+        assert float(jnp.min(jnp.abs(s.value[3:]))) > 0.3  # on a component, not at 0
+    assert_close(mf.value, dense.value, rtol=1e-7)
     # the matrix-free adjoint (GMRES on VJPs) against the explicit formulas
     zbar = jnp.linspace(-1.0, 1.0, n)
 
     def f(a):
-        return jnp.dot(zbar, rr.implicit_infer(model, a, rho, matrix_free=True).z)
+        return jnp.dot(zbar, rr.implicit_infer(model, a, rho, matrix_free=True).value)
 
     _, p_z0, _ = rr.implicit_pullback(model, dense, z0, rho, zbar)
     assert_close(jax.grad(f)(z0), p_z0, rtol=1e-6)
@@ -617,7 +623,8 @@ def test_pullback_detects_a_singular_jacobian():
     )
     out = pullback(sol)
     assert isinstance(out, rr.ImplicitPullback)
-    assert isinstance(out, rd.AbstractSolution) and out.stats == {}
+    assert isinstance(out, rd.AbstractSolution)
+    assert list(out.stats) == ["num_steps"] and int(out.stats["num_steps"]) == 0
     assert out.result == rr.RESULTS.promote(lx.RESULTS.singular), out.result
     # A query that did not converge passes its own failure on...
     short = rr.implicit_infer(model, z0, rho, max_steps=1, throw=False)
@@ -636,24 +643,19 @@ def test_pullback_detects_a_singular_jacobian():
     assert model_bar is out.model_bar
 
 
-def test_pullback_return_result_is_deprecated():
-    # `return_result=` still returns the old four-tuple for one release, and
-    # says what replaces it.
+def test_pullback_return_result_is_removed():
+    # The flag that changed how many values came back is gone: the code is
+    # the returned solution's `result`, its answer `value`.
     model = ring_model()
     z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
     zbar = jnp.array([0.0, 1.0])
     good = rr.implicit_infer(model, z0, rho)
-    new = rr.implicit_pullback(model, good, z0, rho, zbar)
-    with pytest.warns(DeprecationWarning, match=r"return_result.*`\.result`"):
-        *cotangents, result = rr.implicit_pullback(
-            model, good, z0, rho, zbar, return_result=True
-        )
-    assert result == rr.RESULTS.successful
-    for got, want in zip(cotangents, new, strict=True):
-        assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), got, want))
-    with pytest.warns(DeprecationWarning, match="return_result"):
-        old = rr.implicit_pullback(model, good, z0, rho, zbar, return_result=False)
-    assert isinstance(old, rr.ImplicitPullback)
+    out = rr.implicit_pullback(model, good, z0, rho, zbar)
+    assert out.result == rr.RESULTS.successful
+    assert out.value[1] is out.z0_bar and out.value[2] is out.rho_bar
+    assert int(out.stats["num_steps"]) == 0
+    with pytest.raises(TypeError, match="return_result"):
+        rr.implicit_pullback(model, good, z0, rho, zbar, return_result=True)
 
 
 @pytest.mark.slow
@@ -671,7 +673,7 @@ def test_implicit_roots_failed_and_duplicate_slots():
 
     def failing(a):
         r = rr.implicit_roots(model, a, rho, key, n_starts=4, max_steps=2, throw=False)
-        return r.z[:, 1]
+        return r.value[:, 1]
 
     assert bool(jnp.all(jnp.isnan(jax.jacfwd(failing)(z0))))
     # Converged slots, duplicates included, carry their root's derivatives:
@@ -679,11 +681,16 @@ def test_implicit_roots_failed_and_duplicate_slots():
     roots = rr.implicit_roots(model, z0, rho, key, n_starts=4)
     assert bool(jnp.all(roots.result == rr.RESULTS.successful))
     assert isinstance(roots, rd.AbstractSolution)
-    assert bool(jnp.all(roots.stats["num_steps"] == roots.steps))
-    jac = jax.jacfwd(lambda a: rr.implicit_roots(model, a, rho, key, n_starts=4).z)(z0)
-    sols = {float(jnp.sign(roots.z[i, 1])): i for i in range(4) if roots.valid[i]}
+    with pytest.warns(DeprecationWarning, match=r"ImplicitRoots\.steps"):
+        assert bool(jnp.all(roots.stats["num_steps"] == roots.steps))
+    with pytest.warns(DeprecationWarning, match=r"ImplicitRoots\.z"):
+        assert roots.z is roots.value
+    jac = jax.jacfwd(lambda a: rr.implicit_roots(model, a, rho, key, n_starts=4).value)(
+        z0
+    )
+    sols = {float(jnp.sign(roots.value[i, 1])): i for i in range(4) if roots.valid[i]}
     for i in range(4):
-        twin = sols[float(jnp.sign(roots.z[i, 1]))]
+        twin = sols[float(jnp.sign(roots.value[i, 1]))]
         assert_close(jac[i], jac[twin], rtol=1e-6)
         assert bool(jnp.all(jnp.isfinite(jac[i])))
     assert float(jnp.max(jnp.abs(jac[~roots.valid]))) > 0.01
@@ -717,7 +724,7 @@ def test_data_levels_bring_answers_onto_fine_data():
         model = rr.ImplicitDiffusion(pred, nodes)
         sols = jax.vmap(lambda q: rr.implicit_infer(model, q, rho))(starts)
         assert bool(jnp.all(sols.converged & sols.stable))
-        gaps = jnp.linalg.norm(sols.z[:, None] - data[None], axis=-1)
+        gaps = jnp.linalg.norm(sols.value[:, None] - data[None], axis=-1)
         return float(jnp.max(jnp.min(gaps, axis=1)))
 
     default, scaled = distance(None), distance(levels)
@@ -744,7 +751,7 @@ def test_off_data_clamps_are_flagged():
     assert float(off) > 10 and bool(sols.off_data[1])
     # the load is the field on the clamped coordinate in units of lam * s
     level = jnp.sqrt(1 / rr.density_lambda(SCHED, model.nodes))
-    g = model.prior_field(sols.z[1])
+    g = model.prior_field(sols.value[1])
     assert_close(off, jnp.abs(g[0]) / level, rtol=1e-10)
     # no clamp, no load
     free = rr.implicit_infer(model, jnp.array([0.6, 0.5]), jnp.array([0.0, 0.0]))
@@ -767,7 +774,7 @@ def test_implicit_infer_on_a_mixture():
         nodes = rr.field_nodes(jax.random.key(0), 2, samples=4, dtype=dtype)
         model = rr.ImplicitDiffusion(mix, nodes)
         sol = rr.implicit_infer(model, z0, jnp.asarray(rho, dtype))
-        return sol.z, sol.converged & sol.stable
+        return sol.value, sol.converged & sol.stable
 
     def loss(means, z0):
         return jnp.dot(jnp.asarray(zbar, means.dtype), query(means, z0)[0])
@@ -802,7 +809,42 @@ def test_implicit_infer_refuses_tolerances_and_step_counts_it_cannot_use():
     for steps in (0, -3, True):
         with pytest.raises(ValueError, match="`max_steps` must be a positive integer"):
             rr.implicit_infer(model, z0, rho, max_steps=steps)
-    run = eqx.filter_jit(lambda tol: rr.implicit_infer(model, z0, rho, tol=tol).z)
+    run = eqx.filter_jit(lambda tol: rr.implicit_infer(model, z0, rho, tol=tol).value)
     with pytest.raises(ValueError, match="`tol` must be a positive, finite"):
         run(-1.0)
     assert bool(rr.implicit_infer(model, z0, rho, tol=1e-10).converged)
+
+
+def test_solver_is_configured_the_optimistix_way():
+    # `solver=` takes the GuardedNewton that `tol` and `matrix_free` build:
+    # the same answer and the same steps, bit for bit.
+    model = ring_model()
+    z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
+    for tol, matrix_free in [(1e-10, False), (1e-8, True)]:
+        old = rr.implicit_infer(model, z0, rho, tol=tol, matrix_free=matrix_free)
+        krylov = lx.GMRES(rtol=0.01 * tol, atol=0.01 * tol, restart=40)
+        solver = rr.GuardedNewton(
+            rtol=tol,
+            atol=tol,
+            matrix_free=matrix_free,
+            **({"linear_solver": krylov} if matrix_free else {}),
+        )
+        new = rr.implicit_infer(model, z0, rho, solver=solver)
+        np.testing.assert_array_equal(new.value, old.value)
+        assert int(new.stats["num_steps"]) == int(old.stats["num_steps"])
+        roots_old = rr.implicit_roots(
+            model, z0, rho, jax.random.key(0), 3, tol=tol, matrix_free=matrix_free
+        )
+        roots_new = rr.implicit_roots(
+            model, z0, rho, jax.random.key(0), 3, solver=solver
+        )
+        np.testing.assert_array_equal(roots_new.value, roots_old.value)
+    solver = rr.GuardedNewton(rtol=1e-9, atol=1e-9)
+    for extra in ({"tol": 1e-6}, {"matrix_free": False}):
+        with pytest.raises(ValueError, match="either `solver` or"):
+            rr.implicit_infer(model, z0, rho, solver=solver, **extra)
+        with pytest.raises(ValueError, match="either `solver` or"):
+            rr.implicit_roots(model, z0, rho, jax.random.key(0), solver=solver, **extra)
+    # by the check, or by the type checker of the test session (jaxtyping)
+    with pytest.raises(TypeError, match="`solver` must be|parameter 'solver'"):
+        rr.implicit_infer(model, z0, rho, solver=optx.Newton(rtol=1e-9, atol=1e-9))

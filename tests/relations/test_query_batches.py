@@ -62,14 +62,16 @@ def test_one_bad_query_fails_alone():
             ok = keep if sol in failing else np.ones(n, bool)
             if sol in failing:
                 assert bool((sol.result == rr.RESULTS.invalid_query)[bad]), what
-                assert bool(jnp.all(jnp.isnan(sol.z[bad]))), what
+                assert bool(jnp.all(jnp.isnan(sol.value[bad]))), what
                 assert not bool(sol.converged[bad]), what
                 assert bool(jnp.isnan(sol.clamp_load[bad])), what
             assert bool(jnp.all((sol.result == rr.RESULTS.successful)[ok])), what
             np.testing.assert_allclose(
-                sol.z[ok], good.z[ok], rtol=0, atol=1e-12, err_msg=what
+                sol.value[ok], good.value[ok], rtol=0, atol=1e-12, err_msg=what
             )
-            np.testing.assert_array_equal(sol.steps[ok], good.steps[ok], err_msg=what)
+            np.testing.assert_array_equal(
+                sol.stats["num_steps"][ok], good.stats["num_steps"][ok], err_msg=what
+            )
 
 
 @pytest.mark.slow
@@ -93,7 +95,7 @@ def test_bad_query_gradients_are_nan_alone():
     def answers(xs):
         def one(x):
             marks = {"x": rr.Observed(x), "y": rr.Latent(0.5)}
-            return rr.factor_infer(factor, marks, throw=False).z[1]
+            return rr.factor_infer(factor, marks, throw=False).value[1]
 
         return jax.vmap(one)(xs)
 
@@ -157,7 +159,7 @@ def test_full_precision_is_the_exact_gaussian_posterior():
     ev = jnp.zeros((3, 3)).at[:2, :2].set(P_FULL)
     ev_mean = jnp.concatenate([v, jnp.zeros(1)])
     exact, post = gaussian_posterior(prec, mean, [1, 2, 3], ev, ev_mean, 0.3)
-    np.testing.assert_allclose(sol.z[1:], exact, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(sol.value[1:], exact, rtol=0, atol=1e-8)
     # the Laplace belief has the exact posterior covariance
     _, rho, coupling = factor.query_coupled(marks)
     belief = rr.laplace_belief(factor, sol, rho, coupling=coupling)
@@ -169,7 +171,7 @@ def test_full_precision_is_the_exact_gaussian_posterior():
     def answer(p01):
         p = P_FULL.at[0, 1].set(p01).at[1, 0].set(p01)
         m = {"x": rr.Observed(0.3), "y": rr.Unobserved(v, p)}
-        return rr.factor_infer(factor, m).z[3]
+        return rr.factor_infer(factor, m).value[3]
 
     h = 1e-5
     fd = (answer(-2.0 + h) - answer(-2.0 - h)) / (2 * h)
@@ -189,7 +191,7 @@ def test_diagonal_precision_matrix_equals_the_vector():
     matrix = {"x": rr.Observed(0.3), "y": rr.Unobserved(v, jnp.diag(p))}
     a = rr.factor_infer(factor, vector)
     b = rr.factor_infer(factor, matrix)
-    np.testing.assert_allclose(a.z, b.z, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(a.value, b.value, rtol=0, atol=1e-12)
     z0, rho = factor.query(vector)
     z0m, rhom, coupling = factor.query_coupled(matrix)
     np.testing.assert_array_equal(z0, z0m)
@@ -212,7 +214,7 @@ def test_message_precision_fed_back_as_evidence():
     ev = jnp.zeros((3, 3)).at[:2, :2].set(msg.precision)
     ev_mean = jnp.concatenate([msg_mean, jnp.zeros(1)])
     exact, post = gaussian_posterior(prec, mean, [1, 2, 3], ev, ev_mean, -0.2)
-    np.testing.assert_allclose(sol.z[1:], exact, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(sol.value[1:], exact, rtol=0, atol=1e-8)
     # and the message from the second query divides that evidence out again
     again = rr.factor_messages(factor, sol, back)["y"]
     anchor = rr.channel_anchor(factor, back, "y")
@@ -242,7 +244,7 @@ def test_bad_precision_matrix_is_refused(p):
     # with throw=False, the query's own failure
     sol = rr.factor_infer(factor, {"y": rr.Unobserved(0.0, p)}, throw=False)
     assert sol.result == rr.RESULTS.invalid_query
-    assert bool(jnp.all(jnp.isnan(sol.z)))
+    assert bool(jnp.all(jnp.isnan(sol.value)))
 
 
 @pytest.mark.slow
@@ -258,11 +260,11 @@ def test_chunked_batch_is_the_queries_one_by_one():
     def solve(chunk):
         def loss(q):
             sol = rr.implicit_infer(factor, q, rho, throw=False, batch_chunk=chunk)
-            return jnp.sum(sol.z**2), sol
+            return jnp.sum(sol.value**2), sol
 
         return eqx.filter_jit(jax.vmap(jax.grad(loss, has_aux=True)))(z0)
 
-    grad_one = jax.grad(lambda q: jnp.sum(rr.implicit_infer(factor, q, rho).z ** 2))
+    grad_one = jax.grad(lambda q: jnp.sum(rr.implicit_infer(factor, q, rho).value ** 2))
     one_by_one = [
         (grad_one(q), rr.implicit_infer(factor, q, rho, throw=False)) for q in z0
     ]
@@ -271,9 +273,11 @@ def test_chunked_batch_is_the_queries_one_by_one():
         grad, sol = solve(chunk)
         assert bool(jnp.all(sol.result == rr.RESULTS.successful))
         np.testing.assert_allclose(
-            sol.z, jnp.stack([s.z for _, s in one_by_one]), rtol=0, atol=1e-12
+            sol.value, jnp.stack([s.value for _, s in one_by_one]), rtol=0, atol=1e-12
         )
-        np.testing.assert_array_equal(sol.steps, [int(s.steps) for _, s in one_by_one])
+        np.testing.assert_array_equal(
+            sol.stats["num_steps"], [int(s.stats["num_steps"]) for _, s in one_by_one]
+        )
         np.testing.assert_allclose(grad, grads, rtol=0, atol=1e-10)
 
 
@@ -292,7 +296,7 @@ def test_chunked_batch_of_models():
     def solve(chunk):
         return eqx.filter_jit(
             eqx.filter_vmap(
-                lambda m, q: rr.implicit_infer(m, q, rho, batch_chunk=chunk).z
+                lambda m, q: rr.implicit_infer(m, q, rho, batch_chunk=chunk).value
             )
         )(models, z0)
 
@@ -300,7 +304,7 @@ def test_chunked_batch_of_models():
         [
             rr.implicit_infer(
                 eqx.tree_at(lambda f: f.relation.lam, factor, lam), q, rho
-            ).z
+            ).value
             for lam, q in zip(lams, z0, strict=True)
         ]
     )

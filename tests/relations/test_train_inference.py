@@ -45,7 +45,7 @@ def means(relation):
 def cold_loss(relation, z0, targets):
     """The task loss with cold starts, solved independently of the library loop."""
     sols = jax.vmap(lambda q: rr.implicit_infer(relation, q, RHO))(z0)
-    return jnp.mean((sols.z[:, 1] - targets) ** 2), sols
+    return jnp.mean((sols.value[:, 1] - targets) ** 2), sols
 
 
 ADAM = optax.adam(0.01)  # one object: calls with it share the compiled epoch
@@ -135,9 +135,13 @@ def test_fit_with_denoising_loss_masks_and_counts_failures(getkey):
     targets = jnp.array([0.8, 1.0, -0.8, -0.95])
     # four Newton steps: some queries do not converge, and must be masked
     kwargs = dict(epochs=3, where=lambda r: r.pred, max_steps=4, progress=False)
-    trained, history = rr.fit_through_inference(
+    run = rr.fit_through_inference(
         relation, z0, RHO, targets, squared_error, getkey(), data=data, **kwargs
     )
+    assert isinstance(run, rr.InferenceFit) and run.result == rr.RESULTS.successful
+    assert int(run.stats["num_steps"]) == 3
+    trained, history = run  # unpacks as the pair it was
+    assert trained is run.value and history is run.history
     sols = jax.vmap(
         lambda q: rr.implicit_infer(relation, q, RHO, max_steps=4, throw=False)
     )(z0)
@@ -145,7 +149,7 @@ def test_fit_with_denoising_loss_masks_and_counts_failures(getkey):
     assert 0 < expected < 4, "the case must mix converged and failed solves"
     assert int(history.failed[0]) == expected
     ok = sols.converged & sols.stable
-    want = jnp.sum(jnp.where(ok, (sols.z[:, 1] - targets) ** 2, 0)) / jnp.sum(
+    want = jnp.sum(jnp.where(ok, (sols.value[:, 1] - targets) ** 2, 0)) / jnp.sum(
         ok
     ).astype(float)
     np.testing.assert_allclose(history.task_loss[0], want, rtol=1e-9)

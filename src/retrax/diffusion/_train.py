@@ -285,6 +285,20 @@ def _train_chunk(
     return params, opt_state, average, losses, report
 
 
+def _run_metadata(steps, start, batch_size, t0, t1, ema, data) -> dict:
+    """What a checkpoint records of the run that wrote it, and what a resumed
+    run must match."""
+    return {
+        "run": "retrax.diffusion.fit",
+        "steps": steps,
+        "start": start,
+        "batch_size": batch_size,
+        "t_range": [t0, t1],
+        "ema": ema,
+        "data": _fingerprint(data),
+    }
+
+
 def fit(
     pred: AbstractPredictor,
     data: Shaped[ArrayLike, "..."],
@@ -524,15 +538,7 @@ def fit(
     resumed_from = -1
     history = []
     if checkpoint_dir is not None:
-        metadata = {
-            "run": "retrax.diffusion.fit",
-            "steps": steps,
-            "start": start,
-            "batch_size": batch_size,
-            "t_range": [t0, t1],
-            "ema": ema,
-            "data": _fingerprint(data),
-        }
+        metadata = _run_metadata(steps, start, batch_size, t0, t1, ema, data)
         found = _resume(checkpoint_dir, metadata, state, key, steps, data.dtype)
         if found is not None:
             state, losses_so_far = found

@@ -16,14 +16,14 @@ through inference. The diffusion models a relation is learned from
 - Queries: `implicit_infer`, `implicit_pullback` (an `ImplicitPullback`),
   `GuardedNewton`,
   `ImplicitSolution`, `RESULTS`; several answers: `implicit_roots`,
-  `ImplicitRoots`, `roots_by_energy`; the energy of an answer:
+  `ImplicitRoots`, `roots_by_energy` (a `RootsByEnergy`); the energy of an answer:
   `implicit_energy`, `local_free_energy`; whether an answer is on the data:
   `calibrate_off_data`, `DataSupport`.
 - Beliefs: `implicit_laplace`, `laplace_belief`, `LaplaceBelief`,
   `implicit_mixture`, `MixtureBelief`; Gaussians `AbstractGaussian`,
   `MomentGaussian`, `CanonicalGaussian`, `combine`, `divide`.
 - Factors and messages: `Factor`, the channels `AbstractChannel`, `Observed`,
-  `Unobserved`, `Latent`; `factor_infer`, `factor_pullback`,
+  `Unobserved`, `Latent`; `factor_infer`, `factor_pullback` (a `FactorPullback`),
   `factor_messages`, `channel_anchor`, `blockranges`, `assemble_state`.
 - Factor graphs: `FactorGraph` of variables and factors
   (`AbstractGraphFactor`: `GaussianFactor`, `ResidualFactor`,
@@ -31,7 +31,8 @@ through inference. The diffusion models a relation is learned from
   loopy Gaussian belief propagation `propagate_beliefs` (a
   `PropagationSolution`), the Laplace beliefs `graph_laplace` and free
   energy `graph_free_energy`.
-- Training through inference: `fit_through_inference`, `task_gradient`,
+- Training through inference: `fit_through_inference` (an `InferenceFit`),
+  `task_gradient`,
   `TaskGradient`, `InferenceHistory`.
 
 `RESULTS` extends [`retrax.diffusion.RESULTS`][] (itself extending
@@ -105,6 +106,7 @@ from ._composed import (
 )
 from ._factor import (
     Factor as Factor,
+    FactorPullback as FactorPullback,
     assemble_state as assemble_state,
     blockranges as blockranges,
     factor_infer as factor_infer,
@@ -155,6 +157,7 @@ from ._nodes import (
 )
 from ._roots import (
     ImplicitRoots as ImplicitRoots,
+    RootsByEnergy as RootsByEnergy,
     implicit_roots as implicit_roots,
     roots_by_energy as roots_by_energy,
 )
@@ -165,6 +168,7 @@ from ._solution import (
 from ._solver import GuardedNewton as GuardedNewton
 from ._support import DataSupport as DataSupport
 from ._train_inference import (
+    InferenceFit as InferenceFit,
     InferenceHistory as InferenceHistory,
     TaskGradient as TaskGradient,
     fit_through_inference as fit_through_inference,

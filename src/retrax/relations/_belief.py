@@ -58,7 +58,7 @@ def implicit_laplace(
 
     The `(n, n)` covariance; NaN unless `sol` is converged and stable.
     """
-    z = sol.z
+    z = sol.value
     dtype = z.dtype
     rho = model.check_point("rho", rho).astype(dtype)
     clamped = clamp_mask(rho)
@@ -139,9 +139,9 @@ def laplace_belief(
 
     A [`retrax.relations.LaplaceBelief`][].
     """
-    rho = model.check_point("rho", rho).astype(sol.z.dtype)
+    rho = model.check_point("rho", rho).astype(sol.value.dtype)
     belief = LaplaceBelief(
-        mean=sol.z,
+        mean=sol.value,
         cov=implicit_laplace(model, sol, rho, coupling=coupling),
         free=~clamp_mask(rho),
     )
@@ -214,30 +214,33 @@ def implicit_mixture(
             f"options {sorted(roots_options)} are for finding roots; pass them "
             "with `roots=None`, or leave them out when giving `roots`."
         )
-    dtype = roots.z.dtype
+    dtype = roots.value.dtype
     z0 = model.check_point("z0", z0).astype(dtype)
     rho = model.check_point("rho", rho).astype(dtype)
     free = ~clamp_mask(rho)
 
     def component(z, conv, stable):
         sol = ImplicitSolution(
-            z=z,
+            value=z,
             residual=jnp.zeros_like(z),
-            steps=jnp.array(0),
             converged=conv,
             stable=stable,
             result=RESULTS.successful,
             clamp_load=jnp.zeros((), z.dtype),
             off_data=jnp.zeros((), bool),
             support_ratio=jnp.zeros((), z.dtype),
+            stats={"num_steps": jnp.array(0)},
         )
         return implicit_laplace(model, sol, rho)
 
     valid = roots.valid
-    covs = jax.vmap(component)(roots.z, valid, valid)
+    covs = jax.vmap(component)(roots.value, valid, valid)
     if has_energy(model):
         lam_eff = _effective_lambda(model, dtype)
-        u = jax.vmap(lambda z: implicit_energy(model, z, z0, rho))(roots.z) / lam_eff
+        u = (
+            jax.vmap(lambda z: implicit_energy(model, z, z0, rho))(roots.value)
+            / lam_eff
+        )
         eye = jnp.eye(z0.shape[0], dtype=dtype)
         mat = jnp.where(free[:, None] & free[None, :], covs, eye)
         _, logdet = jnp.linalg.slogdet(jnp.where(valid[:, None, None], mat, eye))
@@ -247,5 +250,5 @@ def implicit_mixture(
     logw = jnp.where(valid, logw, -jnp.inf)
     weights = jax.nn.softmax(logw)
     weights = jnp.where(valid, weights, jnp.zeros((), dtype))
-    belief = MixtureBelief(weights=weights, means=roots.z, covs=covs)
+    belief = MixtureBelief(weights=weights, means=roots.value, covs=covs)
     return belief if coords is None else belief.marginal(coords)

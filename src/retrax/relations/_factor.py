@@ -6,15 +6,18 @@ from collections.abc import Mapping
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
+from .._solution import AbstractSolution
 from .._validate import check_positive_int, check_tol
 from ._abstract_relation import AbstractImplicitRelation
 from ._channel import AbstractChannel, Latent
 from ._infer import implicit_infer, implicit_pullback
-from ._solution import ImplicitSolution
+from ._solution import RESULTS, ImplicitSolution
+from ._solver import GuardedNewton
 
 
 def blockranges(blocks: Mapping[str, int]) -> dict[str, range]:
@@ -335,8 +338,19 @@ def factor_infer(
     factor: Factor,
     marks: Mapping[str, AbstractChannel],
     *,
-    dtype=None,
-    **kwargs,
+    dtype: DTypeLike | None = None,
+    solver: GuardedNewton | None = None,
+    z_init: Float[ArrayLike, " n"] | None = None,
+    # Wider than the values accepted: a traced `tol` and a non-integer
+    # `max_steps` are refused below by name, not by the type checker.
+    tol: float | ArrayLike | None = None,
+    max_steps: int | float = 200,
+    matrix_free: bool | None = None,
+    adjoint_solver: lx.AbstractLinearSolver | None = None,
+    symmetric: bool | None = None,
+    off_data_tol: float | None = None,
+    batch_chunk: int | None = None,
+    throw: bool = True,
 ) -> ImplicitSolution:
     """Answer a query on a factor whose channels are marked.
 
@@ -354,9 +368,11 @@ def factor_infer(
       (channels not named are latent).
     - `dtype`: the query's dtype, a real floating dtype (a `TypeError`
       otherwise); JAX's default float by default.
-    - `**kwargs`: the options of `implicit_infer` (`tol`, `max_steps`,
-      `throw`, ...). The solve starts at the latent channels' starts (and
-      the unobserved channels' values) unless `z_init` is given. A `tol`
+    - `solver`, `z_init`, `tol`, `max_steps`, `matrix_free`,
+      `adjoint_solver`, `symmetric`, `off_data_tol`, `batch_chunk`: the
+      options of [`retrax.relations.implicit_infer`][], with its defaults.
+      The solve starts at the latent channels' starts (and the unobserved
+      channels' values) unless `z_init` is given. A `tol`
       that is not a positive, finite Python float, or a `max_steps` that is
       not a positive integer, raises a `ValueError` naming it (a traced
       `tol` a `TypeError`: it is fixed when the program is traced). With
@@ -364,23 +380,73 @@ def factor_infer(
       calibrated by [`retrax.relations.calibrate_off_data`][] for the
       observed channels' coordinates flags the answer `off_data` by the
       calibrated test.
+    - `throw`: whether a solve that did not converge, or a query (a mark)
+      that is not valid, raises; with `throw=False` a bad mark is this
+      query's failure (`RESULTS.invalid_query`), as in `implicit_infer`.
 
     **Returns:**
 
-    An [`retrax.relations.ImplicitSolution`][]; `factor.split(sol.z)` gives
+    An [`retrax.relations.ImplicitSolution`][]; `factor.split(sol.value)` gives
     the answer by channel.
     """
     if not isinstance(factor, Factor):
         raise TypeError(f"`factor` must be a Factor, got {type(factor).__name__}.")
     # checked here too, before the solve's own annotations see them
-    check_tol(kwargs.get("tol"))
-    check_positive_int("max_steps", kwargs.get("max_steps", 1))
+    check_tol(tol)
+    check_positive_int("max_steps", max_steps)
     # With `throw=False` a bad mark is the query's failure, not the batch's:
     # it is left to `implicit_infer`, which reports it in `result`.
-    z0, rho, coupling = factor.query_coupled(
-        marks, dtype, check=kwargs.get("throw", True)
+    z0, rho, coupling = factor.query_coupled(marks, dtype, check=throw)
+    return implicit_infer(
+        factor,
+        z0,
+        rho,
+        solver=solver,
+        z_init=z_init,
+        tol=tol,
+        max_steps=max_steps,
+        matrix_free=matrix_free,
+        adjoint_solver=adjoint_solver,
+        symmetric=symmetric,
+        off_data_tol=off_data_tol,
+        throw=throw,
+        coupling=coupling,
+        batch_chunk=batch_chunk,
     )
-    return implicit_infer(factor, z0, rho, coupling=coupling, **kwargs)
+
+
+class FactorPullback(AbstractSolution):
+    """The cotangents of a factor query's relation and marks, from
+    [`retrax.relations.factor_pullback`][].
+
+    Its answer, `value`, is the pair `(factor_bar, marks_bar)`, and it
+    unpacks as that pair, the form `factor_pullback` returned before it
+    returned this object.
+
+    **Attributes:**
+
+    - `factor_bar`: a pytree shaped like the factor with the cotangent at
+      every floating-point leaf (`None` elsewhere).
+    - `marks_bar`: a dict from each channel of the marks to a mark of the
+      same kind holding its cotangents (`value`, `precision` or `start`).
+    - `result`: the [`retrax.relations.RESULTS`][] code of the adjoint, as
+      in [`retrax.relations.ImplicitPullback`][]: the cotangents are NaN
+      whenever it is not `successful`.
+    - `stats`: `{"num_steps": 0}`: one LU solve, no iterations.
+    """
+
+    factor_bar: PyTree
+    marks_bar: dict[str, AbstractChannel]
+    result: RESULTS
+    stats: dict[str, Array]
+
+    @property
+    def value(self) -> tuple[PyTree, dict[str, AbstractChannel]]:
+        """The answer: `(factor_bar, marks_bar)`."""
+        return self.factor_bar, self.marks_bar
+
+    def __iter__(self):
+        return iter(self.value)
 
 
 def factor_pullback(
@@ -390,7 +456,7 @@ def factor_pullback(
     zbar: Mapping[str, ArrayLike] | Float[ArrayLike, " n"],
     *,
     throw: bool = True,
-) -> tuple[PyTree, dict[str, AbstractChannel]]:
+) -> FactorPullback:
     r"""The cotangents of a factor query's relation and of each channel's mark.
 
     The adjoint formulas of [`retrax.relations.implicit_pullback`][],
@@ -419,14 +485,15 @@ def factor_pullback(
 
     **Returns:**
 
-    A tuple `(factor_bar, marks_bar)`: a pytree shaped like `factor` with the
-    cotangent at every floating-point leaf, and a dict from each channel of
-    `marks` to a mark of the same kind holding its cotangents (`value`,
-    `precision` or `start`).
+    A [`retrax.relations.FactorPullback`][]: `factor_bar`, a pytree shaped
+    like `factor` with the cotangent at every floating-point leaf, and
+    `marks_bar`, a dict from each channel of `marks` to a mark of the same
+    kind holding its cotangents (`value`, `precision` or `start`), with the
+    adjoint's `result`. It unpacks as `factor_bar, marks_bar = ...`.
     """
     if not isinstance(factor, Factor):
         raise TypeError(f"`factor` must be a Factor, got {type(factor).__name__}.")
-    dtype = sol.z.dtype
+    dtype = sol.value.dtype
     if factor.query_coupled(marks, dtype)[2] is not None:
         raise ValueError(
             "`factor_pullback` takes marks with scalar or vector precisions "
@@ -447,9 +514,8 @@ def factor_pullback(
         return f.query(m, dtype)
 
     (z0, rho), vjp = jax.vjp(query, params)
-    factor_bar, z0_bar, rho_bar = implicit_pullback(
-        factor, sol, z0, rho, zbar, throw=throw
-    )
+    pullback = implicit_pullback(factor, sol, z0, rho, zbar, throw=throw)
+    factor_bar, z0_bar, rho_bar = pullback
     # An infinite stiffness has derivative 0 (and its cotangent is 0 already).
     rho_bar = jnp.where(jnp.isposinf(rho), jnp.zeros((), dtype), rho_bar)
     (through,) = vjp((z0_bar, rho_bar))
@@ -460,4 +526,4 @@ def factor_pullback(
         through_factor,
         is_leaf=lambda x: x is None,
     )
-    return factor_bar, marks_bar
+    return FactorPullback(factor_bar, marks_bar, pullback.result, pullback.stats)

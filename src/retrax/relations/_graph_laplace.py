@@ -38,7 +38,7 @@ def graph_laplace(graph: FactorGraph, sol: GraphSolution) -> dict[str, Array]:
     as its `belief_precision`: with the nodes' smoothing removed for an
     `ImplicitDiffusion` built with `deblur=True`. Computed with the solve's own
     structure (for a banded graph, by a backward recursion over the blocks:
-    linear in the number of variables). The belief means are `sol.values`.
+    linear in the number of variables). The belief means are `sol.value`.
 
     **Arguments:**
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
+from .._deprecated import deprecated_property
 from .._errors import filter_jit
 from .._never_silent import nan_unless
 from .._solution import AbstractSolution, throw_if_failed
@@ -34,8 +35,9 @@ class PropagationSolution(AbstractSolution):
 
     **Attributes:**
 
-    - `values`: each variable's belief mean, by name (a variable
-      `(dimension,)`, a family `(count, dimension)`).
+    - `value`: the answer, each variable's belief mean, by name (a variable
+      `(dimension,)`, a family `(count, dimension)`). `values` is its old
+      name, deprecated (with a `DeprecationWarning`).
     - `covariances`: each variable's belief covariance, by name
       (`(dimension, dimension)`, or `(count, dimension, dimension)`).
     - `x`: the means as one flat vector.
@@ -48,11 +50,15 @@ class PropagationSolution(AbstractSolution):
     NaN unless `result` is `successful`.
     """
 
-    values: dict[str, Array]
+    value: dict[str, Array]
     covariances: dict[str, Array]
     x: Float[Array, " n"]
     result: RESULTS
     stats: dict
+
+    values = deprecated_property(
+        "PropagationSolution.values", ".value", lambda s: s.value
+    )
 
 
 def _pad(a: Array, d: int) -> Array:
@@ -349,7 +355,7 @@ def propagate_beliefs(
     )
     x = nan_unless(converged, _flat(graph, st, means))
     sol = PropagationSolution(
-        values=graph.unflatten(x),
+        value=graph.unflatten(x),
         covariances=graph.by_variable(nan_unless(converged, cov)),
         x=x,
         result=result,

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
+from .._deprecated import deprecated_property
 from .._errors import filter_jit
 from .._never_silent import never_silent
 from .._solution import AbstractSolution, throw_if_failed
@@ -25,8 +26,10 @@ class GraphSolution(AbstractSolution):
 
     **Attributes:**
 
-    - `values`: the variables' values by name (a variable `(dimension,)`, a
-      family `(count, dimension)`); NaN unless the solve converged.
+    - `value`: the answer, the variables' values by name (a variable
+      `(dimension,)`, a family `(count, dimension)`); NaN unless the solve
+      converged. `values` is its old name, deprecated (with a
+      `DeprecationWarning`).
     - `x`: the same as one flat vector, `(n,)`.
     - `gradient`: the graph's gradient $\nabla E$ at `x` (about 0).
     - `converged`: whether the last Newton step was within the tolerance.
@@ -42,7 +45,7 @@ class GraphSolution(AbstractSolution):
     - `linear_solver`: `"dense"` or `"banded"`, the solve used.
     """
 
-    values: dict[str, Array]
+    value: dict[str, Array]
     x: Float[Array, " n"]
     gradient: Float[Array, " n"]
     converged: Bool[Array, ""]
@@ -50,6 +53,8 @@ class GraphSolution(AbstractSolution):
     result: RESULTS
     stats: dict[str, Array]
     linear_solver: str = eqx.field(static=True)
+
+    values = deprecated_property("GraphSolution.values", ".value", lambda s: s.value)
 
 
 def _newton(graph: FactorGraph, x0, tol, max_steps, kind, jacobian_dtype):
@@ -279,7 +284,7 @@ def solve_graph(
     x = never_silent(x, graph, converged)
     x = jnp.where(converged, x, jnp.asarray(jnp.nan, dtype))
     sol = GraphSolution(
-        values=graph.unflatten(x),
+        value=graph.unflatten(x),
         x=x,
         gradient=jnp.where(converged, g, jnp.asarray(jnp.nan, dtype)),
         converged=converged,

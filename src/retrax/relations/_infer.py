@@ -1,8 +1,6 @@
 """Implicit inference: answer a query as a stable root of the field, and
 differentiate the answer by the implicit function theorem."""
 
-import warnings
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -180,16 +178,50 @@ def _solver(tol: float, matrix_free: bool, dtype) -> GuardedNewton:
     return GuardedNewton(rtol=tol, atol=tol)
 
 
+def _check_solver(solver, tol, matrix_free) -> None:
+    """`solver` is a `GuardedNewton`, given alone or not at all."""
+    if solver is None:
+        return
+    if tol is not None or matrix_free is not None:
+        given = ", ".join(
+            f"`{name}`"
+            for name, v in (("tol", tol), ("matrix_free", matrix_free))
+            if v is not None
+        )
+        raise ValueError(
+            f"pass either `solver` or {given}, not both: `tol` and "
+            "`matrix_free` are shorthands that build the solver "
+            "(`GuardedNewton(rtol=tol, atol=tol, matrix_free=...)`). Set the "
+            "tolerances on the `GuardedNewton` you pass instead."
+        )
+    if not isinstance(solver, GuardedNewton):
+        raise TypeError(
+            "`solver` must be a `retrax.relations.GuardedNewton` (its state "
+            "reports the convergence and stability a query's answer carries), "
+            f"got {type(solver).__name__}."
+        )
+
+
+def _query_solver(solver, tol, matrix_free, dtype) -> GuardedNewton:
+    """The solver of a query: `solver`, or the one `tol` and `matrix_free`
+    build (the dtype's default tolerance when `tol` is None)."""
+    if solver is not None:
+        return solver
+    tol = default_tol(dtype) if tol is None else tol
+    return _solver(tol, bool(matrix_free), dtype)
+
+
 @filter_jit
 def implicit_infer(
     model: AbstractImplicitRelation,
     z0: Float[ArrayLike, " n"],
     rho: Float[ArrayLike, " n"],
     *,
+    solver: GuardedNewton | None = None,
     z_init: Float[ArrayLike, " n"] | None = None,
     tol: float | None = None,
     max_steps: int = 200,
-    matrix_free: bool = False,
+    matrix_free: bool | None = None,
     adjoint_solver: lx.AbstractLinearSolver | None = None,
     symmetric: bool | None = None,
     off_data_tol: float | None = None,
@@ -223,16 +255,26 @@ def implicit_infer(
       anchors, and the start of the free coordinates.
     - `rho`: the stiffnesses, shape `(n,)`: `inf` clamped, finite positive soft
       or anchor, 0 free.
+    - `solver`: the root finder, a [`retrax.relations.GuardedNewton`][]
+      configured as in optimistix (`root_find(fn, solver, y0, ...)`): its
+      `rtol`/`atol` are the tolerance of
+      $\max|r_F| \le \mathrm{tol}(1 + \max|z|)$, its `matrix_free` chooses
+      Newton–Krylov steps (GMRES on Jacobian-vector products) and a Lanczos
+      stability test instead of a dense Jacobian, for larger joint spaces.
+      By default the one `tol` and `matrix_free` build.
     - `z_init`: a full-length start vector; its clamped entries are ignored.
       `z0` by default.
-    - `tol`: the tolerance of $\max|r_F| \le \mathrm{tol}(1 + \max|z|)$;
-      `1e-9` in float64 and `1e-5` in float32 by default.
+    - `tol`: shorthand for `solver=GuardedNewton(rtol=tol, atol=tol)`;
+      `1e-9` in float64 and `1e-5` in float32 by default. Not together with
+      `solver` (a `ValueError`).
     - `max_steps`: the most solver iterations.
-    - `matrix_free`: Newton–Krylov steps (GMRES on Jacobian-vector products) and
-      a Lanczos stability test instead of a dense Jacobian, for larger joint
-      spaces; the adjoint solve is then GMRES on vector-Jacobian products.
+    - `matrix_free`: shorthand for a matrix-free `solver`
+      (`GuardedNewton(rtol=tol, atol=tol, matrix_free=True,
+      linear_solver=lx.GMRES(...))`, GMRES at a hundredth of `tol`); the
+      adjoint solve is then GMRES on vector-Jacobian products. Not together
+      with `solver` (a `ValueError`).
     - `adjoint_solver`: the lineax solver of the adjoint (transposed) solve; LU
-      on the dense Jacobian by default, GMRES when `matrix_free`.
+      on the dense Jacobian by default, GMRES when the solver is matrix-free.
     - `symmetric`: whether the field is a gradient (a conservative relation:
       `EnergyNetwork` and `GaussianMixtureEps` models, and products and
       restrictions of those), so that the query's Jacobian is symmetric and
@@ -290,6 +332,7 @@ def implicit_infer(
         z0,
         rho,
         z_init,
+        solver,
         tol,
         max_steps,
         matrix_free,
@@ -320,6 +363,7 @@ def _infer(
     z0,
     rho,
     z_init,
+    solver,
     tol,
     max_steps,
     matrix_free,
@@ -330,6 +374,7 @@ def _infer(
     coupling=None,
     batch_chunk=None,
 ):
+    _check_solver(solver, tol, matrix_free)
     tol = check_tol(tol)
     check_positive_int("max_steps", max_steps)
     if batch_chunk is not None:
@@ -354,11 +399,11 @@ def _infer(
             "return wrong gradients. Leave `symmetric=None`."
         )
     dtype = z0.dtype
-    tol = default_tol(dtype) if tol is None else tol
+    solver = _query_solver(solver, tol, matrix_free, dtype)
     clamped = clamp_mask(rho)
     y0 = jnp.where(clamped, z0, z_init)
     if adjoint_solver is None:
-        adjoint_solver = _krylov(tol, dtype) if matrix_free else lx.LU()
+        adjoint_solver = _krylov(solver.rtol, dtype) if solver.matrix_free else lx.LU()
     if symmetric:
         fn, tags = _symmetric_residual, frozenset({lx.symmetric_tag})
         if isinstance(adjoint_solver, lx.Cholesky):
@@ -367,7 +412,7 @@ def _infer(
         fn, tags = _query_residual, frozenset()
     sol = optx.root_find(
         fn,
-        _solver(tol, matrix_free, dtype),
+        solver,
         y0,
         args=(model, z0, rho, coupling),
         options={"fixed": clamped, "keep_last": True},
@@ -413,9 +458,8 @@ def _infer(
         off_data = clamp_load > off_data_tol
     steps = jnp.asarray(sol.stats["num_steps"])
     out = ImplicitSolution(
-        z=z,
+        value=z,
         residual=residual,
-        steps=steps,
         converged=converged,
         stable=stable,
         result=result,
@@ -432,8 +476,9 @@ class ImplicitPullback(AbstractSolution):
     """The cotangents of a query's inputs, from
     [`retrax.relations.implicit_pullback`][].
 
-    Unpacks as the tuple `(model_bar, z0_bar, rho_bar)`, the form
-    `implicit_pullback` returned before it returned this object.
+    Its answer, `value`, is the tuple `(model_bar, z0_bar, rho_bar)`, and it
+    unpacks as that tuple, the form `implicit_pullback` returned before it
+    returned this object.
 
     **Attributes:**
 
@@ -444,7 +489,7 @@ class ImplicitPullback(AbstractSolution):
       cotangents are numbers; the query's own `sol.result` when it did not
       converge; lineax's failure (`singular`) when the adjoint solve failed.
       The cotangents are NaN whenever it is not `successful`.
-    - `stats`: empty: one LU solve, no iterations (see
+    - `stats`: `{"num_steps": 0}`: one LU solve, no iterations (see
       [`retrax.diffusion.AbstractSolution`][]).
     """
 
@@ -454,8 +499,13 @@ class ImplicitPullback(AbstractSolution):
     result: RESULTS
     stats: dict[str, Array]
 
+    @property
+    def value(self) -> tuple[PyTree, Float[Array, " n"], Float[Array, " n"]]:
+        """The answer: `(model_bar, z0_bar, rho_bar)`."""
+        return self.model_bar, self.z0_bar, self.rho_bar
+
     def __iter__(self):
-        return iter((self.model_bar, self.z0_bar, self.rho_bar))
+        return iter(self.value)
 
 
 def implicit_pullback(
@@ -466,8 +516,7 @@ def implicit_pullback(
     zbar: Float[ArrayLike, " n"],
     *,
     throw: bool = True,
-    return_result: bool | None = None,
-) -> ImplicitPullback | tuple[PyTree, Float[Array, " n"], Float[Array, " n"], RESULTS]:
+) -> ImplicitPullback:
     r"""The cotangents of a query's inputs, by the adjoint formulas.
 
     With $J_{FF} = \partial g/\partial z_{FF} + \mathrm{diag}(\rho_F^2)$ at the
@@ -495,12 +544,8 @@ def implicit_pullback(
     - `sol`: the query's solution.
     - `z0`, `rho`: the query, solved without a `coupling` matrix (for a
       coupled query, differentiate `implicit_infer` with `jax.grad`).
-    - `zbar`: the cotangent of the answer `sol.z`, shape `(n,)`.
+    - `zbar`: the cotangent of the answer `sol.value`, shape `(n,)`.
     - `throw`: whether a singular Jacobian raises (otherwise NaN).
-    - `return_result`: deprecated: read the result code from the returned
-      object's `result` instead. `return_result=True` returns the tuple
-      `(model_bar, z0_bar, rho_bar, result)` it returned before, with a
-      `DeprecationWarning`; the argument goes in the next release.
 
     **Returns:**
 
@@ -509,25 +554,14 @@ def implicit_pullback(
     elsewhere), `z0_bar` and `rho_bar` (two `(n,)` vectors), `result` and
     `stats`. It unpacks as `model_bar, z0_bar, rho_bar = ...`.
     """
-    if return_result is not None:
-        warnings.warn(
-            "`implicit_pullback(..., return_result=...)` is deprecated: it returns "
-            "an `ImplicitPullback` whose `.result` holds the code (and which "
-            "unpacks as `model_bar, z0_bar, rho_bar`); drop `return_result`.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-    out = _pullback(model, sol, z0, rho, zbar, throw)
-    if return_result:
-        return out.model_bar, out.z0_bar, out.rho_bar, out.result
-    return out
+    return _pullback(model, sol, z0, rho, zbar, throw)
 
 
 @filter_jit
 def _pullback(model, sol, z0, rho, zbar, throw):
     z0, rho, _ = _check_query(model, z0, rho, None)
     dtype = z0.dtype
-    z = jax.lax.stop_gradient(sol.z).astype(dtype)
+    z = jax.lax.stop_gradient(sol.value).astype(dtype)
     zbar = model.check_point("zbar", zbar).astype(dtype)
     clamped = clamp_mask(rho)
     jac = jax.jacfwd(lambda y: model.implicit_residual(y, z0, rho))(z)
@@ -555,4 +589,5 @@ def _pullback(model, sol, z0, rho, zbar, throw):
         RESULTS.where(solved, RESULTS.successful, RESULTS.promote(adjoint.result)),
         sol.result,
     )
-    return ImplicitPullback(model_bar, z0_bar, rho_bar, result, {})
+    stats = {"num_steps": jnp.zeros((), jnp.int32)}
+    return ImplicitPullback(model_bar, z0_bar, rho_bar, result, stats)

@@ -42,7 +42,7 @@ def local_free_energy(
 
     The scalar free energy; NaN unless `sol` is converged and stable.
     """
-    z = sol.z
+    z = sol.value
     dtype = z.dtype
     z0 = model.check_point("z0", z0).astype(dtype)
     rho = model.check_point("rho", rho).astype(dtype)

@@ -93,7 +93,7 @@ def factor_messages(
     if not isinstance(factor, Factor):
         raise TypeError(f"`factor` must be a Factor, got {type(factor).__name__}.")
     if kind == "point":
-        return factor.split(sol.z)
+        return factor.split(sol.value)
     if kind != "gaussian":
         raise ValueError(f"`kind` must be 'gaussian' or 'point', got {kind!r}.")
     _, rho, coupling = factor.query_coupled(marks, dtype)

@@ -6,14 +6,16 @@ import jax.numpy as jnp
 import lineax as lx
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
+from .._deprecated import deprecated_property
 from .._errors import error_if, filter_jit
 from .._solution import AbstractSolution, throw_if_failed
 from .._state import as_state
 from .._validate import check_positive_int
 from ._abstract_relation import AbstractImplicitRelation, clamp_mask
 from ._implicit_energy import implicit_energy
-from ._infer import _check_query, _infer
+from ._infer import _check_query, _check_solver, _infer
 from ._solution import RESULTS
+from ._solver import GuardedNewton
 
 
 class ImplicitRoots(AbstractSolution):
@@ -24,27 +26,34 @@ class ImplicitRoots(AbstractSolution):
 
     **Attributes:**
 
-    - `z`: the answers, shape `(slots, n)`; invalid slots hold the
-      duplicate or failed solves.
+    - `value`: the answers, shape `(slots, n)`; invalid slots hold the
+      duplicate or failed solves. `z` is its old name, deprecated (with a
+      `DeprecationWarning`).
     - `valid`: which slots hold a distinct, converged and stable answer.
     - `count`: the number of valid slots.
-    - `converged`, `stable`, `steps`, `result`, `clamp_load`, `off_data`,
+    - `converged`, `stable`, `result`, `clamp_load`, `off_data`,
       `support_ratio`: per slot, as in [`retrax.relations.ImplicitSolution`][].
-    - `stats`: `{"num_steps": steps}`, the solver steps of every slot (see
-      [`retrax.diffusion.AbstractSolution`][]).
+    - `stats`: `{"num_steps": ...}`, the solver steps of every slot, shape
+      `(slots,)` (see [`retrax.diffusion.AbstractSolution`][]). `steps` is a
+      deprecated, read-only name for `stats["num_steps"]` (with a
+      `DeprecationWarning`).
     """
 
-    z: Float[Array, "starts n"]
+    value: Float[Array, "starts n"]
     valid: Bool[Array, " starts"]
     count: Int[Array, ""]
     converged: Bool[Array, " starts"]
     stable: Bool[Array, " starts"]
-    steps: Int[Array, " starts"]
     result: RESULTS
     clamp_load: Float[Array, " starts"]
     off_data: Bool[Array, " starts"]
     support_ratio: Float[Array, " starts"]
     stats: dict[str, Array]
+
+    z = deprecated_property("ImplicitRoots.z", ".value", lambda s: s.value)
+    steps = deprecated_property(
+        "ImplicitRoots.steps", '.stats["num_steps"]', lambda s: s.stats["num_steps"]
+    )
 
 
 @filter_jit
@@ -57,11 +66,12 @@ def implicit_roots(
     spread: float = 1.0,
     unique_tol: float = 1e-3,
     *,
+    solver: GuardedNewton | None = None,
     starts: Float[ArrayLike, "..."] | None = None,
     z_init: Float[ArrayLike, " n"] | None = None,
     tol: float | None = None,
     max_steps: int = 200,
-    matrix_free: bool = False,
+    matrix_free: bool | None = None,
     adjoint_solver: lx.AbstractLinearSolver | None = None,
     symmetric: bool | None = None,
     off_data_tol: float | None = None,
@@ -104,6 +114,9 @@ def implicit_roots(
       are then unused.
     - `z_init`: the query's own start, as in `implicit_infer`; `z0` by
       default.
+    - `solver`: the root finder of every start, a
+      [`retrax.relations.GuardedNewton`][], as in `implicit_infer`; `tol`
+      and `matrix_free` are its shorthands there, and not together with it.
     - `tol`, `max_steps`, `matrix_free`, `adjoint_solver`, `symmetric`,
       `off_data_tol`: as in `implicit_infer`, for every start.
     - `throw`: whether a slot whose solve did not converge raises.
@@ -112,6 +125,7 @@ def implicit_roots(
 
     An [`retrax.relations.ImplicitRoots`][].
     """
+    _check_solver(solver, tol, matrix_free)
     z0, rho, own = _check_query(model, z0, rho, z_init)
     dtype = z0.dtype
     n = z0.shape[0]
@@ -151,6 +165,7 @@ def implicit_roots(
             q,
             r,
             start,
+            solver,
             tol,
             max_steps,
             matrix_free,
@@ -166,7 +181,7 @@ def implicit_roots(
     tile = (slots, n)
     sols = jax.vmap(one)(inits, jnp.broadcast_to(z0, tile), jnp.broadcast_to(rho, tile))
     ok = sols.converged & sols.stable
-    z = sols.z
+    z = sols.value
     zs = jax.lax.stop_gradient(z)
     scale = 1 + jnp.max(jnp.abs(zs), axis=1)
     dist = jnp.max(jnp.abs(zs[:, None, :] - zs[None, :, :]), axis=-1)
@@ -179,14 +194,13 @@ def implicit_roots(
 
     keep = jax.lax.fori_loop(0, slots, body, jnp.zeros((slots,), bool))
     order = jnp.argsort(~keep, stable=True)
-    steps = sols.steps[order]
+    steps = sols.stats["num_steps"][order]
     out = ImplicitRoots(
-        z=z[order],
+        value=z[order],
         valid=keep[order],
         count=jnp.sum(keep),
         converged=sols.converged[order],
         stable=sols.stable[order],
-        steps=steps,
         result=jax.tree.map(lambda x: x[order], sols.result),
         clamp_load=sols.clamp_load[order],
         off_data=sols.off_data[order],
@@ -198,12 +212,39 @@ def implicit_roots(
     return throw_if_failed(out, throw, failed)
 
 
+class RootsByEnergy(AbstractSolution):
+    """The answers of a query ordered by energy, from
+    [`retrax.relations.roots_by_energy`][].
+
+    Unpacks as the pair `(roots, energy)`, the form `roots_by_energy`
+    returned before it returned this object.
+
+    **Attributes:**
+
+    - `value`: the answers, shape `(slots, n)`, the lowest energy first
+      (`roots.value`).
+    - `energy`: each slot's energy, `inf` for invalid slots, shape
+      `(slots,)`.
+    - `roots`: the reordered [`retrax.relations.ImplicitRoots`][].
+    - `result`, `stats`: the reordered roots' (per slot).
+    """
+
+    value: Float[Array, "starts n"]
+    energy: Float[Array, " starts"]
+    roots: ImplicitRoots
+    result: RESULTS
+    stats: dict[str, Array]
+
+    def __iter__(self):
+        return iter((self.roots, self.energy))
+
+
 def roots_by_energy(
     model: AbstractImplicitRelation,
     roots: ImplicitRoots,
     z0: Float[ArrayLike, " n"],
     rho: Float[ArrayLike, " n"],
-) -> tuple[ImplicitRoots, Float[Array, " starts"]]:
+) -> RootsByEnergy:
     r"""Order the answers of a query by energy, the most probable first.
 
     For a conservative relation (see
@@ -221,19 +262,26 @@ def roots_by_energy(
 
     **Returns:**
 
-    A tuple `(roots, energy)`: the reordered
-    [`retrax.relations.ImplicitRoots`][] and each slot's energy
-    (`inf` for invalid slots).
+    A [`retrax.relations.RootsByEnergy`][]: the reordered answers (`value`),
+    each slot's energy (`energy`, `inf` for invalid slots) and the reordered
+    [`retrax.relations.ImplicitRoots`][] (`roots`). It unpacks as
+    `roots, energy = ...`.
     """
-    dtype = roots.z.dtype
+    dtype = roots.value.dtype
     z0 = model.check_point("z0", z0).astype(dtype)
     rho = model.check_point("rho", rho).astype(dtype)
     energy = jax.vmap(lambda z: implicit_energy(model, z, z0, rho))(
-        jax.lax.stop_gradient(roots.z)
+        jax.lax.stop_gradient(roots.value)
     )
     energy = jnp.where(roots.valid, energy, jnp.array(jnp.inf, dtype))
     order = jnp.argsort(energy, stable=True)
     ordered = jax.tree.map(
         lambda x: x[order] if eqx.is_array(x) and x.ndim >= 1 else x, roots
     )
-    return ordered, energy[order]
+    return RootsByEnergy(
+        value=ordered.value,
+        energy=energy[order],
+        roots=ordered,
+        result=ordered.result,
+        stats=ordered.stats,
+    )

@@ -1,13 +1,13 @@
 """Result codes and the solution of implicit inference."""
 
-import equinox as eqx
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Bool, Float
 
+from .._deprecated import deprecated_property
 from .._solution import AbstractSolution
 from ..diffusion import RESULTS as _DiffusionResults
 
 
-# Extends `retrax.relations.RESULTS` (itself extending `optx.RESULTS` and
+# Extends `retrax.diffusion.RESULTS` (itself extending `optx.RESULTS` and
 # `lx.RESULTS`), so the messages of the nonlinear and linear solvers and of the
 # diffusion solves pass through unchanged; a parent's code becomes one of these
 # with `RESULTS.promote`.
@@ -35,11 +35,13 @@ class ImplicitSolution(AbstractSolution):
 
     **Attributes:**
 
-    - `z`: the full joint point (clamped coordinates equal to `z0`).
-    - `residual`: the query residual at `z`, full length, clamped entries 0;
-      recomputed from `z`, so its derivatives are those of the residual at
-      the answer (about 0 at a converged answer, NaN at an unconverged one).
-    - `steps`: the number of solver iterations.
+    - `value`: the answer, the full joint point (clamped coordinates equal
+      to `z0`); the name optimistix's `Solution` gives its answer. `z` is its
+      old name, deprecated (it reads `value`, with a `DeprecationWarning`).
+    - `residual`: the query residual at `value`, full length, clamped
+      entries 0; recomputed from `value`, so its derivatives are those of
+      the residual at the answer (about 0 at a converged answer, NaN at an
+      unconverged one).
     - `converged`: whether $\\max|r_F| \\le \\mathrm{tol}\\,(1 + \\max|z|)$.
     - `stable`: whether the symmetric part of the free-block Jacobian
       $J_{FF} = \\partial g/\\partial z_{FF} + \\mathrm{diag}(\\rho_F^2)$ is
@@ -66,17 +68,23 @@ class ImplicitSolution(AbstractSolution):
       calibrated distance (see [`retrax.relations.calibrate_off_data`][]);
       above 1 off the data, 0 without clamps, NaN when the relation is not
       calibrated for the query's clamps.
-    - `stats`: `{"num_steps": steps}`, the solver's statistics (as in
-      [`retrax.diffusion.AbstractSolution`][]); empty for a solution built by hand.
+    - `stats`: the solver's statistics (as in
+      [`retrax.diffusion.AbstractSolution`][]): `{"num_steps": ...}`, the
+      number of solver iterations. `steps` is a deprecated, read-only name
+      for `stats["num_steps"]` (with a `DeprecationWarning`).
     """
 
-    z: Float[Array, " n"]
+    value: Float[Array, " n"]
     residual: Float[Array, " n"]
-    steps: Int[Array, ""]
     converged: Bool[Array, ""]
     stable: Bool[Array, ""]
     result: RESULTS
     clamp_load: Float[Array, ""]
     off_data: Bool[Array, ""]
     support_ratio: Float[Array, ""]
-    stats: dict[str, Array] = eqx.field(default_factory=dict)
+    stats: dict[str, Array]
+
+    z = deprecated_property("ImplicitSolution.z", ".value", lambda s: s.value)
+    steps = deprecated_property(
+        "ImplicitSolution.steps", '.stats["num_steps"]', lambda s: s.stats["num_steps"]
+    )

@@ -92,6 +92,30 @@ class InferenceHistory(eqx.Module):
     z_init: Float[Array, "queries n"]
 
 
+class InferenceFit(AbstractSolution):
+    """A [`retrax.relations.fit_through_inference`][] run.
+
+    Unpacks as the pair `(relation, history)`, the form
+    `fit_through_inference` returned before it returned this object.
+
+    **Attributes:**
+
+    - `value`: the trained relation.
+    - `history`: the run's [`retrax.relations.InferenceHistory`][].
+    - `result`: `successful`: a run whose update would have made the trained
+      arrays non-finite raises a `FloatingPointError` instead of returning.
+    - `stats`: `{"num_steps": epochs}`, the optimiser steps taken.
+    """
+
+    value: AbstractImplicitRelation
+    history: InferenceHistory
+    result: RESULTS
+    stats: dict[str, Array]
+
+    def __iter__(self):
+        return iter((self.value, self.history))
+
+
 def _spec(relation, where):
     """The filter spec of the trained arrays (the inexact arrays of `where(r)`)."""
     nothing = jax.tree.map(lambda _: False, relation)
@@ -148,7 +172,7 @@ def _task(relation, spec, z0, rho, targets, loss, z_init, gradient, tol, max_ste
         )
 
     sols = jax.vmap(solve)(z0, rho, z_init)
-    z = jax.lax.stop_gradient(sols.z)
+    z = jax.lax.stop_gradient(sols.value)
     values, zbar = jax.vmap(jax.value_and_grad(loss))(z, targets)
     ok = sols.converged & sols.stable & jnp.isfinite(values)
     ok = ok & jnp.all(jnp.isfinite(zbar), axis=1)
@@ -189,7 +213,7 @@ def _task(relation, spec, z0, rho, targets, loss, z_init, gradient, tol, max_ste
         valid=ok,
         failed=ok.shape[0] - count,
         result=sols.result,
-        stats={"num_steps": sols.steps},
+        stats={"num_steps": sols.stats["num_steps"]},
     )
 
 
@@ -337,7 +361,7 @@ def fit_through_inference(
     tol: float | None = None,
     max_steps: int = 200,
     progress: bool = True,
-) -> tuple[AbstractImplicitRelation, InferenceHistory]:
+) -> InferenceFit:
     r"""Train a relation through inference: a task loss on the answers of queries.
 
     Each epoch answers every query with [`retrax.relations.implicit_infer`][]
@@ -395,7 +419,9 @@ def fit_through_inference(
 
     **Returns:**
 
-    `(trained_relation, history)`, an [`retrax.relations.InferenceHistory`][].
+    An [`retrax.relations.InferenceFit`][]: the trained relation (`value`)
+    and its [`retrax.relations.InferenceHistory`][] (`history`). It unpacks
+    as `trained_relation, history = ...`.
 
     **Raises:**
 
@@ -515,4 +541,9 @@ def fit_through_inference(
         failed=jnp.stack(failures),
         z_init=z_init,
     )
-    return eqx.combine(params, static), history
+    return InferenceFit(
+        value=eqx.combine(params, static),
+        history=history,
+        result=RESULTS.successful,
+        stats={"num_steps": jnp.asarray(epochs)},
+    )
