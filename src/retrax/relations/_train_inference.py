@@ -21,6 +21,7 @@ import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree, Shaped
 from tqdm.auto import tqdm
 
+from .._deprecated import deprecated_property
 from .._errors import filter_jit
 from .._misc import all_finite
 from .._solution import AbstractSolution
@@ -47,8 +48,10 @@ class TaskGradient(AbstractSolution):
     **Attributes:**
 
     - `loss`: the mean task loss over the valid queries (0 when none is).
-    - `grads`: its gradient with respect to the trained arrays, a pytree
-      shaped like the relation with `None` at the arrays not trained.
+    - `value`: the answer, the loss's gradient with respect to the trained
+      arrays, a pytree shaped like the relation with `None` at the arrays
+      not trained. `grads` is its old name, deprecated (with a
+      `DeprecationWarning`).
     - `z`: the answers, shape `(queries, n)`.
     - `valid`: which queries entered the loss: converged, stable, a solvable
       adjoint system (for `gradient="implicit"`) and a finite loss.
@@ -61,12 +64,14 @@ class TaskGradient(AbstractSolution):
     """
 
     loss: Float[Array, ""]
-    grads: PyTree
+    value: PyTree
     z: Float[Array, "queries n"]
     valid: Bool[Array, " queries"]
     failed: Int[Array, ""]
     result: RESULTS
     stats: dict[str, Array]
+
+    grads = deprecated_property("TaskGradient.grads", ".value", lambda s: s.value)
 
 
 class InferenceHistory(eqx.Module):
@@ -208,7 +213,7 @@ def _task(relation, spec, z0, rho, targets, loss, z_init, gradient, tol, max_ste
     value = jnp.sum(jnp.where(ok, values, 0)) * scale
     return TaskGradient(
         loss=value,
-        grads=grads,
+        value=grads,
         z=z,
         valid=ok,
         failed=ok.shape[0] - count,
@@ -302,7 +307,7 @@ def _epoch(params, opt_state, static, spec, queries, key, config):
     task = _task(
         relation, spec, z0, rho, targets, loss, z_init, gradient, tol, max_steps
     )
-    grads = task.grads
+    grads = task.value
     if data is None:
         denoising = jnp.zeros((), z0.dtype)
     else:
