@@ -346,6 +346,52 @@ def _epoch(params, opt_state, static, spec, queries, key, config):
     return params, opt_state, z_init, task.loss, denoising, task.failed, finite
 
 
+def _check_options(
+    epochs, batch_size, max_steps, gradient, tol, denoising_weight, t_range
+):
+    """`fit_through_inference`'s scalar options checked: `(tol, weight, t_range)`."""
+    check_positive_int("epochs", epochs)
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("max_steps", max_steps)
+    _check_gradient(gradient)
+    tol = check_tol(tol)
+    weight = static_float("denoising_weight", denoising_weight)
+    if not (math.isfinite(weight) and weight >= 0):
+        raise ValueError(
+            "`denoising_weight` must be a nonnegative finite weight, got "
+            f"{denoising_weight}."
+        )
+    t0, t1 = (static_float("t_range", v) for v in t_range)
+    if not 0.0 <= t0 < t1 <= 1.0:
+        raise ValueError(
+            f"`t_range` must be an interval (t0, t1) with 0 <= t0 < t1 <= 1, "
+            f"got {t_range}."
+        )
+    return tol, weight, (t0, t1)
+
+
+def _check_data(relation, where, data, dtype):
+    """The denoising data checked against the relation and the predictor
+    `where(relation)` it trains, cast to `dtype`."""
+    pred = where(relation)
+    if not isinstance(pred, AbstractPredictor):
+        raise TypeError(
+            "with `data`, `where(relation)` must be the noise predictor the "
+            f"denoising loss trains, got {type(pred).__name__}."
+        )
+    data = jnp.asarray(data)
+    if data.ndim != 2 or data.shape[0] == 0 or data.shape[1] != relation.dim:
+        raise ValueError(
+            f"`data` must have shape (num_examples, {relation.dim}), one "
+            f"example per row, got shape {data.shape}."
+        )
+    if not jnp.issubdtype(data.dtype, jnp.floating):
+        raise TypeError(f"`data` must have a real floating dtype, got {data.dtype}.")
+    if not bool(jnp.all(jnp.isfinite(data))):
+        raise ValueError("`data` must be finite (it holds NaN or inf).")
+    return data.astype(dtype)
+
+
 def fit_through_inference(
     relation: AbstractImplicitRelation,
     z0: Shaped[ArrayLike, "..."],
@@ -438,23 +484,9 @@ def fit_through_inference(
     epoch with `progress` (which reads every epoch's results anyway), after
     the last epoch without it (so that the epochs run without a pause).
     """
-    check_positive_int("epochs", epochs)
-    check_positive_int("batch_size", batch_size)
-    check_positive_int("max_steps", max_steps)
-    _check_gradient(gradient)
-    tol = check_tol(tol)
-    weight = static_float("denoising_weight", denoising_weight)
-    if not (math.isfinite(weight) and weight >= 0):
-        raise ValueError(
-            "`denoising_weight` must be a nonnegative finite weight, got "
-            f"{denoising_weight}."
-        )
-    t0, t1 = (static_float("t_range", v) for v in t_range)
-    if not 0.0 <= t0 < t1 <= 1.0:
-        raise ValueError(
-            f"`t_range` must be an interval (t0, t1) with 0 <= t0 < t1 <= 1, "
-            f"got {t_range}."
-        )
+    tol, weight, (t0, t1) = _check_options(
+        epochs, batch_size, max_steps, gradient, tol, denoising_weight, t_range
+    )
     z0, rho, z_init = _check_queries(relation, z0, rho, z_init)
     num = z0.shape[0]
     for leaf in jax.tree.leaves(targets):
@@ -465,25 +497,7 @@ def fit_through_inference(
             )
     spec = _spec(relation, where)
     if data is not None:
-        pred = where(relation)
-        if not isinstance(pred, AbstractPredictor):
-            raise TypeError(
-                "with `data`, `where(relation)` must be the noise predictor the "
-                f"denoising loss trains, got {type(pred).__name__}."
-            )
-        data = jnp.asarray(data)
-        if data.ndim != 2 or data.shape[0] == 0 or data.shape[1] != relation.dim:
-            raise ValueError(
-                f"`data` must have shape (num_examples, {relation.dim}), one "
-                f"example per row, got shape {data.shape}."
-            )
-        if not jnp.issubdtype(data.dtype, jnp.floating):
-            raise TypeError(
-                f"`data` must have a real floating dtype, got {data.dtype}."
-            )
-        if not bool(jnp.all(jnp.isfinite(data))):
-            raise ValueError("`data` must be finite (it holds NaN or inf).")
-        data = data.astype(z0.dtype)
+        data = _check_data(relation, where, data, z0.dtype)
     params, static = eqx.partition(relation, spec)
     if not jax.tree.leaves(params):
         raise ValueError(
