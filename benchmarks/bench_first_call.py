@@ -174,14 +174,14 @@ ROUTES = {
         "README relation query (`implicit_infer`)",
         imports="import retrax.relations as rr, retrax.diffusion as rd",
         build=RING,
-        call="rr.implicit_infer(model, jnp.array([0.6, 0.5]), rho).z",
+        call="rr.implicit_infer(model, jnp.array([0.6, 0.5]), rho).value",
     ),
     "relation-grad": Route(
-        "its gradient (`jax.grad` of `.z[1]`)",
+        "its gradient (`jax.grad` of `.value[1]`)",
         imports="import retrax.relations as rr, retrax.diffusion as rd",
         build=RING,
         call="jax.grad(lambda x: rr.implicit_infer(model, jnp.array([x, 0.5]), "
-        "rho).z[1])(0.6)",
+        "rho).value[1])(0.6)",
     ),
     "sosfiltfilt": Route(
         "eager `ops.sosfiltfilt`, order-16 band-pass, float64 "
@@ -224,7 +224,7 @@ x = np.random.default_rng(0).standard_normal(audio_samples).astype(np.float32)
         setup=POSE_CHAIN,
         imports="import retrax.relations as rr",
         build=POSE_GRAPH,
-        call='rr.solve_graph(graph).values["p"]',
+        call='rr.solve_graph(graph).value["p"]',
     ),
 }
 

@@ -176,3 +176,28 @@ def test_abstract_methods_are_abstract():
     assert not _written_in_retrax(vars(AbstractThing)["twice"])
     # The generated `__init__` has no source file.
     assert not _written_in_retrax(vars(AbstractThing)["__init__"])
+
+
+def test_functions_do_one_job():
+    # A function longer than 120 lines, its docstring aside, mixes jobs that
+    # read better as functions of their own (argument checks, resumption, a
+    # loop): every function of src/retrax stays within it.
+    import ast
+
+    root = pathlib.Path(retrax.__file__).parent
+    long = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            lines = node.end_lineno - node.lineno + 1
+            if ast.get_docstring(node) is not None:
+                doc = node.body[0]
+                lines -= doc.end_lineno - doc.lineno + 1
+            if lines > 120:
+                long.append(
+                    f"{path.relative_to(root)}:{node.lineno} {node.name}: {lines}"
+                )
+    assert not long, "functions over 120 lines without their docstring:\n" + "\n".join(
+        long
+    )
