@@ -84,18 +84,3 @@ def scipy_signal(what: str) -> ModuleType:
             "`pip install scipy`)."
         ) from e
     return scipy.signal
-
-
-# The argument checks that lived here, now in `_validate`: modules written
-# against the old place (in flight when they moved) still import them.
-_MOVED_TO_VALIDATE = frozenset(
-    {"check_positive_int", "check_tol", "check_value", "static_float"}
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_VALIDATE:
-        from . import _validate
-
-        return getattr(_validate, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
