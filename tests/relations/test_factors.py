@@ -11,6 +11,7 @@ import retrax.diffusion as rd
 import retrax.relations as rr
 from helpers import (
     FLOAT32_RTOL,
+    QuadraticEnergy,
     assert_close,
     gaussian_energy_factor,
     raises_eagerly_and_under_jit,
@@ -22,17 +23,6 @@ T = 0.01
 INF = jnp.inf
 
 
-class Quadratic(eqx.Module):
-    """The energy 0.5 (x - b)^T A (x - b): a Gaussian relation."""
-
-    a: jax.Array
-    b: jax.Array
-
-    def __call__(self, x, t):
-        d = x - self.b
-        return 0.5 * d @ self.a @ d
-
-
 def gaussian_factor():
     """A correlated Gaussian over channels x (1), y (2), w (1)."""
     rng = np.random.default_rng(0)
@@ -40,7 +30,7 @@ def gaussian_factor():
     a = jnp.asarray(m @ m.T / 4 + np.eye(4))
     b = jnp.asarray(rng.normal(size=4))
     nodes = rr.noisefree_nodes(4, T)
-    pred = rd.EnergyNetwork(Quadratic(a, b), SCHED)
+    pred = rd.EnergyNetwork(QuadraticEnergy(a, b), SCHED)
     rel = rr.ImplicitDiffusion(pred, nodes, lam=rr.density_lambda(SCHED, nodes))
     alpha = SCHED.alpha(jnp.asarray(T))
     # The field is alpha^2 A (z - b / alpha), lam_eff = 1: the relation's

@@ -8,7 +8,7 @@ import pytest
 
 import retrax.diffusion as rd
 import retrax.relations as rr
-from helpers import raises_eagerly_and_under_jit
+from helpers import QuadraticEnergy, raises_eagerly_and_under_jit
 
 
 SCHED = rd.VPSDE()
@@ -110,17 +110,6 @@ def test_bad_query_gradients_are_nan_alone():
     np.testing.assert_allclose(jac[keep][:, keep], good[keep][:, keep], atol=1e-12)
 
 
-class Quadratic(eqx.Module):
-    """The energy 0.5 (x - b)^T A (x - b): a Gaussian relation."""
-
-    a: jax.Array
-    b: jax.Array
-
-    def __call__(self, x, t):
-        d = x - self.b
-        return 0.5 * d @ self.a @ d
-
-
 def gaussian_factor():
     """A correlated Gaussian N(mean, prec^-1) over channels x (1), y (2), w (1)."""
     t = 0.01
@@ -129,7 +118,7 @@ def gaussian_factor():
     a = jnp.asarray(m @ m.T / 4 + np.eye(4))
     b = jnp.asarray(rng.normal(size=4))
     nodes = rr.noisefree_nodes(4, t)
-    pred = rd.EnergyNetwork(Quadratic(a, b), SCHED)
+    pred = rd.EnergyNetwork(QuadraticEnergy(a, b), SCHED)
     rel = rr.ImplicitDiffusion(pred, nodes, lam=rr.density_lambda(SCHED, nodes))
     alpha = SCHED.alpha(jnp.asarray(t))
     return rr.Factor(rel, {"x": 1, "y": 2, "w": 1}), alpha**2 * a, b / alpha
