@@ -1,4 +1,5 @@
-"""Deprecation warnings that point at the user's line."""
+"""Warnings that point at the user's line: deprecations, and the library's
+other warnings (`warn_at_caller`)."""
 
 import os
 import sys
@@ -7,24 +8,31 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
+import jaxtyping
 
 
-# retrax's own files, and equinox's (whose module machinery calls `__init__`
-# and properties through several frames of its own)
-_INTERNAL = (
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,
-    os.path.dirname(os.path.abspath(eqx.__file__)) + os.sep,
+# retrax's own files, equinox's (whose module machinery calls `__init__` and
+# properties through several frames of its own) and jaxtyping's (whose
+# type-checking wrappers may stand around retrax's functions)
+_INTERNAL = tuple(
+    os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+    for module in (sys.modules[__package__], eqx, jaxtyping)
 )
 
 
-def warn_deprecated(message: str) -> None:
-    """Warn with `DeprecationWarning`, attributed to the first frame outside
-    retrax and equinox, so that Python's default filters show it to the code
-    that used the old spelling."""
+def warn_at_caller(message: str, category: type[Warning]) -> None:
+    """Warn with `category`, attributed to the first frame outside retrax,
+    equinox and jaxtyping: the user's line, which Python's default filters
+    show and which a test's `pytest.warns` records."""
     frame, level = sys._getframe(1), 2
     while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
         frame, level = frame.f_back, level + 1
-    warnings.warn(message, DeprecationWarning, stacklevel=level)
+    warnings.warn(message, category, stacklevel=level)
+
+
+def warn_deprecated(message: str) -> None:
+    """Warn with `DeprecationWarning` at the code that used the old spelling."""
+    warn_at_caller(message, DeprecationWarning)
 
 
 def deprecated_property(old: str, new: str, read: Callable[[Any], Any]) -> property:

@@ -6,9 +6,6 @@ same way for every scipy-named op, so that each op's own code only handles
 one signal of shape `(T,)`.
 """
 
-import os
-import sys
-import warnings
 from collections.abc import Callable
 
 import jax
@@ -16,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike
 
+from .._deprecated import warn_at_caller
 from .._errors import error_if
 from .._float_dtypes import INEXACT
 from .._misc import result_dtype
@@ -52,29 +50,14 @@ def _warn_if_narrowed(args) -> None:
         return
     if any(type(arg) is np.ndarray and arg.dtype in _WIDE for arg in args):
         _NARROWED[0] = True
-        warnings.warn(
+        warn_at_caller(
             "retrax.ops: float64 input computes in float32 because JAX's x64 "
             "mode is off (JAX's default; scipy computes in float64). Enable it "
             'with `jax.config.update("jax_enable_x64", True)` at the start of '
             "the program for scipy's precision, or pass float32 arrays to "
             "silence this warning. It is given once a process.",
             UserWarning,
-            stacklevel=_outside_retrax(sys._getframe(0)),
         )
-
-
-def _outside_retrax(frame) -> int:
-    """The `stacklevel`, for a warning issued in `frame`, of the first caller
-    outside retrax (and outside the type checkers that may wrap its
-    functions): the user's line."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    level = 1
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(package) and "jaxtyping" not in name:
-            return level
-        frame, level = frame.f_back, level + 1
-    return 1
 
 
 def scipy_dtype(*args: ArrayLike | list | tuple | None) -> np.dtype:
