@@ -1,12 +1,38 @@
 """The result codes of the diffusion solves and samplers."""
 
+import jax
+import numpy as np
 import optimistix as optx
+
+
+class _NamedSuccess(type(optx.RESULTS)):
+    """Equinox's enumeration type, with `successful` read by its name.
+
+    A code prints as `RESULTS<message>` (equinox's `EnumerationItem.__repr__`
+    reads `RESULTS[code]`), and lineax gives `successful` the empty message, so
+    a success printed as `RESULTS<>`. Here the empty message reads as the
+    entry's name: `RESULTS[RESULTS.successful] == "successful"` and a success
+    prints `RESULTS<successful>`. The messages raised are unchanged.
+    """
+
+    def __getitem__(cls, item) -> str:
+        message = super().__getitem__(item)  # checks `item`; "traced" under a trace
+        value = item._value
+        if isinstance(value, jax.core.Tracer) or not isinstance(
+            value, np.ndarray | jax.Array
+        ):
+            return message
+        names = {int(v._value): name for name, v in cls._name_to_item.items()}
+        by_name = np.vectorize(
+            lambda v: cls._index_to_message[v] or names[int(v)], otypes=[str]
+        )
+        return str(by_name(np.asarray(value)))
 
 
 # Extends `optx.RESULTS` (itself extending `lx.RESULTS`), so the messages of the
 # nonlinear and linear solvers pass through unchanged; `retrax.relations.RESULTS`
 # extends this one in turn, as diffrax's extend optimistix's.
-class RESULTS(optx.RESULTS):  # pyright: ignore
+class RESULTS(optx.RESULTS, metaclass=_NamedSuccess):  # pyright: ignore
     prox_search_failed = (
         "The line search of an inner proximal solve (`MixtureProx`) found no "
         "acceptable step from a point that is not a proximal point (a non-finite "
