@@ -38,6 +38,8 @@ class InvalidArgumentError(ValueError, eqx.EquinoxRuntimeError):
 def _nan_like(x: jax.Array) -> jax.Array:
     if jnp.issubdtype(x.dtype, jnp.inexact):
         return jnp.full_like(x, jnp.nan)
+    if x.dtype == jnp.bool_:
+        return jnp.full_like(x, True)
     return jnp.full_like(x, np.iinfo(x.dtype).max)
 
 

@@ -115,6 +115,15 @@ def test_a_concrete_check_raises_at_once_as_a_value_error():
         jax.block_until_ready(checked(-x))
 
 
+def test_a_check_carries_every_kind_of_leaf():
+    # a solution checked as a whole holds booleans and integers beside floats
+    tree = (jnp.ones(2), jnp.array([True, False]), jnp.arange(3))
+    checked = jax.jit(lambda t: error_if(t, t[0][0] < 0, "`t` must be >= 0."))
+    out = checked(tree)
+    for got, want in zip(out, tree, strict=True):
+        assert got.dtype == want.dtype and bool(jnp.all(got == want))
+
+
 @pytest.mark.parametrize("decorate", ["bare", "with_arguments"])
 def test_a_users_program_under_retrax_filter_jit_leads_with_the_check(decorate):
     # The user's own compiled program calls retrax; a NaN coefficient that

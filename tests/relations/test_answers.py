@@ -37,11 +37,6 @@ GRAPH = rr.FactorGraph(
 # Public functions that return a solution but do not solve, sample or train:
 # `roots_by_energy` reorders the answers of `implicit_roots`.
 NOT_SOLVES = {"roots_by_energy"}
-# Solves that do not yet take `throw=`: `task_gradient` masks the queries that
-# failed (their codes are in its `result`), and `fit_through_inference`
-# raises `FloatingPointError` on a non-finite step. Listed here so that the
-# walk below covers them as soon as they take it.
-NO_THROW_YET = {"fit_through_inference", "task_gradient"}
 
 
 def _returns_a_solution(f) -> type | None:
@@ -66,6 +61,14 @@ def _solvers() -> dict[str, typing.Any]:
     }
 
 
+QUERIES = jnp.array([[0.6, 0.5], [0.5, 0.6]])
+TARGETS = jnp.array([0.8, 0.85])
+
+
+def _squared_error(z, target):
+    return (z[1] - target) ** 2
+
+
 def _call(name):
     """One small call of each public solve, with its default `throw=True`."""
     factor = gaussian_energy_factor(SCHED)
@@ -87,28 +90,39 @@ def _call(name):
         ),
         "solve_graph": lambda: rr.solve_graph(GRAPH),
         "propagate_beliefs": lambda: rr.propagate_beliefs(GRAPH),
+        "task_gradient": lambda: rr.task_gradient(
+            RING, QUERIES, RHO, TARGETS, _squared_error
+        ),
+        "fit_through_inference": lambda: rr.fit_through_inference(
+            RING,
+            QUERIES,
+            RHO,
+            TARGETS,
+            _squared_error,
+            jax.random.key(2),
+            epochs=2,
+            progress=False,
+        ),
     }
     return calls[name]()
 
 
 def test_every_solve_is_walked():
     # a new public solve needs a call in `_call`, and is then checked below
-    assert set(_solvers()) - NO_THROW_YET == {
+    assert set(_solvers()) == {
         "factor_infer",
         "factor_pullback",
+        "fit_through_inference",
         "implicit_infer",
         "implicit_pullback",
         "implicit_roots",
         "propagate_beliefs",
         "solve_graph",
+        "task_gradient",
     }
-    # the ones listed as not yet taking `throw=` still do not: once they do,
-    # they leave the list and the walk covers them
-    for name in NO_THROW_YET:
-        assert "throw" not in inspect.signature(getattr(rr, name)).parameters
 
 
-@pytest.mark.parametrize("name", sorted(set(_solvers()) - NO_THROW_YET))
+@pytest.mark.parametrize("name", sorted(_solvers()))
 def test_solve_answers_in_one_shape(name):
     f = _solvers()[name]
     throw = inspect.signature(f).parameters.get("throw")

@@ -347,3 +347,69 @@ def test_fit_through_inference_nan_learning_rate_raises(getkey):
                 max_steps=4,
                 progress=progress,
             )
+
+
+@pytest.mark.loud
+def test_fit_through_inference_without_throw_returns_the_run_up_to_the_stop(getkey):
+    # a NaN learning rate makes the first update non-finite: with
+    # `throw=False` the run stops there, nothing applied, and says why
+    relation, z0, targets = _inference_problem()
+    for progress in (False, True):
+        fit = rr.fit_through_inference(
+            relation,
+            z0,
+            RHO,
+            targets,
+            squared_error,
+            getkey(),
+            epochs=3,
+            optimizer=NAN_RATE,
+            where=means,
+            max_steps=4,
+            progress=progress,
+            throw=False,
+        )
+        assert fit.result == rr.RESULTS.nonfinite_update
+        assert int(fit.stats["num_steps"]) == 0
+        # the failed epoch's task loss is recorded, and no later epoch
+        assert fit.history.task_loss.shape == (1,)
+        np.testing.assert_array_equal(fit.value.pred.means, relation.pred.means)
+
+
+def test_fit_through_inference_reports_its_steps(getkey):
+    relation, z0, targets = _inference_problem()
+    fit = rr.fit_through_inference(
+        relation,
+        z0,
+        RHO,
+        targets,
+        squared_error,
+        getkey(),
+        epochs=2,
+        optimizer=ADAM,
+        where=means,
+        max_steps=8,
+        progress=False,
+        throw=False,
+    )
+    assert fit.result == rr.RESULTS.successful
+    assert int(fit.stats["num_steps"]) == 2
+    assert not np.array_equal(fit.value.pred.means, relation.pred.means)
+
+
+@pytest.mark.loud
+def test_task_gradient_over_no_valid_query_is_loud_or_nan():
+    # one Newton step cannot converge: no query enters the loss, whose mean
+    # over nothing is not 0
+    relation, z0, targets = _inference_problem()
+    args = (relation, z0, RHO, targets, squared_error)
+    with pytest.raises(Exception, match="no query entered the loss"):
+        rr.task_gradient(*args, where=means, max_steps=1)
+    task = rr.task_gradient(*args, where=means, max_steps=1, throw=False)
+    assert int(task.failed) == z0.shape[0] and not bool(jnp.any(task.valid))
+    assert bool(jnp.isnan(task.loss))
+    assert bool(jnp.all(jnp.isnan(task.value.pred.means)))
+    assert bool(jnp.all(task.result != rr.RESULTS.successful))
+    # some valid queries: a finite loss, the failures counted, no error
+    ok = rr.task_gradient(*args, where=means)
+    assert bool(jnp.isfinite(ok.loss)) and int(ok.failed) < z0.shape[0]

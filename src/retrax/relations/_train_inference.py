@@ -22,7 +22,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree, 
 from tqdm.auto import tqdm
 
 from .._deprecated import deprecated_property
-from .._errors import filter_jit
+from .._errors import error_if, filter_jit
 from .._misc import all_finite
 from .._solution import AbstractSolution
 from .._validate import check_positive_int, check_tol, static_float
@@ -47,7 +47,8 @@ class TaskGradient(AbstractSolution):
 
     **Attributes:**
 
-    - `loss`: the mean task loss over the valid queries (0 when none is).
+    - `loss`: the mean task loss over the valid queries (NaN when none is,
+      with `throw=False`).
     - `value`: the answer, the loss's gradient with respect to the trained
       arrays, a pytree shaped like the relation with `None` at the arrays
       not trained. `grads` is its old name, deprecated (with a
@@ -72,6 +73,22 @@ class TaskGradient(AbstractSolution):
     stats: dict[str, Array]
 
     grads = deprecated_property("TaskGradient.grads", ".value", lambda s: s.value)
+
+
+class _EpochConfig(eqx.Module):
+    """What one epoch of `fit_through_inference` is compiled for: its static
+    options by name (hashed with the epoch's program, so that a later call
+    with the same objects reuses it)."""
+
+    loss: Callable = eqx.field(static=True)
+    optimizer: optax.GradientTransformation = eqx.field(static=True)
+    where: Callable = eqx.field(static=True)
+    gradient: str = eqx.field(static=True)
+    tol: float | None = eqx.field(static=True)
+    max_steps: int = eqx.field(static=True)
+    weight: float = eqx.field(static=True)
+    batch_size: int = eqx.field(static=True)
+    t_range: tuple[float, float] = eqx.field(static=True)
 
 
 class InferenceHistory(eqx.Module):
@@ -107,9 +124,13 @@ class InferenceFit(AbstractSolution):
 
     - `value`: the trained relation.
     - `history`: the run's [`retrax.relations.InferenceHistory`][].
-    - `result`: `successful`: a run whose update would have made the trained
-      arrays non-finite raises a `FloatingPointError` instead of returning.
-    - `stats`: `{"num_steps": epochs}`, the optimiser steps taken.
+    - `result`: `successful`; `nonfinite_update` or `nonfinite_loss` for a
+      run stopped by an update that would have made the trained arrays or
+      the optimiser state non-finite, or by a non-finite denoising loss
+      (with `throw=False`; with `throw=True` such a run raises a
+      `FloatingPointError` instead).
+    - `stats`: `{"num_steps": ...}`, the optimiser steps applied (`epochs`
+      unless the run stopped).
     """
 
     value: AbstractImplicitRelation
@@ -243,6 +264,7 @@ def task_gradient(
     gradient: str = "implicit",
     tol: float | None = None,
     max_steps: int = 200,
+    throw: bool = True,
 ) -> TaskGradient:
     r"""The mean task loss of a set of queries and its gradient.
 
@@ -282,6 +304,11 @@ def task_gradient(
     - `tol`, `max_steps`: as in `implicit_infer`; `tol` a positive finite
       number (or `None`, a `ValueError` otherwise), `max_steps` a positive
       integer.
+    - `throw`: whether a set of queries none of which entered the loss
+      raises (eagerly, and at run time under `jit`); with `throw=False` its
+      loss and gradient are NaN, and `valid`, `failed` and `result` say why.
+      Some failed queries among valid ones never raise: they are masked out
+      and counted.
 
     **Returns:**
 
@@ -292,20 +319,35 @@ def task_gradient(
     tol = check_tol(tol)
     z0, rho, z_init = _check_queries(relation, z0, rho, z_init)
     spec = _spec(relation, where)
-    return _task(
+    task = _task(
         relation, spec, z0, rho, targets, loss, z_init, gradient, tol, max_steps
     )
+    none_valid = task.failed == task.valid.shape[0]
+    # a loss over no query is not 0: NaN, or an error
+    nan = lambda v: jnp.where(none_valid, jnp.asarray(jnp.nan, v.dtype), v)
+    task = eqx.tree_at(
+        lambda t: (t.loss, t.value),
+        task,
+        (nan(task.loss), jax.tree.map(nan, task.value)),
+    )
+    if throw:
+        task = error_if(
+            task,
+            none_valid,
+            "`task_gradient`: no query entered the loss: every one failed (not "
+            "converged, not stable, a singular adjoint system or a non-finite "
+            "loss). Call it with `throw=False` to read `result` and `valid`.",
+        )
+    return task
 
 
 @filter_jit
-def _epoch(params, opt_state, static, spec, queries, key, config):
+def _epoch(params, opt_state, static, spec, queries, key, live, config):
     z0, rho, targets, z_init, data = queries
-    (loss, optimizer, where, gradient, tol, max_steps, weight, batch_size, t_range) = (
-        config
-    )
+    c = config
     relation = eqx.combine(params, static)
     task = _task(
-        relation, spec, z0, rho, targets, loss, z_init, gradient, tol, max_steps
+        relation, spec, z0, rho, targets, c.loss, z_init, c.gradient, c.tol, c.max_steps
     )
     grads = task.value
     if data is None:
@@ -313,37 +355,40 @@ def _epoch(params, opt_state, static, spec, queries, key, config):
     else:
         k_idx, k_t, k_eps = jax.random.split(key, 3)
         dtype = data.dtype
-        x0 = data[jax.random.randint(k_idx, (batch_size,), 0, data.shape[0])]
-        t = jax.random.uniform(k_t, (batch_size,), dtype, *t_range)
+        x0 = data[jax.random.randint(k_idx, (c.batch_size,), 0, data.shape[0])]
+        t = jax.random.uniform(k_t, (c.batch_size,), dtype, *c.t_range)
         eps = jax.random.normal(k_eps, x0.shape, dtype)
 
         def denoising_loss(p):
-            pred = where(eqx.combine(p, static))
+            pred = c.where(eqx.combine(p, static))
             return jnp.mean(jax.vmap(pred.denoising_loss)(eps, x0, t))
 
         denoising, dgrads = jax.value_and_grad(denoising_loss)(params)
         grads = jax.tree.map(
-            lambda a, b: a + (weight * b).astype(a.dtype), grads, dgrads
+            lambda a, b: a + (c.weight * b).astype(a.dtype), grads, dgrads
         )
         denoising = denoising.astype(z0.dtype)
     # optax mixes Python floats with its int32 step count, which a caller's
     # strict dtype promotion would reject
     with jax.numpy_dtype_promotion("standard"):
-        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        updates, new_opt_state = c.optimizer.update(grads, opt_state, params)
     new_params = eqx.apply_updates(params, updates)
-    # a non-finite update is never applied: `fit_through_inference` raises
+    # a non-finite update is never applied, nor any after a run has stopped
+    # (`live` false): `fit_through_inference` raises or reports it
     inexact = [
         x
         for x in jax.tree.leaves(new_opt_state)
         if eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.inexact)
     ]
-    finite = all_finite(new_params) & all_finite(inexact)
-    finite = finite & jnp.isfinite(denoising)
-    keep = lambda new, old: jnp.where(finite, new, old)
+    finite_loss = jnp.isfinite(denoising)
+    finite = all_finite(new_params) & all_finite(inexact) & finite_loss
+    apply = finite & live
+    keep = lambda new, old: jnp.where(apply, new, old)
     params = jax.tree.map(keep, new_params, params)
     opt_state = jax.tree.map(keep, new_opt_state, opt_state)
-    z_init = jnp.where(task.valid[:, None], task.z, z_init)
-    return params, opt_state, z_init, task.loss, denoising, task.failed, finite
+    z_init = jnp.where(live & task.valid[:, None], task.z, z_init)
+    flags = jnp.stack([finite, finite_loss])
+    return params, opt_state, z_init, task.loss, denoising, task.failed, flags
 
 
 def _check_options(
@@ -412,6 +457,7 @@ def fit_through_inference(
     tol: float | None = None,
     max_steps: int = 200,
     progress: bool = True,
+    throw: bool = True,
 ) -> InferenceFit:
     r"""Train a relation through inference: a task loss on the answers of queries.
 
@@ -467,6 +513,9 @@ def fit_through_inference(
     - `tol`, `max_steps`: as in `implicit_infer`; `tol` a positive finite
       number (or `None`), `max_steps` a positive integer.
     - `progress`: show a tqdm progress bar.
+    - `throw`: whether a run that stops (a non-finite update or denoising
+      loss) raises; with `throw=False` it returns the run up to that epoch
+      with its result code.
 
     **Returns:**
 
@@ -479,10 +528,15 @@ def fit_through_inference(
     `ValueError` naming the argument for a non-finite or negative
     `denoising_weight`, a `tol` that is not positive and finite, or
     `max_steps < 1` (and for the other bad arguments). An update that would
-    make the trained arrays or the optimiser state non-finite is not
-    applied and raises a `FloatingPointError` naming the epoch: after that
-    epoch with `progress` (which reads every epoch's results anyway), after
-    the last epoch without it (so that the epochs run without a pause).
+    make the trained arrays or the optimiser state non-finite, or a
+    non-finite denoising loss, is not applied and stops the run at that
+    epoch: with `throw=True` (the default) a `FloatingPointError` naming the
+    epoch, after that epoch with `progress` (which reads every epoch's
+    results anyway), after the last epoch without it (so that the epochs run
+    without a pause; none is applied after the first that failed). With
+    `throw=False` the run up to that epoch is returned, its `result`
+    `RESULTS.nonfinite_update` or `RESULTS.nonfinite_loss` and
+    `stats["num_steps"]` the updates applied.
     """
     tol, weight, (t0, t1) = _check_options(
         epochs, batch_size, max_steps, gradient, tol, denoising_weight, t_range
@@ -504,65 +558,90 @@ def fit_through_inference(
             "`where` selects no floating-point arrays of the relation: nothing "
             "to train."
         )
-    opt_state = optimizer.init(params)
-    config = (
-        loss,
-        optimizer,
-        where,
-        gradient,
-        tol,
-        max_steps,
-        weight,
-        batch_size,
-        (t0, t1),
+    config = _EpochConfig(
+        loss, optimizer, where, gradient, tol, max_steps, weight, batch_size, (t0, t1)
     )
-    task_losses, denoising_losses, failures, finites = [], [], [], []
+    queries = (z0, rho, targets, z_init, data)
+    params, records, flags = _run_epochs(
+        params, static, spec, queries, key, config, epochs, progress, throw
+    )
+    return _finish(eqx.combine(params, static), records, flags, throw)
 
-    def check(epoch, finite):
-        if not bool(finite):
-            raise FloatingPointError(
-                f"`fit_through_inference` stopped at epoch {epoch} (counting from "
-                "0): its update made the trained parameters or the optimiser "
-                "state non-finite, or its denoising loss is not finite (a "
-                "learning rate or `denoising_weight` too large?). The returned "
-                "arrays would be NaN; the update was not applied."
-            )
 
+def _stop_message(epoch: int) -> str:
+    return (
+        f"`fit_through_inference` stopped at epoch {epoch} (counting from 0): "
+        "its update made the trained parameters or the optimiser state "
+        "non-finite, or its denoising loss is not finite (a learning rate or "
+        "`denoising_weight` too large?). The update was not applied; with "
+        "`throw=False` the run up to that epoch is returned with its result "
+        "code."
+    )
+
+
+def _run_epochs(params, static, spec, queries, key, config, epochs, progress, throw):
+    """The epochs of `fit_through_inference`, each one jitted program:
+    `(params, records, flags)`, the last applied parameters, per epoch
+    `(task loss, denoising loss, failures, warm starts)` and per epoch
+    `(update finite, denoising loss finite)` as a `(epochs, 2)` array.
+
+    A failed epoch stops the run: with `progress` (which reads every epoch
+    anyway) the loop ends there, raising if `throw`; without it the epochs
+    run without a pause and apply nothing after the first failure."""
+    opt_state = config.optimizer.init(params)
+    z0, rho, targets, z_init, data = queries
+    records, flags = [], []
+    live = jnp.asarray(True)
     with tqdm(total=epochs, disable=not progress, desc="fit", unit="epoch") as bar:
         for epoch in range(epochs):
-            queries = (z0, rho, targets, z_init, data)
-            params, opt_state, z_init, task, denoising, failed, finite = _epoch(
+            batch = (z0, rho, targets, z_init, data)
+            params, opt_state, z_init, task, denoising, failed, ok = _epoch(
                 params,
                 opt_state,
                 static,
                 spec,
-                queries,
+                batch,
                 jax.random.fold_in(key, epoch),
+                live,
                 config,
             )
-            task_losses.append(task)
-            denoising_losses.append(denoising)
-            failures.append(failed)
-            finites.append(finite)
+            records.append((task, denoising, failed, z_init))
+            flags.append(ok)
+            live = live & ok[0]
             if progress:
-                # this reads the epoch's results anyway
-                check(epoch, finite)
+                if not bool(ok[0]):
+                    if throw:
+                        raise FloatingPointError(_stop_message(epoch))
+                    break
                 bar.update(1)
                 bar.set_postfix(loss=f"{float(task):.4g}", failed=int(failed))
-    if not progress:
-        # one read at the end, so that the epochs still run without a pause
-        flags = np.asarray(jnp.stack(finites))
-        if not flags.all():
-            check(int(np.argmin(flags)), False)
+    return params, records, np.asarray(jnp.stack(flags))
+
+
+def _finish(relation, records, flags, throw) -> "InferenceFit":
+    """The `InferenceFit` of a run whose epochs left `records` and `flags`
+    (see `_run_epochs`): cut at the first failed epoch, if any, which
+    raises when `throw`."""
+    failed = np.flatnonzero(~flags[:, 0].astype(bool))
+    result, steps = RESULTS.successful, len(records)
+    if failed.size:
+        stop = int(failed[0])
+        if throw:
+            raise FloatingPointError(_stop_message(stop))
+        loss_ok = bool(flags[stop, 1])
+        result = RESULTS.nonfinite_update if loss_ok else RESULTS.nonfinite_loss
+        # the failed epoch's losses are recorded; its update is not applied
+        records, steps = records[: stop + 1], stop
+    task, denoising, failures, starts = zip(*records, strict=True)
     history = InferenceHistory(
-        task_loss=jnp.stack(task_losses),
-        denoising_loss=jnp.stack(denoising_losses),
+        task_loss=jnp.stack(task),
+        denoising_loss=jnp.stack(denoising),
         failed=jnp.stack(failures),
-        z_init=z_init,
+        z_init=starts[-1],
     )
     return InferenceFit(
-        value=eqx.combine(params, static),
+        value=relation,
         history=history,
-        result=RESULTS.successful,
-        stats={"num_steps": jnp.asarray(epochs)},
+        result=result,
+        stats={"num_steps": jnp.asarray(steps)},
     )
