@@ -127,6 +127,24 @@ def convolve(x: Array, ir: Array, history: Array | None) -> Array:
     return wet[..., length - 1 : length - 1 + t]
 
 
+def t60_range(length: int, sample_rate: float) -> Range:
+    """The decay times' range: $[0.05, 10]$ s, its top raised to
+    $3 \\ln 10\\,(L - 1) / f_s$ where that is longer (dasp-pytorch's slowest
+    decay for an `length`-sample response), logarithmic."""
+    longest = 3 * math.log(10.0) * (length - 1) / sample_rate
+    return Range(0.05, max(10.0, longest), log=True)
+
+
+def fresh_noise(
+    key: PRNGKeyArray, shape: tuple[int, ...], n_taps: int, taps: int, dtype
+) -> Array:
+    """The white noise a reverb whose `noise` has `shape` draws from `key`
+    (as its constructor would), cut to what its first `taps` samples need."""
+    channels, bands, length = shape
+    white = jax.random.normal(key, (channels, bands, length + n_taps - 1), dtype)
+    return white[..., : taps + n_taps - 1]
+
+
 class NoiseShapedReverb(AbstractRangedEffect):
     r"""Filtered-noise reverb: an impulse response of octave-band noise under
     per-band exponential decays (Steinmetz et al., WASPAA 2021; the
@@ -141,14 +159,22 @@ class NoiseShapedReverb(AbstractRangedEffect):
     effect is built, and is then fixed (a room, not a random process): it is
     the field `noise`, and no gradient flows to it (`__call__` stops it). A
     new `key` gives a new room; a batch of keys under `eqx.filter_vmap`
-    builds an ensemble.
+    builds an ensemble. `effect(x, key=k)` instead draws fresh noise from
+    `k` for that call, as dasp-pytorch draws it at every call: the same key
+    gives the room `NoiseShapedReverb(..., key=k)` would hold, and
+    `jax.vmap` over keys gives one room per key, without rebuilding the
+    effect.
 
     **Arguments:**
 
     - `band_gains`: $g_b$, the 12 bands' linear gains, each in $[0, 1]$
       (normalised linearly); a scalar is used for every band.
     - `t60s`: $T_{60,b}$, the bands' decay times in seconds, each in
-      $[0.05, 10]$ (normalised logarithmically); a scalar for every band.
+      $[0.05, T_{\max}]$ (normalised logarithmically), $T_{\max}$ 10 s or,
+      for a longer response, $3 \ln 10\,(L - 1) / f_s$ (dasp-pytorch's
+      slowest decay: 10.27 s at its default 65,536 samples and 44.1 kHz, so
+      every dasp decay is a valid T60, see `retrax.effects.from_dasp`); a
+      scalar for every band.
     - `mix`: the wet fraction, in $[0, 1]$.
     - `key`: a JAX PRNG key for the white noise.
     - `white_noise`: instead of `key`, the white noise itself, shape
@@ -178,10 +204,11 @@ class NoiseShapedReverb(AbstractRangedEffect):
     mix: Float[Array, ""]
     noise: Float[Array, "channels bands length"]
     sample_rate: float = eqx.field(static=True)
+    n_taps: int = eqx.field(static=True)
 
+    # the decay times' range is `t60_range(length, sample_rate)`
     RANGES: ClassVar[dict[str, Range]] = {
         "band_gains": Range(0.0, 1.0),
-        "t60s": Range(0.05, 10.0, log=True),
         "mix": Range(0.0, 1.0),
     }
 
@@ -209,7 +236,8 @@ class NoiseShapedReverb(AbstractRangedEffect):
                 "`sample_rate` must exceed 36 kHz (the top band is an 18 kHz "
                 f"highpass), got {sample_rate!r}."
             )
-        r = self.RANGES
+        self.n_taps = n_taps
+        r = self.RANGES | {"t60s": t60_range(length, self.sample_rate)}
         values = {"band_gains": band_gains, "t60s": t60s}
         for name, value in values.items():
             value = jnp.asarray(value, float)
@@ -238,9 +266,11 @@ class NoiseShapedReverb(AbstractRangedEffect):
         self.noise = shape_noise(white, n_taps, self.sample_rate)
 
     def ranges(self) -> dict[str, Range]:
-        """`band_gains` in $[0, 1]$, `t60s` in $[0.05, 10]$ s (log), `mix` in
-        $[0, 1]$."""
-        return self.RANGES
+        """`band_gains` in $[0, 1]$, `t60s` in $[0.05, T_{\\max}]$ s (log,
+        see the class), `mix` in $[0, 1]$."""
+        r = self.RANGES
+        t60s = t60_range(self.length, self.sample_rate)
+        return {"band_gains": r["band_gains"], "t60s": t60s, "mix": r["mix"]}
 
     @property
     def channels(self) -> int:
@@ -253,15 +283,21 @@ class NoiseShapedReverb(AbstractRangedEffect):
         return self.noise.shape[-1]
 
     def impulse_response(
-        self, dtype=None, taps: int | None = None
+        self, dtype=None, taps: int | None = None, *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "channels taps"]:
         """The impulse responses $h_c$ `(channels, L)` (in `dtype`, by default
-        the parameters'), or their first `taps` samples."""
+        the parameters'), or their first `taps` samples; with `key`, from
+        fresh noise drawn from it (see the class) instead of `noise`."""
         dtype = self.band_gains.dtype if dtype is None else dtype
         taps = self.length if taps is None else min(taps, self.length)
         gains = self.param("band_gains", dtype)
         t60s = self.param("t60s", dtype)
-        noise = jax.lax.stop_gradient(self.noise[..., :taps]).astype(dtype)
+        if key is None:
+            noise = self.noise[..., :taps]
+        else:
+            noise = fresh_noise(key, self.noise.shape, self.n_taps, taps, dtype)
+            noise = shape_noise(noise, self.n_taps, self.sample_rate)
+        noise = jax.lax.stop_gradient(noise).astype(dtype)
         n = jnp.arange(taps, dtype=dtype)
         rate = (3.0 * math.log(10.0) / self.sample_rate) / t60s
         envelope = gains[:, None] * jnp.exp(-rate[:, None] * n)
@@ -287,6 +323,7 @@ class NoiseShapedReverb(AbstractRangedEffect):
         *,
         zi: Shaped[ArrayLike, "*state_channels history"] | None = None,
         return_zf: bool = False,
+        key: PRNGKeyArray | None = None,
     ) -> (
         Float[Array, "*channels_out time"]
         | tuple[
@@ -294,7 +331,8 @@ class NoiseShapedReverb(AbstractRangedEffect):
         ]
     ):
         """Reverberate `x` `(time,)` or `(channels, time)`; with `return_zf`,
-        also the last $L - 1$ input samples (the next block's `zi`)."""
+        also the last $L - 1$ input samples (the next block's `zi`); with
+        `key`, through fresh noise drawn from it (see the class)."""
         x = signal(x)
         check_float_dtype("`x`", x.dtype, "NoiseShapedReverb (its FFT convolution)")
         dt = x.dtype
@@ -310,10 +348,11 @@ class NoiseShapedReverb(AbstractRangedEffect):
         state_shape = (self.length - 1,) if mono_out else (c, self.length - 1)
         if zi is None and not return_zf:
             # from silence, only the response's first T taps reach the output
-            wet = convolve(rows, self.impulse_response(dt, rows.shape[-1]), None)
+            ir = self.impulse_response(dt, rows.shape[-1], key=key)
+            wet = convolve(rows, ir, None)
         else:
             history = state_leaf("zi", zi, state_shape, dt).reshape(c, -1)
-            wet = convolve(rows, self.impulse_response(dt), history)
+            wet = convolve(rows, self.impulse_response(dt, key=key), history)
         y = (1 - mix) * rows + mix * wet
         if not return_zf:
             return y[0] if mono_out else y
