@@ -3,11 +3,13 @@ Gaussian beliefs and the graph's free energy."""
 
 import math
 
+import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from .._errors import filter_jit
 from .._never_silent import nan_unless
 from ._graph import FactorGraph
+from ._graph_selected_inverse import banded_marginals, dense_marginals
 from ._graph_solve import GraphSolution
 from ._graph_system import graph_system
 
@@ -25,6 +27,21 @@ def _check(graph, sol):
             f"`sol` has {sol.x.shape[-1]} coordinates, but the graph has "
             f"{graph.size}: it was solved on another graph."
         )
+    # The solution's variables (names and shapes) must be the graph's: a
+    # structural check, free at trace time (a dict's order is lost in JAX's
+    # flattening, so compared sorted).
+    expected = sorted(
+        (name, (dim,) if single else (count, dim))
+        for name, count, dim, single in graph.variables
+    )
+    value = sol.value if isinstance(sol.value, dict) else {}
+    got = sorted((name, tuple(jnp.shape(v))) for name, v in value.items())
+    if got != expected:
+        raise ValueError(
+            f"`sol` is the solution of another graph: its variables are {got} "
+            f"(name, shape), `graph`'s are {expected}; pass the solution of "
+            "`solve_graph(graph)`."
+        )
 
 
 @filter_jit
@@ -36,9 +53,12 @@ def graph_laplace(graph: FactorGraph, sol: GraphSolution) -> dict[str, Array]:
     energy for Gaussian and residual factors): the exact marginal
     covariances of a linear-Gaussian graph. A learned relation's rows enter
     as its `belief_precision`: with the nodes' smoothing removed for an
-    `ImplicitDiffusion` built with `deblur=True`. Computed with the solve's own
-    structure (for a banded graph, by a backward recursion over the blocks:
-    linear in the number of variables). The belief means are `sol.value`.
+    `ImplicitDiffusion` built with `deblur=True`. Computed from the Cholesky
+    factorisation in the solve's own structure: for a banded graph, by
+    selected inversion (block Cholesky forward, Takahashi's recurrence
+    backward, one `lax.scan` each: linear in the number of variables, and a
+    compiled program that does not grow with the graph); for a dense one, from
+    the whole inverse. The belief means are `sol.value`.
 
     **Arguments:**
 
@@ -49,12 +69,26 @@ def graph_laplace(graph: FactorGraph, sol: GraphSolution) -> dict[str, Array]:
 
     The covariances by variable name: `(dimension, dimension)` for a
     variable, `(count, dimension, dimension)` for a family. NaN unless `sol`
-    converged to a stable point.
+    converged to a stable point and the Laplace precision there is positive
+    definite (`sol.result` and `sol.stable` say which failed).
+
+    **Raises:**
+
+    `ValueError` when `sol` is the solution of another graph (its variables'
+    names or shapes differ from `graph`'s).
     """
     _check(graph, sol)
-    system = graph_system(graph, sol.x, sol.linear_solver, rows="belief")
-    covs = system.variable_covariances()
-    return graph.by_variable(nan_unless(sol.converged & sol.stable, covs))
+    lay = graph.layout
+    if sol.linear_solver == "banded":
+        bands = graph.banded_jacobian(sol.x, "belief")
+        covs, positive = banded_marginals(
+            bands, graph.banded.padded, lay.var_start, lay.var_dim
+        )
+    else:
+        matrix = graph.dense_jacobian(sol.x, "belief")
+        covs, positive = dense_marginals(matrix, lay.var_start, lay.var_dim)
+    ok = sol.converged & sol.stable & positive
+    return graph.by_variable(nan_unless(ok, covs))
 
 
 @filter_jit
