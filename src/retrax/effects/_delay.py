@@ -1,5 +1,7 @@
 """A single echo: the signal mixed with a fractionally delayed copy."""
 
+import math
+
 import equinox as eqx
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
@@ -32,7 +34,7 @@ class Delay(AbstractRangedEffect):
     - `delay_ms`: the delay in ms, in $[0, \mathrm{max\_delay\_ms}]$
       (normalised linearly); default half of `max_delay_ms`.
     - `mix`: the wet fraction, in $[0, 1]$.
-    - `max_delay_ms`: the longest delay, a Python number `> 0` (static: it
+    - `max_delay_ms`: the longest delay, a finite Python number `> 0` (static: it
       fixes the history the delay line keeps).
     - `sample_rate`: $f_s$ in Hz, a positive Python number (static).
 
@@ -55,8 +57,11 @@ class Delay(AbstractRangedEffect):
         sample_rate: float | int = 44_100.0,
     ):
         max_delay_ms = static_float("max_delay_ms", max_delay_ms)
-        if not max_delay_ms > 0:
-            raise ValueError(f"`max_delay_ms` must be > 0, got {max_delay_ms!r}.")
+        if not (math.isfinite(max_delay_ms) and max_delay_ms > 0):
+            raise ValueError(
+                f"`max_delay_ms` must be a finite number > 0 (it fixes the history "
+                f"the delay line keeps), got {max_delay_ms!r}."
+            )
         self.max_delay_ms = max_delay_ms
         self.sample_rate = check_rate("sample_rate", sample_rate)
         ranges = self.ranges()

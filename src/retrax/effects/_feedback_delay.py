@@ -14,6 +14,7 @@ from .._effect import (
     logit_with_unconstrained,
     with_values_by_tree_at,
 )
+from .._errors import error_if
 from .._signal import output, per_channel, signal, state_leaf
 from .._validate import check_delay
 from ..ops import comb
@@ -115,4 +116,20 @@ class FeedbackDelay(AbstractFeedbackDelay):
             return (1 - mix) * xc + mix * wet, zf
 
         y, zf = per_channel(mono, x, zi, (D,))
+        if x.shape[-1] <= D:
+            y = _feedback_checked(y, self.feedback, self.RANGES["feedback"])
         return output(y, zf, return_zf)
+
+
+def _feedback_checked(y: Array, feedback: ArrayLike, valid: Range) -> Array:
+    """`y` carrying the range check of `feedback`. A signal no longer than
+    the loop delay ends before the first echo, so its output never reads the
+    feedback gain, and under `jax.jit` a check carried by the gain alone
+    would be dropped with it."""
+    g = jnp.asarray(feedback)
+    bad = ~jnp.isfinite(g) | (g < valid.low) | (g > valid.high)
+    return error_if(
+        y,
+        jnp.any(bad),
+        f"`feedback` must be finite and lie in [{valid.low}, {valid.high}].",
+    )

@@ -24,7 +24,11 @@ from .._unconstrained import (
 )
 from .._validate import check_in_range, check_init_range, check_rate
 from ..ops import sosfilt
-from ._parametrise import biquad_denominator
+from ._parametrise import (
+    biquad_denominator,
+    gain_db_from_unconstrained,
+    gain_db_to_unconstrained,
+)
 
 
 Shape = Literal["peak", "lowshelf", "highshelf"]
@@ -303,11 +307,12 @@ class ParametricEQ(AbstractRangedEffect):
     $\frac{f_s}{2}\,\sigma(\ell_k)$ of logits $\ell_k$, one entry each
     (with `ordered=True`: the gaps of log frequency below, between and above
     the sections are a softmax of the entries, with at least 0.1% between
-    neighbours, so they stay strictly increasing); gains as they are and Qs
-    through softplus. Every real vector gives a valid equaliser of stable
-    sections, in float32 too: the logits are clipped to $[-15, 15]$ before
-    the sigmoid and the other entries below at -15 before softplus (with
-    derivative 0 there).
+    neighbours, so they stay strictly increasing); gains through
+    $60 \tanh(\theta / 60)$ dB (about $\theta$ near 0 dB, within
+    $\pm 60$ dB) and Qs through softplus. Every real vector gives a valid
+    equaliser of stable sections, in float32 too: the logits are clipped to
+    $[-15, 15]$ before the sigmoid and the Qs' entries below at -15 before
+    softplus (with derivative 0 there).
 
     It is a [ranged effect][retrax.effects.AbstractRangedEffect], also
     `retrax.effects.ParametricEQ` (the same class, re-exported): its `3 n`
@@ -402,16 +407,18 @@ class ParametricEQ(AbstractRangedEffect):
         of `with_unconstrained`: the frequencies' entries
         $\ell_k = \operatorname{logit}(2 f_k / f_s)$ (with `ordered=True`:
         $\log w_k - \log w_n$ of the gaps $w$ of `with_unconstrained`), then
-        the gains in dB, then $\operatorname{softplus}^{-1}(q_k)$. Entries
+        $G \operatorname{artanh}(g_k / G)$ of the gains $g_k$ in dB
+        ($G = 60$ dB), then $\operatorname{softplus}^{-1}(q_k)$. Entries
         beyond the map's clipping (with `ordered=True`, neighbours closer than
-        its least gap) do not round-trip. Invalid fields raise (also under
-        `jax.jit`)."""
+        its least gap; gains at or beyond $\pm G$) do not round-trip.
+        Invalid fields raise (also under `jax.jit`)."""
         freqs, gains_db, qs = self._checked()
         if self.ordered:
             logits = _ordered_logits(freqs, self.sample_rate)
         else:
             logits = logit(freqs / (self.sample_rate / 2))
-        return jnp.concatenate([logits, gains_db, softplus_inverse(qs)])
+        gains = gain_db_to_unconstrained(gains_db)
+        return jnp.concatenate([logits, gains, softplus_inverse(qs)])
 
     def with_unconstrained(self, theta: Shaped[ArrayLike, " params"]) -> "ParametricEQ":
         r"""This equaliser from any real `theta` `(3 n,)`: frequencies
@@ -421,7 +428,9 @@ class ParametricEQ(AbstractRangedEffect):
         \dots, \theta_{n-1}, 0)$, $\delta = 10^{-3}$ the least gap,
         $f_{\min}$ and $f_{\max}$ the frequencies of the logits $\mp 15$ and
         $S = \log(f_{\max}/f_{\min}) - (n-1)\delta$: strictly increasing for
-        every finite `theta`); gains `theta[n:2n]` in dB; Qs
+        every finite `theta`); gains $G \tanh(\theta_{n+k} / G)$ in dB, with
+        $G = 60$ dB (about $\theta_{n+k}$ near 0 dB, and bounded, so every
+        finite `theta` gives finite sections); Qs
         $\operatorname{softplus}(\theta_{2n+k})$. Train `theta` (e.g. with
         optax) and build the equaliser from it inside the loss."""
         n = self.n_sections
@@ -430,9 +439,10 @@ class ParametricEQ(AbstractRangedEffect):
             freqs = _ordered_freqs(theta[:n], self.sample_rate)
         else:
             freqs = bounded(theta[:n]) * (self.sample_rate / 2)
+        gains_db = gain_db_from_unconstrained(theta[n : 2 * n])
         qs = positive(theta[2 * n :])
         return eqx.tree_at(
-            lambda e: (e.freqs, e.gains_db, e.qs), self, (freqs, theta[n : 2 * n], qs)
+            lambda e: (e.freqs, e.gains_db, e.qs), self, (freqs, gains_db, qs)
         )
 
     def ranges(self) -> dict[str, Range]:
@@ -520,7 +530,11 @@ def _ordered_freqs(theta: Array, sample_rate: float) -> Array:
     lo, span = _ordered_span(n, sample_rate)
     weights = jax.nn.softmax(jnp.concatenate([theta, jnp.zeros((1,), theta.dtype)]))
     steps = jnp.arange(n, dtype=theta.dtype) * _MIN_LOG_GAP
-    return jnp.exp(lo + steps + span * jnp.cumsum(weights[:-1]))
+    freqs = jnp.exp(lo + steps + span * jnp.cumsum(weights[:-1]))
+    # the top of the reach is 3e-7 below Nyquist, which float32's `exp`
+    # (relative error about 1e-6 at these logarithms) can round past
+    nyquist = jnp.asarray(sample_rate / 2, freqs.dtype)
+    return jnp.minimum(freqs, jnp.nextafter(nyquist, jnp.zeros_like(nyquist)))
 
 
 def _ordered_logits(freqs: Array, sample_rate: float) -> Array:

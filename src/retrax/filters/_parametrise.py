@@ -4,6 +4,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Inexact, Shaped
 
 from .._misc import as_inexact
+from .._unconstrained import SATURATION
 from .._validate import check_finite
 
 
@@ -97,3 +98,25 @@ def biquad_denominator(
     radius = check_finite("radius", as_inexact("radius", radius))
     angle = check_finite("angle", as_inexact("angle", angle))
     return jnp.stack(jnp.broadcast_arrays(-2 * radius * jnp.cos(angle), radius**2), -1)
+
+
+# The gains of the unconstrained maps lie within this many dB of 0 dB: the
+# sections' coefficients stay finite and well scaled in float32 (unbounded,
+# an entry of 1e6 made the shelf and peak gains $10^{g/40}$ overflow).
+GAIN_LIMIT_DB = 60.0
+
+
+def gain_db_from_unconstrained(theta: Array) -> Array:
+    r"""The gain in dB of an unconstrained entry, $g = G \tanh(\theta / G)$
+    with $G$ = `GAIN_LIMIT_DB`: $g \approx \theta$ for small $\theta$ (slope 1
+    at 0 dB), $|g| \le G$ for every finite $\theta$."""
+    return GAIN_LIMIT_DB * jnp.tanh(theta / GAIN_LIMIT_DB)
+
+
+def gain_db_to_unconstrained(gain_db: Array) -> Array:
+    r"""The inverse of `gain_db_from_unconstrained`,
+    $\theta = G \operatorname{artanh}(g / G)$; a gain at or beyond $\pm G$
+    maps to $\pm 15 G$ (where $\tanh$ has rounded to 1)."""
+    u = jnp.clip(gain_db / GAIN_LIMIT_DB, -1.0, 1.0)
+    limit = SATURATION * GAIN_LIMIT_DB
+    return jnp.clip(GAIN_LIMIT_DB * jnp.arctanh(u), -limit, limit)
