@@ -151,6 +151,50 @@ def test_program_does_not_grow_with_the_graph():
     assert hlo_ops(small) == hlo_ops(large)
 
 
+def test_assembly_program_does_not_grow_with_the_graph():
+    def ops(graph):
+        x = jnp.zeros(graph.size)
+
+        def assemble(graph, x):
+            return (
+                graph.gradient(x),
+                graph.energy(x),
+                graph.dense_jacobian(x),
+                graph.banded_jacobian(x),
+            )
+
+        text = jax.jit(assemble).lower(graph, x).as_text()
+        return sum(1 for line in text.splitlines() if " = " in line)
+
+    assert ops(mixed_graph(40, 15)) == ops(mixed_graph(400, 150))
+
+
+def test_banded_order_of_a_shuffled_chain():
+    # A chain whose variables are numbered at random, with a short loop every
+    # tenth variable: Cuthill-McKee finds the chain's order (bandwidth 2).
+    n = 200
+    perm = np.random.default_rng(3).permutation(n)
+    loops = np.arange(0, n - 2, 10)
+    graph = rr.FactorGraph(
+        {"x": (n, 2)},
+        [
+            rr.GaussianFactor.prior(("x", [0]), jnp.zeros(2), 1.0),
+            rr.GaussianFactor.between(("x", perm[:-1]), ("x", perm[1:]), 1.0, dim=2),
+            rr.GaussianFactor.between(
+                ("x", perm[loops]), ("x", perm[loops + 2]), 1.0, dim=2
+            ),
+        ],
+    )
+    band = graph.banded
+    assert band.size == 2 * 2 and band.count == n // 2
+    padded = np.sort(np.concatenate([band.padded, band.pads]))
+    np.testing.assert_array_equal(padded, np.arange(band.count * band.size))
+    sol = rr.solve_graph(graph, linear_solver="banded")
+    got = rr.graph_laplace(graph, sol)
+    ref = dense_blocks(graph, sol.x)
+    assert_close(got["x"], ref["x"], rtol=1e-9)
+
+
 def test_not_positive_definite_is_nan_and_reported():
     bands = np.zeros((5, 3, 2, 2))
     bands[:, 1] = np.eye(2)

@@ -102,32 +102,51 @@ def _layout(families, slots) -> _Layout:
     return _Layout(n, var_start, var_dim, var0, tuple(coords), tuple(row_vars))
 
 
+def _adjacency(num_vars: int, row_vars: Sequence[np.ndarray]):
+    """The variables' neighbours (variables that share a row) as CSR arrays
+    `(indptr, indices)`, each variable's neighbours in increasing order."""
+    edges = [np.zeros((0, 2), dtype=np.int64)]
+    for ids in row_vars:
+        slots = ids.shape[1]
+        for a in range(slots):
+            for b in range(slots):
+                if a != b:
+                    edges.append(np.stack([ids[:, a], ids[:, b]], axis=1))
+    edges = np.concatenate(edges)
+    edges = edges[edges[:, 0] != edges[:, 1]]
+    key = np.unique(edges[:, 0] * num_vars + edges[:, 1])
+    source, target = np.divmod(key, num_vars)
+    indptr = np.zeros(num_vars + 1, dtype=np.int64)
+    np.cumsum(np.bincount(source, minlength=num_vars), out=indptr[1:])
+    return indptr, target
+
+
 def _order(num_vars: int, row_vars: Sequence[np.ndarray]) -> np.ndarray:
     """A Cuthill–McKee order of the variables (breadth first from a variable of
     least degree, neighbours by increasing degree): a small bandwidth for
-    chains and trees of variables."""
-    neighbours = [set() for _ in range(num_vars)]
-    for ids in row_vars:
-        for row in ids:
-            for a in row:
-                neighbours[a].update(int(b) for b in row if b != a)
-    degree = np.asarray([len(s) for s in neighbours])
-    seen = np.zeros(num_vars, dtype=bool)
+    chains and trees of variables. The adjacency is built with numpy; the
+    breadth-first walk runs on Python lists (about a microsecond an edge)."""
+    indptr, indices = _adjacency(num_vars, row_vars)
+    degree = np.diff(indptr)
+    # Each variable's neighbours by increasing degree (ties by index).
+    source = np.repeat(np.arange(num_vars), degree)
+    indices = indices[np.lexsort((indices, degree[indices], source))].tolist()
+    indptr, degree = indptr.tolist(), degree.tolist()
+    seen = [False] * num_vars
     order = []
-    for start in np.argsort(degree, kind="stable"):
+    for start in np.argsort(degree, kind="stable").tolist():
         if seen[start]:
             continue
         seen[start] = True
-        queue = [int(start)]
-        while queue:
-            v = queue.pop(0)
-            order.append(v)
-            nxt = sorted(
-                (u for u in neighbours[v] if not seen[u]), key=lambda u: degree[u]
-            )
-            for u in nxt:
-                seen[u] = True
-            queue += nxt
+        head = len(order)
+        order.append(start)
+        while head < len(order):
+            v = order[head]
+            head += 1
+            for u in indices[indptr[v] : indptr[v + 1]]:
+                if not seen[u]:
+                    seen[u] = True
+                    order.append(u)
     return np.asarray(order, dtype=np.int64)
 
 
@@ -145,12 +164,10 @@ def _banded(families, slots) -> _Banded:
     dmax = int(lay.var_dim.max())
     size = width * dmax
     count = -(-num_vars // width)
-    padded = np.empty(lay.n, dtype=np.int64)
-    for v in range(num_vars):
-        p = position[v]
-        base = (p // width) * size + (p % width) * dmax
-        start = lay.var_start[v]
-        padded[start : start + lay.var_dim[v]] = base + np.arange(lay.var_dim[v])
+    var = np.repeat(np.arange(num_vars), lay.var_dim)
+    p = position[var]
+    within = np.arange(lay.n) - lay.var_start[var]
+    padded = (p // width) * size + (p % width) * dmax + within
     pads = np.setdiff1d(np.arange(count * size), padded)
     return _Banded(size, count, padded, pads)
 
