@@ -186,6 +186,159 @@ def dasp_values(comp_cases, bus, stereo) -> dict:
     return out
 
 
+# dasp's normalised vectors: 32 per effect, each on a mono and a stereo
+# signal (the panner: one track and two), 64 samples at 44.1 kHz
+VECTOR_EFFECTS = {
+    "gain": 1,
+    "distortion": 1,
+    "parametric_eq": 18,
+    "compressor": 6,
+    "reverb": 25,
+    "panner": 1,
+    "widener": 1,
+}
+N_VECTORS = 32
+VECTOR_LENGTH = 64
+VECTOR_RATE = 44_100
+# dasp's reverb defaults: the response's length and the band filters' taps
+REVERB_LENGTH, REVERB_TAPS = 65_536, 1_023
+
+
+def vector_cases() -> dict[str, dict]:
+    """`{effect: {"p": (32, P), "mono": (1, T), "stereo": (2, T)}}`, float64:
+    dasp's normalised vectors drawn uniformly over [0, 1] and two signals
+    under a falling envelope (so that the compressor's level crosses its
+    thresholds)."""
+    rng = np.random.default_rng(SEED + 4)
+    t = np.linspace(0.0, 1.0, VECTOR_LENGTH)
+    envelope = 10 ** (-3.3 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t) ** 2)
+    cases = {}
+    for name, size in VECTOR_EFFECTS.items():
+        cases[name] = {
+            "p": rng.uniform(0.0, 1.0, (N_VECTORS, size)),
+            "mono": 0.9 * envelope * rng.standard_normal((1, VECTOR_LENGTH)),
+            "stereo": 0.9 * envelope * rng.standard_normal((2, VECTOR_LENGTH)),
+        }
+    return cases
+
+
+def reverb_noise() -> np.ndarray:
+    """The white noise `(2, 12, 65536 + 1022)` of every reverb case, as
+    torch's `randn` returns it to dasp (float32): dasp draws it inside
+    `noise_shaped_reverberation`; the script hands it this draw instead."""
+    rng = np.random.default_rng(SEED + 5)
+    shape = (2, 12, REVERB_LENGTH + REVERB_TAPS - 1)
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _dasp_vector_call(name: str, x, p, dtype):
+    """dasp's output for one signal `x` `(channels, T)` and one vector `p`
+    `(P,)` (torch tensors of `dtype`), as `(channels_out, T)`."""
+    import dasp_pytorch
+    from dasp_pytorch.functional import distortion, stereo_panner, stereo_widener
+
+    rate = VECTOR_RATE
+    if name == "distortion":
+        # dasp 0.0.1's `Distortion.process_normalized` fails (it reads a
+        # `sample_rate` the module lacks and passes `gain_db` to a function
+        # that takes `drive_db`): its denormalisation, then its function;
+        # which reshapes the drive to one value per channel, so takes mono
+        # only: each channel is one mono example
+        low, high = dasp_pytorch.Distortion().param_ranges["gain_db"]
+        drive = p * (high - low) + low
+        return distortion(x[:, None], rate, drive.repeat(x.shape[0]))[:, 0]
+    if name == "panner":
+        # one value of `pan` per track; output (1, 2, tracks, T)
+        pan = p.repeat(x.shape[0])[None]
+        return stereo_panner(x[None], rate, pan)[0].transpose(0, 1)
+    if name == "widener":
+        stereo = x if x.shape[0] == 2 else x.repeat(2, 1)
+        return stereo_widener(stereo[None], rate, p)[0]
+    module = {
+        "gain": dasp_pytorch.Gain,
+        "parametric_eq": dasp_pytorch.ParametricEQ,
+        "compressor": dasp_pytorch.Compressor,
+        "reverb": dasp_pytorch.NoiseShapedReverb,
+    }[name](rate)
+    return module.process_normalized(x[None], p[None])[0]
+
+
+def dasp_vector_values(cases) -> dict:
+    """dasp's `process_normalized` outputs (float32 and float64) for every
+    vector of `vector_cases()`, by effect: `{"float32": [...], "float64":
+    [...]}`, each entry one case raveled, mono then stereo for each vector
+    (the panner's "stereo" is two tracks, `(tracks, 2, T)` raveled)."""
+    from unittest import mock
+
+    import torch
+
+    noise = torch.from_numpy(reverb_noise())
+    conv1d = torch.nn.functional.conv1d
+    filtered: dict = {}
+
+    def noise_filter_once(x, w, *args, **kwargs):
+        # dasp filters the same noise with the same bank at every call: the
+        # first result, by dtype, stands for the others (1.6e9 products each)
+        if kwargs.get("groups") != w.shape[0] or x.shape[1] != w.shape[0]:
+            return conv1d(x, w, *args, **kwargs)
+        if x.dtype not in filtered:
+            filtered[x.dtype] = conv1d(x, w, *args, **kwargs)
+        return filtered[x.dtype].clone()
+
+    out: dict = {}
+    for name, case in cases.items():
+        entry: dict = {"float32": [], "float64": []}
+        for dtype in (torch.float32, torch.float64):
+            key = str(dtype).removeprefix("torch.")
+            for p in case["p"]:
+                for layout in ("mono", "stereo"):
+                    x = torch.tensor(case[layout], dtype=dtype)
+                    pt = torch.tensor(p, dtype=dtype)
+                    # torch.randn gives float32; dasp casts it to x's dtype
+                    with (
+                        mock.patch.object(torch, "randn", lambda *a: noise.clone()),
+                        mock.patch.object(
+                            torch.nn.functional, "conv1d", noise_filter_once
+                        ),
+                    ):
+                        y = _dasp_vector_call(name, x, pt, dtype)
+                    entry[key].append(_stored(y.numpy()))
+        out[name] = entry
+    return out
+
+
+def dasp_vector_ranges() -> dict:
+    """dasp's parameter names and ranges in its order, by effect: its
+    modules' `param_ranges` at 44.1 kHz (the panner's and widener's
+    functions take their one parameter in [0, 1] and have no module)."""
+    import dasp_pytorch
+
+    modules = {
+        "gain": dasp_pytorch.Gain(VECTOR_RATE),
+        "distortion": dasp_pytorch.Distortion(),
+        "parametric_eq": dasp_pytorch.ParametricEQ(VECTOR_RATE),
+        "compressor": dasp_pytorch.Compressor(VECTOR_RATE),
+        "reverb": dasp_pytorch.NoiseShapedReverb(VECTOR_RATE),
+    }
+    ranges = {
+        name: {n: [float(lo), float(hi)] for n, (lo, hi) in m.param_ranges.items()}
+        for name, m in modules.items()
+    }
+    return ranges | {"panner": {"pan": [0.0, 1.0]}, "widener": {"width": [0.0, 1.0]}}
+
+
+def vector_fingerprints(cases) -> dict:
+    """The vector cases' fingerprints, by effect (and the reverb's noise)."""
+    prints = {
+        name: fingerprint(case["p"])
+        + fingerprint(case["mono"])
+        + fingerprint(case["stereo"])
+        for name, case in cases.items()
+    }
+    prints["reverb noise"] = fingerprint(reverb_noise())
+    return prints
+
+
 def input_fingerprints(comp_cases, bus, stereo) -> dict:
     """The inputs' fingerprints, by case."""
     return {
@@ -206,10 +359,14 @@ def input_fingerprints(comp_cases, bus, stereo) -> dict:
 
 if __name__ == "__main__":
     comp_cases, bus, stereo = compressor_cases(), bus_cases(), stereo_cases()
+    vectors = vector_cases()
     data = {
         "dasp-pytorch": "0.0.1",
         "fingerprints": input_fingerprints(comp_cases, bus, stereo),
         "values": dasp_values(comp_cases, bus, stereo),
+        "vector fingerprints": vector_fingerprints(vectors),
+        "vectors": dasp_vector_values(vectors),
+        "vector ranges": dasp_vector_ranges(),
     }
     PATH.write_text(json.dumps(data) + "\n")
     print(f"wrote {PATH}")

@@ -17,7 +17,14 @@ from ..filters import (
 from ._chain import Chain as Chain
 from ._chorus import Chorus as Chorus
 from ._dasp_compressor import DaspCompressor as DaspCompressor
+from ._dasp_eq import DaspParametricEQ as DaspParametricEQ
 from ._dasp_panner import DaspStereoPanner as DaspStereoPanner
+from ._dasp_vectors import (
+    dasp_parameters as dasp_parameters,
+    from_dasp as from_dasp,
+    to_dasp as to_dasp,
+    with_dasp as with_dasp,
+)
 from ._dasp_widener import DaspStereoWidener as DaspStereoWidener
 from ._delay import Delay as Delay
 from ._distortion import Distortion as Distortion
