@@ -21,6 +21,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from .._errors import error_if
+from .._validate import check_dtype
 from ._channel import Observed
 from ._factor import Factor
 from ._gaussian import _square_checked
@@ -67,9 +68,24 @@ def _rows(slots: Sequence[Slot]) -> int:
     return sizes.pop() if sizes else 1
 
 
+def _real(name: str, value: "Values") -> Array:
+    """`value` as an array; a `TypeError` naming `name` if it is complex (a
+    factor's energy is real: an imaginary part would be dropped) or not
+    numeric."""
+    check_dtype(name, value)
+    value = jnp.asarray(value)
+    if jnp.issubdtype(value.dtype, jnp.complexfloating):
+        raise TypeError(
+            f"`{name}` must be real, got dtype {value.dtype}: a factor's energy "
+            "is real, and its imaginary part would be dropped. Split a complex "
+            "quantity into its real and imaginary parts as two coordinates."
+        )
+    return value
+
+
 def _per_row(name: str, value: "Values", rows: int, shape: tuple[int, ...]) -> Array:
     """`value` of one row's `shape`, or of `(rows, *shape)`, as `(rows, *shape)`."""
-    value = jnp.asarray(value)
+    value = _real(name, value)
     if not jnp.issubdtype(value.dtype, jnp.floating):
         value = value.astype(jnp.result_type(float))
     if value.shape == shape:
@@ -88,7 +104,7 @@ def _as_precision(name: str, precision: "Values", size: int, rows: int) -> Array
 
     Where shapes coincide (`rows == size`), a `(size,)` array is a diagonal
     and a `(size, size)` array a matrix, both for every row."""
-    p = jnp.asarray(precision)
+    p = _real(name, precision)
     if not jnp.issubdtype(p.dtype, jnp.floating):
         p = p.astype(jnp.result_type(float))
     eye = jnp.eye(size, dtype=p.dtype)
@@ -101,6 +117,25 @@ def _as_precision(name: str, precision: "Values", size: int, rows: int) -> Array
     # precisions, checked at run time with the same messages
     p = error_if(p, ~jnp.all(jnp.isfinite(p)), f"`{name}` must be finite.")
     return _square_checked(name, p, psd=True)
+
+
+def _check_distinct(first: Slot, second: Slot) -> None:
+    """A `ValueError` when a row of a `between` factor names one variable in
+    both slots (its difference with itself is 0: the factor would constrain
+    nothing)."""
+    (fa, ia), (fb, ib) = first, second
+    rows = _rows((first, second))
+    a = np.broadcast_to(np.asarray(ia), (rows,))
+    b = np.broadcast_to(np.asarray(ib), (rows,))
+    same = np.flatnonzero(a == b) if fa == fb else []
+    if len(same):
+        row = int(same[0])
+        raise ValueError(
+            f"`between`: `first` and `second` name the same variable ({fa!r}, "
+            f"index {int(a[row])}, in row {row}): a variable's difference with "
+            "itself is 0, so the factor would constrain nothing. Name two "
+            "different variables."
+        )
 
 
 class AbstractGraphFactor(eqx.Module):
@@ -234,7 +269,7 @@ class GaussianFactor(AbstractGraphFactor):
         if not self.slots:
             raise ValueError("a factor needs at least one slot.")
         rows = _rows(self.slots)
-        matrix = jnp.asarray(matrix)
+        matrix = _real("matrix", matrix)
         if matrix.ndim not in (2, 3):
             raise ValueError(
                 f"`matrix` must have shape (k, d) or (rows, k, d), got {matrix.shape}."
@@ -265,7 +300,7 @@ class GaussianFactor(AbstractGraphFactor):
 
         A [`retrax.relations.GaussianFactor`][].
         """
-        mean = jnp.asarray(mean)
+        mean = _real("mean", mean)
         mean = mean[None] if mean.ndim == 0 else mean
         eye = jnp.eye(mean.shape[-1], dtype=_float(mean))
         return cls([slot], eye, mean, precision)
@@ -297,8 +332,10 @@ class GaussianFactor(AbstractGraphFactor):
 
         A [`retrax.relations.GaussianFactor`][].
         """
-        p = jnp.asarray(precision)
+        _check_distinct(_slot(first), _slot(second))
+        p = _real("precision", precision)
         if offset is not None:
+            offset = _real("offset", offset)
             d = jnp.shape(offset)[-1]
         elif dim is not None:
             d = int(dim)
