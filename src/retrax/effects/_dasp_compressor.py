@@ -148,7 +148,8 @@ class DaspCompressor(AbstractRangedEffect):
     The ranges are those of dasp's `modules.Compressor`, all linear, in its
     order: the normalised vector `[threshold_db, ratio, attack_ms,
     release_ms, knee_db, makeup_db]` is the `param_tensor` of dasp's
-    `Compressor.process_normalized`. A value out of its range raises an
+    `Compressor.process_normalized` (also through `retrax.effects.from_dasp`,
+    the door of every dasp effect). A value out of its range raises an
     error naming it (also under `jax.jit`).
 
     Equal to dasp-pytorch 0.0.1 to float64 rounding in float64 and, in

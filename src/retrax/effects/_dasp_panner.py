@@ -27,7 +27,8 @@ class DaspStereoPanner(AbstractStereoEffect):
     **Arguments:**
 
     - `pan`: $p$, in $[0, 1]$ (hard left to hard right, normalised
-      linearly): dasp's range.
+      linearly): dasp's range; dasp's vector `[pan]` also goes through
+      `retrax.effects.from_dasp(DaspStereoPanner, p)` and `to_dasp`.
 
     Takes one mono signal `(time,)` and returns `(2, time)`; stateless. dasp
     pans a stack of tracks `(tracks, time)` to `(2, tracks, time)`: map this

@@ -30,7 +30,8 @@ class DaspStereoWidener(AbstractStereoEffect):
 
     - `width`: $w$, in $[0, 1]$ (normalised linearly; dasp gives it no
       range, its docstring says "higher is wider" and $w > 1$ inverts the
-      mid channel).
+      mid channel); dasp's vector `[width]` also goes through
+      `retrax.effects.from_dasp(DaspStereoWidener, p)` and `to_dasp`.
 
     Takes mono `(time,)` (sent to both channels) or stereo `(2, time)` and
     returns `(2, time)`; stateless. A `width` out of range raises an error

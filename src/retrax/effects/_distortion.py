@@ -106,6 +106,10 @@ class Distortion(AbstractRangedEffect):
       $y_n = \tanh(G x_n)$, which aliases (dasp-pytorch's and faustax's
       distortion); the state is then kept but unused.
 
+    dasp-pytorch's `modules.Distortion` vector (its drive `gain_db` in
+    $[0, 24]$ dB) goes through `retrax.effects.from_dasp(Distortion, p)`,
+    which builds `antialias=False`, and `to_dasp`.
+
     `(channels, time)` signals are distorted channel by channel; `zi` is the
     input before the first sample (shape `()`, or `(channels,)`), zero by
     default. A `drive_db` out of range raises an error (also under

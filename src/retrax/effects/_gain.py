@@ -22,6 +22,9 @@ class Gain(AbstractRangedEffect):
 
     - `gain_db`: the gain $g$ in dB, in $[-24, 24]$ (normalised linearly).
 
+    dasp-pytorch's `modules.Gain` vector (the same range) goes through
+    `retrax.effects.from_dasp(Gain, p)` and `to_dasp`.
+
     Stateless: works on `(time,)` and `(channels, time)` signals alike. A
     `gain_db` out of its range raises an error naming it (`ValueError` at
     once for concrete values, at run time under `jax.jit`).

@@ -188,6 +188,11 @@ class NoiseShapedReverb(AbstractRangedEffect):
     - `sample_rate`: $f_s$ in Hz, a Python number above 36 kHz (the top
       band is an 18 kHz highpass; static).
 
+    dasp-pytorch's `modules.NoiseShapedReverb` vector (12 band gains, 12
+    band decays $d$, mix) goes through `retrax.effects.from_dasp(
+    NoiseShapedReverb, p, key=...)` (a decay $d$ is the T60
+    $3 \ln 10\,(L - 1) / (f_s (10 d + 1))$) and `to_dasp`.
+
     A mono signal `(time,)` is sent to every channel and returns
     `(channels, time)` (or `(time,)` when `channels == 1`); a
     `(channels, time)` signal must have the effect's channel count. The

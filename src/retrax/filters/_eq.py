@@ -328,6 +328,13 @@ class ParametricEQ(AbstractRangedEffect):
     by channel, `(channels, time)` signals, and streams: `zi` is `sosfilt`'s
     state `(n, 2)` (or `(channels, n, 2)`).
 
+    dasp-pytorch's 18-value `ParametricEQ` vector is not this vector (it runs
+    section by section, gain, cutoff, Q, over dasp's ranges), though it has
+    its length: build from it with `retrax.effects.from_dasp(ParametricEQ, p,
+    sample_rate=...)` (these sections, run as this recursion) or
+    `from_dasp(DaspParametricEQ, p, ...)` (dasp's frequency sampling, equal
+    to dasp's `process_normalized`), and read it back with `to_dasp`.
+
     **Arguments:**
 
     - `freqs`: the frequencies in Hz, low shelf first, high shelf last,
