@@ -1,6 +1,7 @@
 """Warnings that point at the user's line: deprecations, and the library's
 other warnings (`warn_at_caller`)."""
 
+import functools
 import os
 import sys
 import warnings
@@ -46,3 +47,42 @@ def deprecated_property(old: str, new: str, read: Callable[[Any], Any]) -> prope
 
     get.__doc__ = f"Deprecated: `{new}`."
     return property(get)
+
+
+class _RenamedArgument:
+    """`f` with its argument `old` renamed `new` (see `renamed_argument`);
+    `lower` is forwarded, as a method, when `f` has one (a jitted solve)."""
+
+    def __init__(self, f: Callable, old: str, new: str):
+        functools.update_wrapper(self, f)
+        self._f, self._old, self._new = f, old, new
+
+    def _renamed(self, kwargs: dict) -> dict:
+        old, new = self._old, self._new
+        if old in kwargs:
+            name = getattr(self._f, "__name__", "the function")
+            if new in kwargs:
+                raise TypeError(
+                    f"`{name}` got both `{old}` and `{new}`; `{old}` is the old "
+                    f"name of `{new}`."
+                )
+            warn_deprecated(
+                f"`{name}(..., {old}=...)` is deprecated: the argument is `{new}`."
+            )
+            kwargs[new] = kwargs.pop(old)
+        return kwargs
+
+    def __call__(self, *args, **kwargs):
+        return self._f(*args, **self._renamed(kwargs))
+
+    def lower(self, *args, **kwargs):
+        """The wrapped function's `lower` (ahead-of-time compilation)."""
+        return self._f.lower(*args, **self._renamed(kwargs))
+
+
+def renamed_argument(old: str, new: str) -> Callable[[Callable], Callable]:
+    """A decorator for a function whose argument `old` is now `new`: a call
+    that passes `old=` by keyword warns with a `DeprecationWarning` and is
+    passed on as `new=`. Positional calls are unaffected; the signature
+    shown (`inspect.signature`) is the function's own."""
+    return lambda f: _RenamedArgument(f, old, new)

@@ -147,3 +147,47 @@ def test_solve_answers_in_one_shape(name):
         assert bool(jnp.all(jnp.asarray(sol.stats["num_steps"]) >= 0))
         leaves = jax.tree.leaves(eqx.filter(sol.value, eqx.is_inexact_array))
         assert leaves and all(bool(jnp.all(jnp.isfinite(v))) for v in leaves)
+
+
+def test_the_relation_argument_has_one_name():
+    # every public function of `retrax.relations` that takes a relation calls
+    # it `relation`; the old keyword `model=` still works, with a warning
+    takers = {}
+    for name in dir(rr):
+        f = getattr(rr, name)
+        if name.startswith("_") or inspect.isclass(f) or not callable(f):
+            continue
+        for param in inspect.signature(f).parameters.values():
+            hint = typing.get_type_hints(inspect.unwrap(f)).get(param.name)
+            if hint is rr.AbstractImplicitRelation:
+                takers[name] = param.name
+    assert {"implicit_infer", "task_gradient", "calibrate_off_data"} <= set(takers)
+    assert set(takers.values()) == {"relation"}, takers
+    with pytest.warns(DeprecationWarning, match="the argument is `relation`"):
+        sol = rr.implicit_infer(model=RING, z0=Z0, rho=RHO)
+    assert jnp.array_equal(sol.value, rr.implicit_infer(RING, Z0, RHO).value)
+    with pytest.raises(TypeError, match="both `model` and `relation`"):
+        rr.implicit_infer(Z0, RHO, model=RING, relation=RING)
+
+
+def test_the_adjoint_is_given_as_optimistix_takes_it():
+    # `adjoint=optx.ImplicitAdjoint(linear_solver=...)` is `adjoint_solver=`
+    import lineax as lx
+    import optimistix as optx
+
+    def dy_dx(**options):
+        def y(x):
+            return rr.implicit_infer(RING, Z0.at[0].set(x), RHO, **options).value[1]
+
+        return jax.grad(y)(0.6)
+
+    want = dy_dx(adjoint_solver=lx.QR())
+    got = dy_dx(adjoint=optx.ImplicitAdjoint(linear_solver=lx.QR()))
+    assert bool(jnp.isfinite(want)) and float(want) != 0.0
+    assert float(got) == float(want)
+    with pytest.raises(ValueError, match="not both"):
+        rr.implicit_infer(
+            RING, Z0, RHO, adjoint=optx.ImplicitAdjoint(), adjoint_solver=lx.LU()
+        )
+    with pytest.raises(TypeError, match="`adjoint` must be an"):
+        rr.implicit_infer(RING, Z0, RHO, adjoint=optx.RecursiveCheckpointAdjoint())

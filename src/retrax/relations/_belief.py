@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
+from .._deprecated import renamed_argument
 from .._never_silent import nan_unless
 from ._abstract_relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
 from ._gaussian import AbstractGaussian, CanonicalGaussian, MomentGaussian, as_coords
@@ -18,13 +19,14 @@ from ._roots import ImplicitRoots, implicit_roots
 from ._solution import RESULTS, ImplicitSolution
 
 
-def _effective_lambda(model: AbstractImplicitRelation, dtype) -> Array:
+def _effective_lambda(relation: AbstractImplicitRelation, dtype) -> Array:
     """`lam * sum_k w_k sigma_k^2 / alpha_k^2`: the field scale vs -grad log p."""
-    return model.effective_lambda(dtype)
+    return relation.effective_lambda(dtype)
 
 
+@renamed_argument("model", "relation")
 def implicit_laplace(
-    model: AbstractImplicitRelation,
+    relation: AbstractImplicitRelation,
     sol: ImplicitSolution,
     rho: Float[ArrayLike, " n"],
     *,
@@ -34,7 +36,7 @@ def implicit_laplace(
 
     The field approximates $\lambda_{\mathrm{eff}}(-\nabla\log p)$ with
     $\lambda_{\mathrm{eff}} = \lambda\sum_k w_k\sigma_k^2/\alpha_k^2$ (1 when
-    the model was built with `lam = density_lambda(schedule, nodes)`), so
+    the relation was built with `lam = density_lambda(schedule, nodes)`), so
     near a stable answer $-\nabla^2\log p \approx
     \mathrm{sym}(J_{FF})/\lambda_{\mathrm{eff}}$ and the covariance of the
     free coordinates is $\lambda_{\mathrm{eff}}\,\mathrm{sym}(J_{FF})^{-1}$,
@@ -48,7 +50,7 @@ def implicit_laplace(
 
     **Arguments:**
 
-    - `model`: the implicit field the query was solved with.
+    - `relation`: the implicit field the query was solved with.
     - `sol`: the query's solution.
     - `rho`: the query's stiffnesses.
     - `coupling`: the query's coupling matrix, if it had one (see
@@ -60,7 +62,7 @@ def implicit_laplace(
     """
     z = sol.value
     dtype = z.dtype
-    rho = model.check_point("rho", rho).astype(dtype)
+    rho = relation.check_point("rho", rho).astype(dtype)
     clamped = clamp_mask(rho)
     both = ~clamped[:, None] & ~clamped[None, :]
     # the query's own terms are in field units: over lambda_eff, precisions
@@ -68,7 +70,9 @@ def implicit_laplace(
     if coupling is not None:
         coupling = jnp.where(both, jnp.asarray(coupling, dtype), 0)
         query = query + 0.5 * (coupling + coupling.T)
-    precision = model.belief_precision(z) + query / _effective_lambda(model, dtype)
+    precision = relation.belief_precision(z) + query / _effective_lambda(
+        relation, dtype
+    )
     mat = jnp.where(both, precision, 0) + jnp.diag(clamped.astype(dtype))
     cov = jnp.where(both, jnp.linalg.inv(mat), 0)
     return nan_unless(sol.converged & sol.stable, cov)
@@ -114,8 +118,9 @@ class LaplaceBelief(AbstractGaussian):
         )
 
 
+@renamed_argument("model", "relation")
 def laplace_belief(
-    model: AbstractImplicitRelation,
+    relation: AbstractImplicitRelation,
     sol: ImplicitSolution,
     rho: Float[ArrayLike, " n"],
     coords: Sequence[int] | ArrayLike | None = None,
@@ -126,7 +131,7 @@ def laplace_belief(
 
     **Arguments:**
 
-    - `model`: the implicit field the query was solved with.
+    - `relation`: the implicit field the query was solved with.
     - `sol`: the query's solution.
     - `rho`: the query's stiffnesses.
     - `coords`: the coordinates to keep (the marginal belief over them, in
@@ -139,10 +144,10 @@ def laplace_belief(
 
     A [`retrax.relations.LaplaceBelief`][].
     """
-    rho = model.check_point("rho", rho).astype(sol.value.dtype)
+    rho = relation.check_point("rho", rho).astype(sol.value.dtype)
     belief = LaplaceBelief(
         mean=sol.value,
-        cov=implicit_laplace(model, sol, rho, coupling=coupling),
+        cov=implicit_laplace(relation, sol, rho, coupling=coupling),
         free=~clamp_mask(rho),
     )
     return belief if coords is None else belief.marginal(coords)
@@ -173,8 +178,9 @@ class MixtureBelief(eqx.Module):
         )
 
 
+@renamed_argument("model", "relation")
 def implicit_mixture(
-    model: AbstractImplicitRelation,
+    relation: AbstractImplicitRelation,
     roots: ImplicitRoots | None,
     z0: Float[ArrayLike, " n"],
     rho: Float[ArrayLike, " n"],
@@ -193,9 +199,9 @@ def implicit_mixture(
 
     **Arguments:**
 
-    - `model`: the implicit field.
+    - `relation`: the implicit field.
     - `roots`: the query's answers from [`retrax.relations.implicit_roots`][],
-      or `None` to find them here: `implicit_roots(model, z0, rho,
+      or `None` to find them here: `implicit_roots(relation, z0, rho,
       **roots_options)` (pass `key=` for random starts or `starts=`).
     - `z0`, `rho`: the query.
     - `coords`: the coordinates to keep (the marginal mixture over them);
@@ -208,15 +214,15 @@ def implicit_mixture(
     A [`retrax.relations.MixtureBelief`][] over the roots' slots.
     """
     if roots is None:
-        roots = implicit_roots(model, z0, rho, **roots_options)
+        roots = implicit_roots(relation, z0, rho, **roots_options)
     elif roots_options:
         raise ValueError(
             f"options {sorted(roots_options)} are for finding roots; pass them "
             "with `roots=None`, or leave them out when giving `roots`."
         )
     dtype = roots.value.dtype
-    z0 = model.check_point("z0", z0).astype(dtype)
-    rho = model.check_point("rho", rho).astype(dtype)
+    z0 = relation.check_point("z0", z0).astype(dtype)
+    rho = relation.check_point("rho", rho).astype(dtype)
     free = ~clamp_mask(rho)
 
     def component(z, conv, stable):
@@ -231,14 +237,14 @@ def implicit_mixture(
             support_ratio=jnp.zeros((), z.dtype),
             stats={"num_steps": jnp.array(0)},
         )
-        return implicit_laplace(model, sol, rho)
+        return implicit_laplace(relation, sol, rho)
 
     valid = roots.valid
     covs = jax.vmap(component)(roots.value, valid, valid)
-    if has_energy(model):
-        lam_eff = _effective_lambda(model, dtype)
+    if has_energy(relation):
+        lam_eff = _effective_lambda(relation, dtype)
         u = (
-            jax.vmap(lambda z: implicit_energy(model, z, z0, rho))(roots.value)
+            jax.vmap(lambda z: implicit_energy(relation, z, z0, rho))(roots.value)
             / lam_eff
         )
         eye = jnp.eye(z0.shape[0], dtype=dtype)

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import lineax as lx
 import numpy as np
+import optimistix as optx
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
@@ -351,6 +352,7 @@ def factor_infer(
     off_data_tol: float | None = None,
     batch_chunk: int | None = None,
     throw: bool = True,
+    adjoint: optx.AbstractAdjoint | None = None,
 ) -> ImplicitSolution:
     """Answer a query on a factor whose channels are marked.
 
@@ -369,8 +371,9 @@ def factor_infer(
     - `dtype`: the query's dtype, a real floating dtype (a `TypeError`
       otherwise); JAX's default float by default.
     - `solver`, `z_init`, `tol`, `max_steps`, `matrix_free`,
-      `adjoint_solver`, `symmetric`, `off_data_tol`, `batch_chunk`: the
-      options of [`retrax.relations.implicit_infer`][], with its defaults.
+      `adjoint_solver`, `symmetric`, `off_data_tol`, `batch_chunk`,
+      `adjoint`: the options of [`retrax.relations.implicit_infer`][], with
+      its defaults.
       The solve starts at the latent channels' starts (and the unobserved
       channels' values) unless `z_init` is given. A `tol`
       that is not a positive, finite Python float, or a `max_steps` that is
@@ -412,6 +415,7 @@ def factor_infer(
         throw=throw,
         coupling=coupling,
         batch_chunk=batch_chunk,
+        adjoint=adjoint,
     )
 
 

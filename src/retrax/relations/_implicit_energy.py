@@ -3,16 +3,18 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
+from .._deprecated import renamed_argument
 from ._abstract_relation import AbstractImplicitRelation, clamp_mask, soft_stiffness
 
 
-def has_energy(model: AbstractImplicitRelation) -> bool:
-    """Whether [`retrax.relations.implicit_energy`][] is defined for `model`."""
-    return model.conservative
+def has_energy(relation: AbstractImplicitRelation) -> bool:
+    """Whether [`retrax.relations.implicit_energy`][] is defined for `relation`."""
+    return relation.conservative
 
 
+@renamed_argument("model", "relation")
 def implicit_energy(
-    model: AbstractImplicitRelation,
+    relation: AbstractImplicitRelation,
     z: Float[ArrayLike, " n"],
     z0: Float[ArrayLike, " n"] | None = None,
     rho: Float[ArrayLike, " n"] | None = None,
@@ -32,7 +34,7 @@ def implicit_energy(
 
     **Arguments:**
 
-    - `model`: the implicit field; its predictor must be a
+    - `relation`: the implicit field; its predictor must be a
       `GaussianMixtureEps` or an `EnergyNetwork`.
     - `z`: the point, shape `(n,)`.
     - `z0`, `rho`: an optional query.
@@ -41,20 +43,20 @@ def implicit_energy(
 
     The scalar potential (up to a constant).
     """
-    if not has_energy(model):
+    if not has_energy(relation):
         raise TypeError(
             "implicit_energy needs a conservative relation with a known potential "
             "(a GaussianMixtureEps or EnergyNetwork predictor, or products and "
-            f"restrictions of those), got {type(model).__name__}" + "."
+            f"restrictions of those), got {type(relation).__name__}" + "."
         )
-    z = model.check_point("z", z)
+    z = relation.check_point("z", z)
     dtype = z.dtype
-    u = model.energy(z)
+    u = relation.energy(z)
     if (z0 is None) != (rho is None):
         raise ValueError("give both `z0` and `rho` for a query's energy, or neither.")
     if z0 is not None:
-        z0 = model.check_point("z0", z0).astype(dtype)
-        rho = model.check_point("rho", rho).astype(dtype)
+        z0 = relation.check_point("z0", z0).astype(dtype)
+        rho = relation.check_point("rho", rho).astype(dtype)
         diff = jnp.where(clamp_mask(rho), jnp.zeros((), dtype), z - z0)
         u = u + 0.5 * jnp.sum(soft_stiffness(rho) * diff**2)
     return u

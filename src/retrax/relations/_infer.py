@@ -8,6 +8,7 @@ import lineax as lx
 import optimistix as optx
 from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
+from .._deprecated import renamed_argument
 from .._errors import error_if, filter_jit
 from .._never_silent import nan_derivatives_unless, nan_unless, never_silent
 from .._solution import AbstractSolution, throw_if_failed
@@ -24,8 +25,8 @@ from ._solver import GuardedNewton
 
 
 def _query_residual(y, args):
-    model, z0, rho, coupling = args
-    return model.implicit_residual(y, z0, rho, coupling)
+    relation, z0, rho, coupling = args
+    return relation.implicit_residual(y, z0, rho, coupling)
 
 
 def _symmetric_residual(y, args):
@@ -33,11 +34,11 @@ def _symmetric_residual(y, args):
     # every iterate (the solver never moves clamped coordinates off z0_C), but
     # the Jacobian is then blockdiag(I, J_FF), symmetric when the field is a
     # gradient, and the clamped inputs' cotangent J_FC^T mu flows through z0.
-    model, z0, rho, coupling = args
+    relation, z0, rho, coupling = args
     clamped = clamp_mask(rho)
     diff = y - z0
     free_rows = (
-        model.prior_field(jnp.where(clamped, z0, y)) + soft_stiffness(rho) * diff
+        relation.prior_field(jnp.where(clamped, z0, y)) + soft_stiffness(rho) * diff
     )
     if coupling is not None:
         free_rows = free_rows + coupling_term(coupling, clamped, diff)
@@ -54,28 +55,28 @@ def default_tol(dtype) -> float:
     return 1e-9 if jnp.finfo(dtype).bits >= 64 else 1e-5
 
 
-def _query_shapes(model, z0, rho, z_init):
-    if not isinstance(model, AbstractImplicitRelation):
+def _query_shapes(relation, z0, rho, z_init):
+    if not isinstance(relation, AbstractImplicitRelation):
         raise TypeError(
-            "`model` must be a relation (an AbstractImplicitRelation such as "
-            f"ImplicitDiffusion or ProductRelation), got {type(model).__name__}."
+            "`relation` must be a relation (an AbstractImplicitRelation such as "
+            f"ImplicitDiffusion or ProductRelation), got {type(relation).__name__}."
         )
-    z0 = model.check_point("z0", z0)
+    z0 = relation.check_point("z0", z0)
     dtype = z0.dtype
-    rho = model.check_point("rho", rho).astype(dtype)
-    z_init = z0 if z_init is None else model.check_point("z_init", z_init)
+    rho = relation.check_point("rho", rho).astype(dtype)
+    z_init = z0 if z_init is None else relation.check_point("z_init", z_init)
     z_init = z_init.astype(dtype)
     return z0, rho, z_init
 
 
-def _check_coupling(model, coupling, dtype):
+def _check_coupling(relation, coupling, dtype):
     """A coupling matrix's shape and dtype (`None` passes)."""
     if coupling is None:
         return None
     coupling = jnp.asarray(coupling)
     if not jnp.issubdtype(coupling.dtype, jnp.floating):
         raise TypeError(f"`coupling` must be a real matrix, got {coupling.dtype}.")
-    n = model.dim
+    n = relation.dim
     if coupling.shape != (n, n):
         raise ValueError(
             f"`coupling` must be an ({n}, {n}) matrix (the relation's joint "
@@ -107,7 +108,7 @@ def _invalid_query(z0, rho, z_init) -> Bool[Array, ""]:
     )
 
 
-def _screen_query(model, z0, rho, z_init, throw, coupling=None):
+def _screen_query(relation, z0, rho, z_init, throw, coupling=None):
     """The query checked (`throw`), or with its bad values replaced.
 
     With `throw=False` a query whose values are not valid is not an error but
@@ -118,8 +119,8 @@ def _screen_query(model, z0, rho, z_init, throw, coupling=None):
     a NaN answer.
     """
     if throw:
-        z0, rho, z_init = _check_query(model, z0, rho, z_init)
-        coupling = _check_coupling(model, coupling, z0.dtype)
+        z0, rho, z_init = _check_query(relation, z0, rho, z_init)
+        coupling = _check_coupling(relation, coupling, z0.dtype)
         if coupling is not None:
             coupling = error_if(
                 coupling,
@@ -128,8 +129,8 @@ def _screen_query(model, z0, rho, z_init, throw, coupling=None):
                 "that are not clamped.",
             )
         return z0, rho, z_init, coupling, jnp.asarray(False)
-    z0, rho, z_init = _query_shapes(model, z0, rho, z_init)
-    coupling = _check_coupling(model, coupling, z0.dtype)
+    z0, rho, z_init = _query_shapes(relation, z0, rho, z_init)
+    coupling = _check_coupling(relation, coupling, z0.dtype)
     bad = _invalid_query(z0, rho, z_init) | _bad_coupling(coupling, rho)
     zero = jnp.zeros((), z0.dtype)
     z0, rho, z_init = (jnp.where(bad, zero, v) for v in (z0, rho, z_init))
@@ -138,8 +139,8 @@ def _screen_query(model, z0, rho, z_init, throw, coupling=None):
     return z0, rho, z_init, coupling, bad
 
 
-def _check_query(model, z0, rho, z_init):
-    z0, rho, z_init = _query_shapes(model, z0, rho, z_init)
+def _check_query(relation, z0, rho, z_init):
+    z0, rho, z_init = _query_shapes(relation, z0, rho, z_init)
     rho = error_if(
         rho,
         jnp.any(jnp.isnan(rho) | (rho < 0)),
@@ -211,9 +212,10 @@ def _query_solver(solver, tol, matrix_free, dtype) -> GuardedNewton:
     return _solver(tol, bool(matrix_free), dtype)
 
 
+@renamed_argument("model", "relation")
 @filter_jit
 def implicit_infer(
-    model: AbstractImplicitRelation,
+    relation: AbstractImplicitRelation,
     z0: Float[ArrayLike, " n"],
     rho: Float[ArrayLike, " n"],
     *,
@@ -228,6 +230,7 @@ def implicit_infer(
     throw: bool = True,
     coupling: Float[ArrayLike, "n n"] | None = None,
     batch_chunk: int | None = None,
+    adjoint: optx.AbstractAdjoint | None = None,
 ) -> ImplicitSolution:
     r"""Answer a query: the stable root of the clamped residual nearest the start.
 
@@ -235,7 +238,7 @@ def implicit_infer(
     [`retrax.relations.AbstractImplicitRelation.implicit_residual`][] with the
     guarded Newton method [`retrax.relations.GuardedNewton`][] through
     `optimistix.root_find`, so that derivatives of the answer with respect to
-    the model's parameters, `z0` and `rho` are given by the implicit function
+    the relation's parameters, `z0` and `rho` are given by the implicit function
     theorem (`optx.ImplicitAdjoint`): one transposed linear solve
     $J_{FF}^\top\mu = -\bar z_F$, never a pass back through the iterations.
     See [`retrax.relations.implicit_pullback`][] for the same numbers as
@@ -250,7 +253,7 @@ def implicit_infer(
 
     **Arguments:**
 
-    - `model`: the implicit field.
+    - `relation`: the implicit field.
     - `z0`: the query values, shape `(n,)`: clamped inputs, soft targets and
       anchors, and the start of the free coordinates.
     - `rho`: the stiffnesses, shape `(n,)`: `inf` clamped, finite positive soft
@@ -275,12 +278,16 @@ def implicit_infer(
       with `solver` (a `ValueError`).
     - `adjoint_solver`: the lineax solver of the adjoint (transposed) solve; LU
       on the dense Jacobian by default, GMRES when the solver is matrix-free.
+    - `adjoint`: the same as optimistix takes it,
+      `optx.ImplicitAdjoint(linear_solver=...)` (the only adjoint: answers are
+      differentiated by the implicit function theorem); not together with
+      `adjoint_solver` (a `ValueError`).
     - `symmetric`: whether the field is a gradient (a conservative relation:
       `EnergyNetwork` and `GaussianMixtureEps` models, and products and
       restrictions of those), so that the query's Jacobian is symmetric and
       the adjoint solve uses $J$ itself, tagged `lineax.symmetric_tag`, instead
       of its transpose. `None` (the default) detects it from
-      `model.conservative`. For a symmetric field a symmetric solver such as
+      `relation.conservative`. For a symmetric field a symmetric solver such as
       `lineax.Cholesky()` may be passed as `adjoint_solver` (stable roots only:
       the free block is then positive definite).
     - `off_data_tol`: `None` (the default): a relation calibrated by
@@ -328,7 +335,7 @@ def implicit_infer(
     An [`retrax.relations.ImplicitSolution`][].
     """
     return _infer(
-        model,
+        relation,
         z0,
         rho,
         z_init,
@@ -336,7 +343,7 @@ def implicit_infer(
         tol,
         max_steps,
         matrix_free,
-        adjoint_solver,
+        adjoint_linear_solver(adjoint, adjoint_solver),
         throw,
         symmetric,
         off_data_tol,
@@ -350,6 +357,29 @@ def implicit_infer(
 _CPU_CHUNK = 16
 
 
+def adjoint_linear_solver(
+    adjoint: optx.AbstractAdjoint | None,
+    adjoint_solver: lx.AbstractLinearSolver | None,
+) -> lx.AbstractLinearSolver | None:
+    """The lineax solver of a query's adjoint solve, given as optimistix
+    takes it (`adjoint=optx.ImplicitAdjoint(linear_solver=...)`) or as
+    `adjoint_solver` (not both); `None` for the default."""
+    if adjoint is None:
+        return adjoint_solver
+    if not isinstance(adjoint, optx.ImplicitAdjoint):
+        raise TypeError(
+            "`adjoint` must be an `optimistix.ImplicitAdjoint` (answers are "
+            "differentiated by the implicit function theorem, never through "
+            f"the iterations), got {type(adjoint).__name__}."
+        )
+    if adjoint_solver is not None:
+        raise ValueError(
+            "pass the adjoint's linear solver once: `adjoint=` or "
+            "`adjoint_solver=`, not both."
+        )
+    return adjoint.linear_solver
+
+
 def _adjoint(linear_solver, batch_chunk):
     if batch_chunk is None:
         if jax.default_backend() != "cpu":
@@ -359,7 +389,7 @@ def _adjoint(linear_solver, batch_chunk):
 
 
 def _infer(
-    model,
+    relation,
     z0,
     rho,
     z_init,
@@ -387,14 +417,14 @@ def _infer(
         )
     given = (z0, rho, z_init, coupling)
     z0, rho, z_init, coupling, bad = _screen_query(
-        model, z0, rho, z_init, throw, coupling
+        relation, z0, rho, z_init, throw, coupling
     )
     if symmetric is None:
-        symmetric = model.conservative
-    elif symmetric and not model.conservative:
+        symmetric = relation.conservative
+    elif symmetric and not relation.conservative:
         raise ValueError(
             f"`symmetric=True` needs a conservative relation, and "
-            f"{type(model).__name__} does not declare one (`conservative` is "
+            f"{type(relation).__name__} does not declare one (`conservative` is "
             "False): its Jacobian is not symmetric, and the adjoint solve would "
             "return wrong gradients. Leave `symmetric=None`."
         )
@@ -414,7 +444,7 @@ def _infer(
         fn,
         solver,
         y0,
-        args=(model, z0, rho, coupling),
+        args=(relation, z0, rho, coupling),
         options={"fixed": clamped, "keep_last": True},
         max_steps=max_steps,
         adjoint=_adjoint(adjoint_solver, batch_chunk),
@@ -433,22 +463,22 @@ def _infer(
     )
     result = RESULTS.where(bad, RESULTS.invalid_query, result)
     value = jnp.where(bad, jnp.asarray(jnp.nan, dtype), sol.value)
-    z = never_silent(value, (model, z0, rho, coupling), converged)
+    z = never_silent(value, (relation, z0, rho, coupling), converged)
     if not throw:
         # the replaced inputs carry no derivative: NaN from the given ones
         z = nan_derivatives_unless(z, given, ~bad)
     # Recomputed from the answer rather than read off the solver's state (whose
-    # tangent is zero): a function of `z`, `z0`, `rho` and the model, so its
+    # tangent is zero): a function of `z`, `z0`, `rho` and the relation, so its
     # derivatives are those of the residual at the answer.
-    residual = model.implicit_residual(z, z0, rho, coupling)
+    residual = relation.implicit_residual(z, z0, rho, coupling)
     residual = jnp.where(clamped, jnp.zeros((), dtype), residual)
     # What the hard clamps hold against, in noise standard deviations.
-    load = jnp.abs(model.prior_field(jax.lax.stop_gradient(z)))
-    unit = model.field_unit(dtype)
+    load = jnp.abs(relation.prior_field(jax.lax.stop_gradient(z)))
+    unit = relation.field_unit(dtype)
     load = jnp.where(clamped & (unit != 0), load / jnp.where(unit != 0, unit, 1), 0)
     clamp_load = jnp.where(bad, jnp.asarray(jnp.nan, dtype), jnp.max(load))
     nan = jnp.asarray(jnp.nan, dtype)
-    ratio = model.support_ratio(jax.lax.stop_gradient(z0), clamped)
+    ratio = relation.support_ratio(jax.lax.stop_gradient(z0), clamped)
     ratio = jnp.where(bad, nan, ratio)
     if off_data_tol is None:
         off_data = jnp.where(
@@ -482,7 +512,7 @@ class ImplicitPullback(AbstractSolution):
 
     **Attributes:**
 
-    - `model_bar`: a pytree shaped like the model with the cotangent at every
+    - `model_bar`: a pytree shaped like the relation with the cotangent at every
       floating-point leaf (`None` elsewhere).
     - `z0_bar`, `rho_bar`: the cotangents of `z0` and `rho`, shape `(n,)`.
     - `result`: a [`retrax.relations.RESULTS`][] code: `successful` when the
@@ -508,8 +538,9 @@ class ImplicitPullback(AbstractSolution):
         return iter(self.value)
 
 
+@renamed_argument("model", "relation")
 def implicit_pullback(
-    model: AbstractImplicitRelation,
+    relation: AbstractImplicitRelation,
     sol: ImplicitSolution,
     z0: Float[ArrayLike, " n"],
     rho: Float[ArrayLike, " n"],
@@ -524,7 +555,7 @@ def implicit_pullback(
     $J_{FF}^\top\mu = -\bar z_F$ (the learned field is not a gradient, so $J$
     is not symmetric):
 
-    - model parameters: $\sum_k w_k\lambda_k(\partial\hat\epsilon_k/
+    - relation parameters: $\sum_k w_k\lambda_k(\partial\hat\epsilon_k/
       \partial\theta)^\top\mu$ (one VJP of the vmapped field);
     - clamped inputs: $\bar z_C + J_{FC}^\top\mu$;
     - soft targets and anchors: $-\rho_F^2\mu$;
@@ -540,7 +571,7 @@ def implicit_pullback(
 
     **Arguments:**
 
-    - `model`: the implicit field the query was solved with.
+    - `relation`: the implicit field the query was solved with.
     - `sol`: the query's solution.
     - `z0`, `rho`: the query, solved without a `coupling` matrix (for a
       coupled query, differentiate `implicit_infer` with `jax.grad`).
@@ -550,21 +581,21 @@ def implicit_pullback(
     **Returns:**
 
     A [`retrax.relations.ImplicitPullback`][]: `model_bar` (a pytree shaped
-    like `model` with the cotangent at every floating-point leaf, `None`
+    like `relation` with the cotangent at every floating-point leaf, `None`
     elsewhere), `z0_bar` and `rho_bar` (two `(n,)` vectors), `result` and
     `stats`. It unpacks as `model_bar, z0_bar, rho_bar = ...`.
     """
-    return _pullback(model, sol, z0, rho, zbar, throw)
+    return _pullback(relation, sol, z0, rho, zbar, throw)
 
 
 @filter_jit
-def _pullback(model, sol, z0, rho, zbar, throw):
-    z0, rho, _ = _check_query(model, z0, rho, None)
+def _pullback(relation, sol, z0, rho, zbar, throw):
+    z0, rho, _ = _check_query(relation, z0, rho, None)
     dtype = z0.dtype
     z = jax.lax.stop_gradient(sol.value).astype(dtype)
-    zbar = model.check_point("zbar", zbar).astype(dtype)
+    zbar = relation.check_point("zbar", zbar).astype(dtype)
     clamped = clamp_mask(rho)
-    jac = jax.jacfwd(lambda y: model.implicit_residual(y, z0, rho))(z)
+    jac = jax.jacfwd(lambda y: relation.implicit_residual(y, z0, rho))(z)
     adjoint = lx.linear_solve(
         lx.MatrixLinearOperator(jac.T), -zbar, lx.LU(), throw=False
     )
@@ -576,7 +607,7 @@ def _pullback(model, sol, z0, rho, zbar, throw):
         mu = adjoint.value
     solved = adjoint.result == lx.RESULTS.successful
     mu = jnp.where(clamped, jnp.zeros((), dtype), mu)
-    _, vjp = eqx.filter_vjp(lambda m: m.prior_field(z), model)
+    _, vjp = eqx.filter_vjp(lambda m: m.prior_field(z), relation)
     (model_bar,) = vjp(mu)
     rho_sq = soft_stiffness(rho)
     safe_rho = jnp.where(clamped, jnp.zeros((), dtype), rho)

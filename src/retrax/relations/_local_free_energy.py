@@ -3,14 +3,16 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
+from .._deprecated import renamed_argument
 from ._abstract_relation import AbstractImplicitRelation, clamp_mask
 from ._belief import implicit_laplace
 from ._implicit_energy import implicit_energy
 from ._solution import ImplicitSolution
 
 
+@renamed_argument("model", "relation")
 def local_free_energy(
-    model: AbstractImplicitRelation,
+    relation: AbstractImplicitRelation,
     sol: ImplicitSolution,
     z0: Float[ArrayLike, " n"],
     rho: Float[ArrayLike, " n"],
@@ -33,7 +35,7 @@ def local_free_energy(
 
     **Arguments:**
 
-    - `model`: a conservative relation (see
+    - `relation`: a conservative relation (see
       [`retrax.relations.implicit_energy`][]).
     - `sol`: the query's converged, stable solution.
     - `z0`, `rho`: the query.
@@ -44,11 +46,11 @@ def local_free_energy(
     """
     z = sol.value
     dtype = z.dtype
-    z0 = model.check_point("z0", z0).astype(dtype)
-    rho = model.check_point("rho", rho).astype(dtype)
-    energy = implicit_energy(model, z, z0, rho) / model.effective_lambda(dtype)
+    z0 = relation.check_point("z0", z0).astype(dtype)
+    rho = relation.check_point("rho", rho).astype(dtype)
+    energy = implicit_energy(relation, z, z0, rho) / relation.effective_lambda(dtype)
     free = ~clamp_mask(rho)
-    cov = implicit_laplace(model, sol, rho)
+    cov = implicit_laplace(relation, sol, rho)
     eye = jnp.eye(z.shape[0], dtype=dtype)
     mat = jnp.where(free[:, None] & free[None, :], 2 * jnp.pi * cov, eye)
     _, logdet = jnp.linalg.slogdet(mat)

@@ -4,16 +4,17 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import lineax as lx
+import optimistix as optx
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
-from .._deprecated import deprecated_property
+from .._deprecated import deprecated_property, renamed_argument
 from .._errors import error_if, filter_jit
 from .._solution import AbstractSolution, throw_if_failed
 from .._state import as_state
 from .._validate import check_positive_int
 from ._abstract_relation import AbstractImplicitRelation, clamp_mask
 from ._implicit_energy import implicit_energy
-from ._infer import _check_query, _check_solver, _infer
+from ._infer import _check_query, _check_solver, _infer, adjoint_linear_solver
 from ._solution import RESULTS
 from ._solver import GuardedNewton
 
@@ -56,9 +57,10 @@ class ImplicitRoots(AbstractSolution):
     )
 
 
+@renamed_argument("model", "relation")
 @filter_jit
 def implicit_roots(
-    model: AbstractImplicitRelation,
+    relation: AbstractImplicitRelation,
     z0: Float[ArrayLike, " n"],
     rho: Float[ArrayLike, " n"],
     key: PRNGKeyArray | None = None,
@@ -76,6 +78,7 @@ def implicit_roots(
     symmetric: bool | None = None,
     off_data_tol: float | None = None,
     throw: bool = True,
+    adjoint: optx.AbstractAdjoint | None = None,
 ) -> ImplicitRoots:
     r"""All the stable answers of a query that several starts reach.
 
@@ -102,7 +105,7 @@ def implicit_roots(
 
     **Arguments:**
 
-    - `model`: the implicit field.
+    - `relation`: the implicit field.
     - `z0`, `rho`: the query, as in `implicit_infer`.
     - `key`: a PRNG key for random starts; pass either `key` or `starts`.
     - `n_starts`: the number of slots with random starts, the query's own
@@ -118,7 +121,7 @@ def implicit_roots(
       [`retrax.relations.GuardedNewton`][], as in `implicit_infer`; `tol`
       and `matrix_free` are its shorthands there, and not together with it.
     - `tol`, `max_steps`, `matrix_free`, `adjoint_solver`, `symmetric`,
-      `off_data_tol`: as in `implicit_infer`, for every start.
+      `off_data_tol`, `adjoint`: as in `implicit_infer`, for every start.
     - `throw`: whether a slot whose solve did not converge raises.
 
     **Returns:**
@@ -126,7 +129,8 @@ def implicit_roots(
     An [`retrax.relations.ImplicitRoots`][].
     """
     _check_solver(solver, tol, matrix_free)
-    z0, rho, own = _check_query(model, z0, rho, z_init)
+    adjoint_solver = adjoint_linear_solver(adjoint, adjoint_solver)
+    z0, rho, own = _check_query(relation, z0, rho, z_init)
     dtype = z0.dtype
     n = z0.shape[0]
     if starts is None:
@@ -161,7 +165,7 @@ def implicit_roots(
 
     def one(start, q, r):
         return _infer(
-            model,
+            relation,
             q,
             r,
             start,
@@ -239,8 +243,9 @@ class RootsByEnergy(AbstractSolution):
         return iter((self.roots, self.energy))
 
 
+@renamed_argument("model", "relation")
 def roots_by_energy(
-    model: AbstractImplicitRelation,
+    relation: AbstractImplicitRelation,
     roots: ImplicitRoots,
     z0: Float[ArrayLike, " n"],
     rho: Float[ArrayLike, " n"],
@@ -256,7 +261,7 @@ def roots_by_energy(
 
     **Arguments:**
 
-    - `model`: the conservative relation the query was solved with.
+    - `relation`: the conservative relation the query was solved with.
     - `roots`: the query's answers.
     - `z0`, `rho`: the query.
 
@@ -268,9 +273,9 @@ def roots_by_energy(
     `roots, energy = ...`.
     """
     dtype = roots.value.dtype
-    z0 = model.check_point("z0", z0).astype(dtype)
-    rho = model.check_point("rho", rho).astype(dtype)
-    energy = jax.vmap(lambda z: implicit_energy(model, z, z0, rho))(
+    z0 = relation.check_point("z0", z0).astype(dtype)
+    rho = relation.check_point("rho", rho).astype(dtype)
+    energy = jax.vmap(lambda z: implicit_energy(relation, z, z0, rho))(
         jax.lax.stop_gradient(roots.value)
     )
     energy = jnp.where(roots.valid, energy, jnp.array(jnp.inf, dtype))
