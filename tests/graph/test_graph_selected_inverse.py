@@ -3,6 +3,9 @@ blocks (banded and dense solves, mixed variable dimensions, float32 and
 float64), under `jit`, `vmap` and `grad`, a compiled program that does not
 grow with the graph, and a solution of another graph refused."""
 
+import importlib.util
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -233,3 +236,29 @@ def test_a_solution_of_another_graph_is_refused():
         raises_eagerly_and_under_jit(
             rr.graph_laplace, other, sol, match="`sol` is the solution of another graph"
         )
+
+
+@pytest.mark.slow
+def test_pose2_marginals_against_gtsam():
+    # The benchmark's Pose2 graph (ResidualFactor rows, nonlinear) at
+    # retrax's MAP point. graph_laplace equals the dense inverse of the
+    # energy's Hessian; GTSAM's Marginals (an optional peer), rotated into
+    # global coordinates, equal the dense inverse of the Gauss-Newton
+    # precision $J_r^T J_r$ (GTSAM's linearisation). The two references differ
+    # by the residuals' curvature (about 1e-3 relative here).
+    gtsam = pytest.importorskip("gtsam")
+    del gtsam
+    path = pathlib.Path(__file__).parents[2] / "benchmarks" / "bench_graph_laplace.py"
+    spec = importlib.util.spec_from_file_location("bench_graph_laplace", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    problem = bench.pose2_problem(120, span=3, every=20)
+    graph = bench.retrax_graph(problem)
+    sol = rr.solve_graph(graph, {"x": problem[0]})
+    assert sol.result == rr.RESULTS.successful
+    got = rr.graph_laplace(graph, sol)["x"]
+    assert_close(got, dense_blocks(graph, sol.x)["x"], rtol=1e-9)
+    ref, _ = bench.gtsam_marginals(problem, np.asarray(sol.value["x"]))
+    gauss_newton = np.linalg.inv(np.asarray(graph.dense_jacobian(sol.x, "precision")))
+    idx = 3 * np.arange(len(ref))[:, None] + np.arange(3)
+    assert_close(gauss_newton[idx[:, :, None], idx[:, None, :]], ref, rtol=1e-8)
