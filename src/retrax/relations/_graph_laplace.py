@@ -60,6 +60,12 @@ def graph_laplace(graph: FactorGraph, sol: GraphSolution) -> dict[str, Array]:
     compiled program that does not grow with the graph); for a dense one, from
     the whole inverse. The belief means are `sol.value`.
 
+    For [`retrax.relations.ResidualFactor`][] rows the precision is the
+    energy's full Hessian, where GTSAM's `Marginals` take the Gauss–Newton
+    precision $J_r^\top J_r$: the two differ by the residuals' curvature, of
+    the order of the residuals' noise (about $10^{-3}$ relative or less on the
+    Pose2 graphs of `benchmarks/bench_graph_laplace.py`, which times both).
+
     **Arguments:**
 
     - `graph`: the graph.
@@ -70,7 +76,7 @@ def graph_laplace(graph: FactorGraph, sol: GraphSolution) -> dict[str, Array]:
     The covariances by variable name: `(dimension, dimension)` for a
     variable, `(count, dimension, dimension)` for a family. NaN unless `sol`
     converged to a stable point and the Laplace precision there is positive
-    definite (`sol.result` and `sol.stable` say which failed).
+    definite (its Cholesky factorisation exists).
 
     **Raises:**
 
