@@ -13,7 +13,12 @@ import pytest
 
 import retrax.relations as rr
 from helpers import assert_close, raises_eagerly_and_under_jit
-from retrax.relations._graph_selected_inverse import banded_marginals, dense_marginals
+from retrax.relations._graph_selected_inverse import (
+    banded_logdet,
+    banded_marginals,
+    dense_logdet,
+    dense_marginals,
+)
 
 
 def spd(rng, rows, k, scale=1.0):
@@ -86,6 +91,23 @@ def test_float32_marginals(linear_solver):
     for name in ref:
         assert got[name].dtype == jnp.float32
         assert_close(got[name], ref[name], rtol=2e-4)
+
+
+@pytest.mark.parametrize("linear_solver", ["banded", "dense"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_free_energy_log_determinant(linear_solver, dtype):
+    graph = mixed_graph(poses=30, landmarks=10, dtype=dtype)
+    sol = rr.solve_graph(graph, linear_solver=linear_solver, dtype=dtype)
+    got = rr.graph_free_energy(graph, sol)
+    assert got.dtype == dtype
+    x = np.asarray(sol.x, np.float64)
+    precision = np.asarray(graph.dense_jacobian(sol.x), np.float64)
+    want = (
+        float(graph.energy(sol.x))
+        + 0.5 * np.linalg.slogdet(precision)[1]
+        - 0.5 * x.size * np.log(2 * np.pi)
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-12 if dtype == np.float64 else 1e-5)
 
 
 def test_jit_equals_eager():
@@ -210,6 +232,8 @@ def test_not_positive_definite_is_nan_and_reported():
     matrix[4, 4] = -1.0
     covs, ok = dense_marginals(jnp.asarray(matrix), start, dim)
     assert not bool(ok) and bool(jnp.all(jnp.isnan(covs)))
+    for logdet, ok in (banded_logdet(jnp.asarray(bands)), dense_logdet(matrix)):
+        assert not bool(ok) and bool(jnp.isnan(logdet))
     bands[2, 1] = np.eye(2)
     covs, ok = banded_marginals(jnp.asarray(bands), padded, start, dim)
     assert bool(ok)

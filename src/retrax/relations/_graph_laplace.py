@@ -9,9 +9,13 @@ from jaxtyping import Array, Float
 from .._errors import filter_jit
 from .._never_silent import nan_unless
 from ._graph import FactorGraph
-from ._graph_selected_inverse import banded_marginals, dense_marginals
+from ._graph_selected_inverse import (
+    banded_logdet,
+    banded_marginals,
+    dense_logdet,
+    dense_marginals,
+)
 from ._graph_solve import GraphSolution
-from ._graph_system import graph_system
 
 
 def _check(graph, sol):
@@ -121,11 +125,17 @@ def graph_free_energy(graph: FactorGraph, sol: GraphSolution) -> Float[Array, ""
 
     **Returns:**
 
-    The free energy, a scalar; NaN unless `sol` converged to a stable point.
+    The free energy, a scalar; NaN unless `sol` converged to a stable point
+    (the log-determinant is that of the symmetric part's Cholesky factor, in
+    the solve's banded or dense structure).
     """
     _check(graph, sol)
     energy = graph.energy(sol.x)
-    _, logdet = graph_system(graph, sol.x, sol.linear_solver).symmetric_logdet()
+    if sol.linear_solver == "banded":
+        logdet, positive = banded_logdet(graph.banded_jacobian(sol.x))
+    else:
+        logdet, positive = dense_logdet(graph.dense_jacobian(sol.x))
     n = graph.size
     free = energy + 0.5 * logdet - 0.5 * n * math.log(2 * math.pi)
-    return nan_unless(sol.converged & sol.stable, free.astype(sol.x.dtype))
+    ok = sol.converged & sol.stable & positive
+    return nan_unless(ok, free.astype(sol.x.dtype))

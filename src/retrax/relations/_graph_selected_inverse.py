@@ -19,8 +19,12 @@ number of variables. Each variable's block is then gathered from its
 super-block with index arrays computed once in numpy, so the compiled program
 is the same for any number of variables.
 
+The same factorisations give the log-determinant,
+$\log\det = 2\sum_i \sum_k \log (C_i)_{kk}$.
+
 A precision that is not positive definite has no Cholesky factor (XLA's
-returns NaN); the blocks are then NaN and `ok` is false.
+returns NaN); the blocks and the log-determinant are then NaN and `ok` is
+false.
 """
 
 import functools
@@ -159,3 +163,25 @@ def dense_marginals(
     _, rows, cols, mask = _index(np.asarray(var_start), var_dim, n + 1, n)
     blocks = cov[rows, cols]
     return jnp.where(mask, blocks, jnp.zeros((), blocks.dtype)), ok
+
+
+def banded_logdet(
+    bands: Float[Array, "c 3 s s"],
+) -> tuple[Float[Array, ""], Bool[Array, ""]]:
+    """The log-determinant of the symmetric part of a block-tridiagonal matrix
+    (`banded_marginals`' layout, padding the identity), and whether it is
+    positive definite (the log-determinant is NaN where it is not)."""
+    chol, _ = _block_cholesky(*_symmetric_bands(bands))
+    ok = jnp.all(jnp.isfinite(chol))
+    diagonal = jnp.diagonal(chol, axis1=-2, axis2=-1)
+    return 2 * jnp.sum(jnp.log(diagonal)), ok
+
+
+def dense_logdet(
+    matrix: Float[Array, "n n"],
+) -> tuple[Float[Array, ""], Bool[Array, ""]]:
+    """The log-determinant of the symmetric part of a dense matrix, and whether
+    it is positive definite (the log-determinant is NaN where it is not)."""
+    chol = jnp.linalg.cholesky(0.5 * (matrix + matrix.T))
+    ok = jnp.all(jnp.isfinite(chol))
+    return 2 * jnp.sum(jnp.log(jnp.diagonal(chol))), ok
