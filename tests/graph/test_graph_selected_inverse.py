@@ -232,7 +232,10 @@ def test_not_positive_definite_is_nan_and_reported():
     matrix[4, 4] = -1.0
     covs, ok = dense_marginals(jnp.asarray(matrix), start, dim)
     assert not bool(ok) and bool(jnp.all(jnp.isnan(covs)))
-    for logdet, ok in (banded_logdet(jnp.asarray(bands)), dense_logdet(matrix)):
+    for logdet, ok in (
+        banded_logdet(jnp.asarray(bands)),
+        dense_logdet(jnp.asarray(matrix)),
+    ):
         assert not bool(ok) and bool(jnp.isnan(logdet))
     bands[2, 1] = np.eye(2)
     covs, ok = banded_marginals(jnp.asarray(bands), padded, start, dim)
