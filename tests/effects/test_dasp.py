@@ -499,7 +499,8 @@ def test_to_dasp_inverts_from_dasp(name):
     p = jnp.asarray(VECTORS[name]["p"][:4])
     options = _options(name, None)
     if name == "reverb":
-        options = {"key": jax.random.key(0), "length": 64, "n_taps": 15}
+        # T60s of 0.12 to 1.3 s: inside retrax's range
+        options = {"key": jax.random.key(0), "length": 8192, "n_taps": 15}
     effects = [fx.from_dasp(cls, q, **options) for q in p]
     back = jnp.stack([fx.to_dasp(e) for e in effects])
     assert_close(back, p, rtol=1e-12)
@@ -512,6 +513,11 @@ def test_to_dasp_inverts_from_dasp(name):
     if name == "parametric_eq":
         assert_close([e.freqs[3] for e in effects], physical[:, 10], rtol=1e-14)
         assert_close([e.qs[0] for e in effects], physical[:, 2], rtol=1e-14)
+    if name == "reverb":
+        want = 3 * np.log(10) * 8191 / 44_100 / (10 * physical[:, 12:24] + 1)
+        assert_close([e.t60s for e in effects], want, rtol=1e-14)
+        x = jnp.ones(16)
+        assert all(np.isfinite(e(x)).all() for e in effects)
 
 
 def test_dasp_eq_vector_and_retrax_eq_vector_keep_their_meanings():
@@ -621,6 +627,9 @@ def test_to_dasp_refuses_values_outside_dasps_ranges():
     with pytest.raises(Exception, match="`band1_cutoff_freq` lies outside dasp"):
         fx.to_dasp(eq)
     assert_close(fx.to_dasp(fx.Distortion(24.0)), [1.0], rtol=0)
+    # a value set as a Python number (as `eqx.tree_at` may) reads back too
+    moved = eqx.tree_at(lambda e: e.gain_db, fx.Gain(), 6.0)
+    assert_close(fx.to_dasp(moved), [30.0 / 48.0], rtol=1e-15)
 
 
 def test_reverb_takes_dasps_whole_decay_range():

@@ -88,8 +88,11 @@ def _reverb_values(effect: NoiseShapedReverb, v: Array) -> dict[str, Array]:
 
 
 def _reverb_vector(effect: NoiseShapedReverb) -> Array:
-    decays = (_decay_scale(effect) / effect.t60s - 1.0) / 10.0
-    return jnp.concatenate([effect.band_gains, decays, effect.mix[None]])
+    gains, t60s, mix = (
+        jnp.asarray(getattr(effect, n)) for n in ("band_gains", "t60s", "mix")
+    )
+    decays = (_decay_scale(effect) / t60s - 1.0) / 10.0
+    return jnp.concatenate([gains, decays, mix[None]])
 
 
 # For each effect: dasp's processor, its names and ranges (from the sample
@@ -105,19 +108,19 @@ _DOORS: dict[type, _Door] = {
         "modules.Gain",
         lambda fs: {"gain_db": (-24.0, 24.0)},
         lambda e, v: {"gain_db": v[0]},
-        lambda e: e.gain_db[None],
+        lambda e: jnp.reshape(jnp.asarray(e.gain_db), (1,)),
     ),
     Distortion: (
         "modules.Distortion",
         lambda fs: {"gain_db": (0.0, 24.0)},
         lambda e, v: {"drive_db": v[0]},
-        lambda e: e.drive_db[None],
+        lambda e: jnp.reshape(jnp.asarray(e.drive_db), (1,)),
     ),
     DaspCompressor: (
         "modules.Compressor",
         lambda fs: _COMPRESSOR,
         lambda e, v: dict(zip(list(e.ranges()), v, strict=True)),
-        lambda e: jnp.stack([getattr(e, n) for n in e.ranges()]),
+        lambda e: jnp.stack([jnp.asarray(getattr(e, n)) for n in e.ranges()]),
     ),
     DaspParametricEQ: (
         "modules.ParametricEQ",
@@ -141,13 +144,13 @@ _DOORS: dict[type, _Door] = {
         "functional.stereo_panner",
         lambda fs: {"pan": (0.0, 1.0)},
         lambda e, v: {"pan": v[0]},
-        lambda e: e.pan[None],
+        lambda e: jnp.reshape(jnp.asarray(e.pan), (1,)),
     ),
     DaspStereoWidener: (
         "functional.stereo_widener",
         lambda fs: {"width": (0.0, 1.0)},
         lambda e, v: {"width": v[0]},
-        lambda e: e.width[None],
+        lambda e: jnp.reshape(jnp.asarray(e.width), (1,)),
     ),
 }
 
