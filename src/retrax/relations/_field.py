@@ -19,6 +19,50 @@ from ._support import DataSupport
 _MAX_SHARPENING = 10.0
 
 
+# What JAX raises when a function reads a traced array's value in Python (an
+# `if` on an array, `float(x)`, `np.asarray(x)`): not a shape mismatch.
+_TRACER_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.UnexpectedTracerError,
+)
+
+
+def _epsilon(pred: AbstractPredictor, x: Array, t: Array) -> Array:
+    return pred.epsilon(x, t)
+
+
+def _check_point_shape(pred: AbstractPredictor, nodes: FieldNodes) -> None:
+    """That `pred` takes a point of the nodes' dimension, found by tracing it
+    abstractly; an error with the predictor's own exception otherwise.
+
+    The predictor travels as an argument of `eqx.filter_eval_shape`, not as a
+    bound method closed over by `jax.eval_shape`: JAX compares a function
+    with those it has traced before, and comparing a module whose leaves are
+    tracers (a relation built inside `jit` or `grad`) asks for the truth value
+    of a traced array.
+    """
+    n = nodes.dim
+    x = jax.ShapeDtypeStruct((n,), nodes.eps.dtype)
+    t = jax.ShapeDtypeStruct((), nodes.t.dtype)
+    try:
+        eqx.filter_eval_shape(_epsilon, pred, x, t)
+    except _TRACER_ERRORS as err:
+        raise TypeError(
+            f"`pred` cannot be traced at a point of shape ({n},): its model reads "
+            "the value of an array in Python (an `if` on an array, `float(x)`, "
+            "`np.asarray(x)`), which has none while it is traced. Use `jnp.where` "
+            f"or `jax.lax.cond` in the model. {type(err).__name__}: {err}"
+        ) from err
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"`nodes` have dimension {n}, but `pred` cannot take a point of "
+            f"shape ({n},): {type(err).__name__}: {err} Build the nodes for the "
+            "predictor's dimension, e.g. `field_nodes(key, n)`."
+        ) from err
+
+
 class ImplicitDiffusion(AbstractImplicitRelation):
     r"""A noise predictor used as a relation: the implicit field and its queries.
 
@@ -90,18 +134,7 @@ class ImplicitDiffusion(AbstractImplicitRelation):
                 f"`nodes` must be FieldNodes (see `field_nodes`), got {type(nodes)}."
             )
         n = nodes.dim
-        try:
-            jax.eval_shape(
-                pred.epsilon,
-                jax.ShapeDtypeStruct((n,), nodes.eps.dtype),
-                jax.ShapeDtypeStruct((), nodes.t.dtype),
-            )
-        except (TypeError, ValueError) as err:
-            raise ValueError(
-                f"`nodes` have dimension {n}, but `pred` cannot take a point of "
-                f"shape ({n},): {err} Build the nodes for the predictor's "
-                "dimension, e.g. `field_nodes(key, n)`."
-            ) from err
+        _check_point_shape(pred, nodes)
         if np.shape(lam) != ():
             raise ValueError(
                 f"`lam` must be a scalar field weight, got shape {np.shape(lam)}."
