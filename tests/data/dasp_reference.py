@@ -1,5 +1,6 @@
 """Reference values of dasp-pytorch's compressor, stereo bus, widener and
-panner for the tests.
+panner, and of its processors' `process_normalized` on normalised parameter
+vectors, for the tests.
 
 `tests/effects/test_dasp.py` compares `retrax.effects.DaspCompressor`,
 `retrax.effects.stereo_bus`, `retrax.effects.DaspStereoWidener` and
@@ -14,7 +15,13 @@ The signals and parameters come from `compressor_cases()`, `bus_cases()` and
 `stereo_cases()` below (seeded numpy, imported by the test too): the
 compressor's parameters
 are drawn uniformly over dasp's `modules.Compressor` ranges (`RANGES`, checked
-against dasp's when it is importable), plus both ends of the ranges. The JSON
+against dasp's when it is importable), plus both ends of the ranges. The
+vector cases (`vector_cases()`, `dasp_vector_values()`) are 32 vectors per
+effect drawn uniformly over [0, 1], each on a mono and a stereo signal of
+64 samples, through dasp's `process_normalized` (the panner's and widener's
+functions, which have no module); the reverb's white noise is drawn here
+(`reverb_noise()`) and handed to dasp in place of its `torch.randn`, so the
+test can pass the same noise to retrax. The JSON
 records a fingerprint of each case's inputs so that the test can check that
 the stored values belong to the same inputs; the outputs are stored whole
 (float64 and float32), the float64 gradients as fingerprints.

@@ -1,7 +1,10 @@
 """dasp-pytorch's compressor, stereo bus, widener and panner, by their
 definitions: against dasp-pytorch 0.0.1 (directly when installed, else
 stored values) in float64 and float32, their gradients, transformations and
-bad input."""
+bad input. Then dasp's normalised parameter vectors through
+`retrax.effects.from_dasp` / `to_dasp` against dasp's `process_normalized`
+for every effect with a dasp counterpart, the dasp equaliser, and the
+reverb's fresh noise per call."""
 
 import importlib.util
 import json
