@@ -28,6 +28,23 @@ class RESULTS(_DiffusionResults):  # pyright: ignore
         "answer is NaN. Rerun the query with `throw=True` for a message that "
         "names the failed check."
     )
+    diverged = (
+        "Belief propagation diverged: a message or a belief became non-finite "
+        "(NaN or inf), a belief lost the precision it had (its mean ran off to "
+        "where its factors carry no information), or a factor stopped being "
+        "finite at the means the iteration reached (`stats['factor']` names it; "
+        "-1 otherwise). Loopy Gaussian belief "
+        "propagation need not converge on a graph with loops; try `damping` "
+        "(0.5 to 0.9), `schedule='sequential'`, an `init` nearer the answer, or "
+        "`solve_graph`. The beliefs are NaN."
+    )
+    nonfinite_factor = (
+        "A factor of the graph is not finite at the first linearisation point "
+        "(`init`): a NaN or infinite coefficient, target or precision, or a "
+        "residual or relation that is not finite there (`stats['factor']` gives "
+        "its index in `graph.factors`). Nothing was propagated; the beliefs are "
+        "NaN. Rerun with `throw=True` for a message that names the factor."
+    )
 
 
 class ImplicitSolution(AbstractSolution):
