@@ -169,7 +169,9 @@ def run(poses, span, every):
         "poses": poses,
         "band": graph.banded.size,
         "build_s": built,
-        "result": str(sol.result),
+        "result": (
+            "successful" if sol.result == rr.RESULTS.successful else str(sol.result)
+        ),
         "first_s": first,
         "warm_ms": 1e3 * min(warm),
     }

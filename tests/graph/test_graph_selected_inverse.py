@@ -260,9 +260,10 @@ def test_a_solution_of_another_graph_is_refused():
     )
     for other in (renamed, regrouped):
         assert other.size == g1.size
-        raises_eagerly_and_under_jit(
-            rr.graph_laplace, other, sol, match="`sol` is the solution of another graph"
-        )
+        for query in (rr.graph_laplace, rr.graph_free_energy):
+            raises_eagerly_and_under_jit(
+                query, other, sol, match="`sol` is the solution of another graph"
+            )
 
 
 @pytest.mark.slow
