@@ -48,7 +48,9 @@ class LeastSquaresState(eqx.Module):
     x: Float[Array, " n"]
     cost: Float[Array, ""]
     gradient: Float[Array, " n"]
-    system: AbstractGraphSystem
+    system: AbstractGraphSystem  # the Gauss-Newton matrix at `x`, unfactorised
+    trial: AbstractGraphSystem  # the last step's damped matrix, factorised
+    trial_damping: Float[Array, ""]  # its lambda
     damping: Float[Array, ""]
     growth: Float[Array, ""]
     num_steps: Int[Array, ""]
@@ -69,7 +71,9 @@ def _scaling(diag: Float[Array, " n"]) -> Float[Array, " n"]:
 def _linearise(graph: FactorGraph, x, kind, jacobian_dtype):
     """The cost, the gradient and the Gauss–Newton matrix at `x` (the matrix
     evaluated in `jacobian_dtype` when given)."""
-    system = graph_system(graph, x, kind, jacobian_dtype, rows="precision")
+    system = graph_system(
+        graph, x, kind, jacobian_dtype, rows="precision", factorise=False
+    )
     return graph.energy(x), graph.gradient(x), system
 
 
@@ -90,12 +94,9 @@ def _step(graph, state: LeastSquaresState, tol, kind, damped, jacobian_dtype):
     """One trial step: solve, evaluate, accept or reject, relinearise."""
     x, g, lam = state.x, state.gradient, state.damping
     scale = _scaling(state.system.diagonal())
-    system = jax.lax.cond(
-        lam > 0,
-        lambda: state.system.add_diagonal(lam * scale),
-        lambda: state.system,
-    )
-    delta, linear_result = system.solve_with_result(-g)
+    # one factorisation a trial (lambda = 0 factorises H itself)
+    trial = state.system.add_diagonal(lam * scale)
+    delta, linear_result = trial.solve_with_result(-g)
     finite = jnp.all(jnp.isfinite(delta))
     delta = jnp.where(finite, delta, jnp.zeros_like(delta))
     size = jnp.max(jnp.abs(delta))
@@ -115,18 +116,22 @@ def _step(graph, state: LeastSquaresState, tol, kind, damped, jacobian_dtype):
         )
         damping, growth = _next_damping(lam, state.growth, accept, ratio)
     else:
+        cost_new = graph.energy(x_new)
         accept = finite
         damping, growth = lam, state.growth
     converged = accept & small & (lam <= _CONVERGED_DAMPING)
 
     def relinearise():
-        return _linearise(graph, x_new, kind, jacobian_dtype)
+        system = graph_system(
+            graph, x_new, kind, jacobian_dtype, rows="precision", factorise=False
+        )
+        return cost_new, graph.gradient(x_new), system
 
     def gradient_only():
         # a converged step's matrix would serve no further step: the
         # Gauss-Newton matrix of the last point (within the tolerance) is
         # the one whose definiteness the result reports
-        return graph.energy(x_new), graph.gradient(x_new), state.system
+        return cost_new, graph.gradient(x_new), state.system
 
     def keep():
         return state.cost, g, state.system
@@ -138,6 +143,8 @@ def _step(graph, state: LeastSquaresState, tol, kind, damped, jacobian_dtype):
         cost=cost,
         gradient=g_new,
         system=new_system,
+        trial=trial,
+        trial_damping=lam,
         damping=damping,
         growth=growth,
         num_steps=state.num_steps + 1,
@@ -168,11 +175,15 @@ def least_squares(
     non-finite gradient or `max_steps` trial steps."""
     cost, g, system = _linearise(graph, x0, kind, jacobian_dtype)
     dtype = x0.dtype
+    shapes = eqx.filter_eval_shape(lambda s: s.add_diagonal(g), system)
+    placeholder = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     init = LeastSquaresState(
         x=x0,
         cost=cost,
         gradient=g,
         system=system,
+        trial=placeholder,
+        trial_damping=jnp.ones((), dtype),
         damping=jnp.zeros((), dtype),
         growth=jnp.full((), 2, dtype),
         num_steps=jnp.zeros((), jnp.int32),
@@ -197,7 +208,12 @@ def least_squares_result(state: LeastSquaresState) -> tuple[RESULTS, Array, Arra
     A converged loop whose Gauss–Newton matrix is singular (a variable that
     no factor determines, a zero precision) has no unique answer: `singular`,
     a failure, not a success."""
-    positive = state.system.positive_definite()
+    # the last trial factorised the undamped matrix when its lambda was 0
+    positive = jax.lax.cond(
+        state.trial_damping == 0,
+        lambda: state.trial.positive_definite(),
+        lambda: state.system.positive_definite(),
+    )
     finite = _healthy(state) & jnp.all(jnp.isfinite(state.x))
     result = RESULTS.where(
         state.converged,

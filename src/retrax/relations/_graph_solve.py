@@ -40,16 +40,21 @@ class GraphSolution(AbstractSolution):
       `DeprecationWarning`).
     - `x`: the same as one flat vector, `(n,)`.
     - `gradient`: the graph's gradient $\nabla E$ at `x` (about 0).
-    - `converged`: whether the last Newton step was within the tolerance.
+    - `converged`: whether the last step was within the tolerance (and, for
+      the least-squares methods, the Gauss–Newton matrix there is positive
+      definite: the answer is determined).
     - `stable`: whether the symmetric part of the last Jacobian the solve
-      evaluated (at a point within about $\sqrt{\mathrm{tol}}$ of `x`: the
-      last steps reuse it) is positive definite (a minimum of the energy, not
-      a saddle).
+      evaluated (at a point within the tolerance of `x`) is positive
+      definite (a minimum of the energy, not a saddle); for the
+      least-squares methods, the Gauss–Newton matrix's.
     - `result`: a [`retrax.relations.RESULTS`][]: `successful`,
-      `unstable_root` (converged to a saddle: an answer, reported, never
-      raised), `max_steps_reached` or `nonfinite_iterate`.
-    - `stats`: `{"num_steps": ..., "max_step": ...}`, the Newton iterations
-      taken and the size of the last step.
+      `unstable_root` (Newton only: converged to a saddle; an answer,
+      reported, never raised), `singular` (the factors do not determine
+      every variable), `max_steps_reached` or `nonfinite_iterate`.
+    - `stats`: `num_steps` (the steps tried) and `max_step` (the size of the
+      last one); for the least-squares methods also `num_accepted` (the
+      steps taken), `cost` (the energy at the last point) and `damping`
+      (the last Levenberg–Marquardt $\lambda$, dimensionless).
     - `linear_solver`: `"dense"` or `"banded"`, the solve used.
     """
 
