@@ -29,8 +29,8 @@ def spd(rng, rows, k, scale=1.0):
 def mixed_graph(poses=80, landmarks=30, dtype=np.float64, seed=0, scale=1.0):
     """Poses `p` (3-d) in a chain, landmarks `l` (2-d) each measured by the
     poses around it through a random linear map: 300 unknowns by default,
-    banded (Cuthill-McKee keeps neighbours close), two dimensions padded to
-    one."""
+    banded (Cuthill-McKee keeps neighbours close), the 2-d landmarks padded
+    to 3 in the banded layout."""
     rng = np.random.default_rng(seed)
     f = lambda a: jnp.asarray(a, dtype)  # noqa: E731
     seen = np.arange(poses) * landmarks // poses
