@@ -34,6 +34,7 @@ EFFECTS = {
     "Chorus": lambda: fx.Chorus(sample_rate=SR),
     "Compressor": lambda: fx.Compressor(sample_rate=SR, lookahead_samples=2),
     "DaspCompressor": lambda: fx.DaspCompressor(sample_rate=SR),
+    "DaspParametricEQ": lambda: fx.DaspParametricEQ(sample_rate=44_100),
     "DaspStereoPanner": fx.DaspStereoPanner,
     "DaspStereoWidener": fx.DaspStereoWidener,
     "Delay": lambda: fx.Delay(sample_rate=SR),
