@@ -253,3 +253,17 @@ def test_the_loopy_pose_graph_converges_to_the_joint_answer(poses, schedule, max
     scale = float(jnp.max(jnp.abs(joint)))
     np.testing.assert_allclose(sol.x, joint, atol=1e-6 * scale)
     assert np.all(np.linalg.eigvalsh(sol.covariances["x"]) > 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damping", [0.0, 0.5])
+def test_a_thousand_pose_loopy_graph_is_never_a_wrong_success(damping):
+    # the graph: 1,000 poses, 20 loop closures, 200 iterations.
+    # Undamped flooding diverges (the means run off to 1e10 by iteration
+    # 60); damped, it has not reached every pose. Both say so.
+    graph, init = pose_graph(1000, closures=20)
+    sol = rr.propagate_beliefs(graph, init, damping=damping, max_steps=200, throw=False)
+    expected = rr.RESULTS.diverged if damping == 0 else rr.RESULTS.max_steps_reached
+    assert sol.result == expected
+    assert np.isnan(sol.x).all()
+    assert np.isnan(sol.covariances["x"]).all()
