@@ -29,25 +29,21 @@ _TRACER_ERRORS = (
 )
 
 
-def _epsilon(pred: AbstractPredictor, x: Array, t: Array) -> Array:
-    return pred.epsilon(x, t)
-
-
 def _check_point_shape(pred: AbstractPredictor, nodes: FieldNodes) -> None:
     """That `pred` takes a point of the nodes' dimension, found by tracing it
     abstractly; an error with the predictor's own exception otherwise.
 
-    The predictor travels as an argument of `eqx.filter_eval_shape`, not as a
-    bound method closed over by `jax.eval_shape`: JAX compares a function
-    with those it has traced before, and comparing a module whose leaves are
-    tracers (a relation built inside `jit` or `grad`) asks for the truth value
-    of a traced array.
+    The function traced is a new closure, not the bound method
+    `pred.epsilon`: JAX compares a function with those it has traced before,
+    and comparing bound methods compares their modules, which for a module
+    whose leaves are tracers (a relation built inside `jit` or `grad`) asks
+    for the truth value of a traced array.
     """
     n = nodes.dim
     x = jax.ShapeDtypeStruct((n,), nodes.eps.dtype)
     t = jax.ShapeDtypeStruct((), nodes.t.dtype)
     try:
-        eqx.filter_eval_shape(_epsilon, pred, x, t)
+        jax.eval_shape(lambda x, t: pred.epsilon(x, t), x, t)
     except _TRACER_ERRORS as err:
         raise TypeError(
             f"`pred` cannot be traced at a point of shape ({n},): its model reads "
