@@ -118,10 +118,12 @@ def dead_reckoning(problem: Pose2Problem) -> np.ndarray:
     return np.stack(out)
 
 
-def pose2_graph(problem: Pose2Problem, dtype=jnp.float64) -> rr.FactorGraph:
+def pose2_graph(problem: Pose2Problem, dtype=None) -> rr.FactorGraph:
     """The retrax graph of `problem`: one `ResidualFactor` for the odometry,
-    one for the closures, one for the prior (their sigmas as parameters)."""
+    one for the closures, one for the prior (their sigmas as parameters), in
+    `dtype` (JAX's default float by default)."""
     n = len(problem.truth)
+    dtype = jnp.result_type(float) if dtype is None else dtype
     f = lambda a: jnp.asarray(a, dtype)  # noqa: E731
     factors = [
         rr.ResidualFactor(
