@@ -47,8 +47,9 @@ class LeastSquaresState(eqx.Module):
 
     x: Float[Array, " n"]
     cost: Float[Array, ""]
+    stale: Bool[Array, ""]  # `gradient` and `system` are not yet at `x`
     gradient: Float[Array, " n"]
-    system: AbstractGraphSystem  # the Gauss-Newton matrix at `x`, unfactorised
+    system: AbstractGraphSystem  # the Gauss-Newton matrix, unfactorised
     trial: AbstractGraphSystem  # the last step's damped matrix, factorised
     trial_damping: Float[Array, ""]  # its lambda
     damping: Float[Array, ""]
@@ -69,12 +70,12 @@ def _scaling(diag: Float[Array, " n"]) -> Float[Array, " n"]:
 
 
 def _linearise(graph: FactorGraph, x, kind, jacobian_dtype):
-    """The cost, the gradient and the Gauss–Newton matrix at `x` (the matrix
-    evaluated in `jacobian_dtype` when given)."""
+    """The gradient and the Gauss–Newton matrix at `x` (the matrix evaluated
+    in `jacobian_dtype` when given, and not yet factorised)."""
     system = graph_system(
         graph, x, kind, jacobian_dtype, rows="precision", factorise=False
     )
-    return graph.energy(x), graph.gradient(x), system
+    return graph.gradient(x), system
 
 
 def _next_damping(damping, growth, accept, ratio):
@@ -91,19 +92,26 @@ def _next_damping(damping, growth, accept, ratio):
 
 
 def _step(graph, state: LeastSquaresState, tol, kind, damped, jacobian_dtype):
-    """One trial step: solve, evaluate, accept or reject, relinearise."""
-    x, g, lam = state.x, state.gradient, state.damping
-    scale = _scaling(state.system.diagonal())
+    """One trial step: linearise at a new point, solve, evaluate, accept or
+    reject. The factors are linearised in one place (traced once), at the
+    start of the step after an accepted one."""
+    g, system = jax.lax.cond(
+        state.stale,
+        lambda: _linearise(graph, state.x, kind, jacobian_dtype),
+        lambda: (state.gradient, state.system),
+    )
+    x, lam = state.x, state.damping
+    scale = _scaling(system.diagonal())
     # one factorisation a trial (lambda = 0 factorises H itself)
-    trial = state.system.add_diagonal(lam * scale)
+    trial = system.add_diagonal(lam * scale)
     delta, linear_result = trial.solve_with_result(-g)
     finite = jnp.all(jnp.isfinite(delta))
     delta = jnp.where(finite, delta, jnp.zeros_like(delta))
     size = jnp.max(jnp.abs(delta))
     small = finite & (size <= tol * (1 + jnp.max(jnp.abs(x))))
     x_new = x + delta
+    cost_new = graph.energy(x_new)
     if damped:
-        cost_new = graph.energy(x_new)
         predicted = 0.5 * (lam * jnp.sum(scale * delta * delta) - jnp.dot(g, delta))
         ratio = (state.cost - cost_new) / predicted
         decrease = (cost_new <= state.cost) & (ratio > _ACCEPT)
@@ -116,33 +124,14 @@ def _step(graph, state: LeastSquaresState, tol, kind, damped, jacobian_dtype):
         )
         damping, growth = _next_damping(lam, state.growth, accept, ratio)
     else:
-        cost_new = graph.energy(x_new)
         accept = finite
         damping, growth = lam, state.growth
-    converged = accept & small & (lam <= _CONVERGED_DAMPING)
-
-    def relinearise():
-        system = graph_system(
-            graph, x_new, kind, jacobian_dtype, rows="precision", factorise=False
-        )
-        return cost_new, graph.gradient(x_new), system
-
-    def gradient_only():
-        # a converged step's matrix would serve no further step: the
-        # Gauss-Newton matrix of the last point (within the tolerance) is
-        # the one whose definiteness the result reports
-        return cost_new, graph.gradient(x_new), state.system
-
-    def keep():
-        return state.cost, g, state.system
-
-    branch = jnp.where(accept, jnp.where(converged, 1, 2), 0)
-    cost, g_new, new_system = jax.lax.switch(branch, (keep, gradient_only, relinearise))
     return LeastSquaresState(
         x=jnp.where(accept, x_new, x),
-        cost=cost,
-        gradient=g_new,
-        system=new_system,
+        cost=jnp.where(accept, cost_new, state.cost),
+        stale=accept,
+        gradient=g,
+        system=system,
         trial=trial,
         trial_damping=lam,
         damping=damping,
@@ -150,14 +139,15 @@ def _step(graph, state: LeastSquaresState, tol, kind, damped, jacobian_dtype):
         num_steps=state.num_steps + 1,
         num_accepted=state.num_accepted + accept.astype(jnp.int32),
         last_step=jnp.where(finite, size, jnp.asarray(jnp.inf, size.dtype)),
-        converged=converged,
+        converged=accept & small & (lam <= _CONVERGED_DAMPING),
         linear_result=linear_result,
     )
 
 
 def _healthy(state: LeastSquaresState) -> Bool[Array, ""]:
-    """Whether the loop can go on: a finite gradient and a cost that is not
-    NaN (an infinite cost, an input near the dtype's limit, can still fall)."""
+    """Whether the loop can go on: a finite gradient (the last one
+    evaluated) and a cost that is not NaN (an infinite cost, an input near
+    the dtype's limit, can still fall)."""
     return jnp.all(jnp.isfinite(state.gradient)) & ~jnp.isnan(state.cost)
 
 
@@ -173,16 +163,23 @@ def least_squares(
     """The least-squares loop from `x0`: Levenberg–Marquardt (`damped`) or
     Gauss–Newton, until a step within `tol` (scaled by `1 + max|x|`), a
     non-finite gradient or `max_steps` trial steps."""
-    cost, g, system = _linearise(graph, x0, kind, jacobian_dtype)
     dtype = x0.dtype
-    shapes = eqx.filter_eval_shape(lambda s: s.add_diagonal(g), system)
-    placeholder = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    def zeros_like(tree):
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
+
+    # the first step linearises at x0: placeholders until then
+    g, system = zeros_like(
+        eqx.filter_eval_shape(_linearise, graph, x0, kind, jacobian_dtype)
+    )
+    trial = zeros_like(eqx.filter_eval_shape(lambda s: s.add_diagonal(g), system))
     init = LeastSquaresState(
         x=x0,
-        cost=cost,
+        cost=graph.energy(x0),
+        stale=jnp.array(True),
         gradient=g,
         system=system,
-        trial=placeholder,
+        trial=trial,
         trial_damping=jnp.ones((), dtype),
         damping=jnp.zeros((), dtype),
         growth=jnp.full((), 2, dtype),

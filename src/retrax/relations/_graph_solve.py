@@ -216,7 +216,9 @@ def _run_least_squares(
         "damping": state.damping,
     }
     converged = state.converged & positive
-    return _Outcome(state.x, state.gradient, result, converged, converged, stats)
+    # the loop stops before linearising at its last point
+    gradient = graph.gradient(state.x)
+    return _Outcome(state.x, gradient, result, converged, converged, stats)
 
 
 @eqx.filter_custom_jvp
