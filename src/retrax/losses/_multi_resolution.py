@@ -18,6 +18,7 @@ from ._stft_loss import (
     Weight,
     check_signals,
     compiled_terms,
+    signal_peak,
 )
 
 
@@ -137,7 +138,8 @@ class MultiResolutionSTFTLoss(eqx.Module):
         # every resolution shares `perceptual_weighting` and `sample_rate`
         weighted = self.resolutions[0].weighted
         pred, target = weighted(pred), weighted(target)
-        terms = [r.weighted_terms(pred, target) for r in self.resolutions]
+        peak = signal_peak(pred, target)
+        terms = [r.weighted_terms(pred, target, peak) for r in self.resolutions]
         stacked = jax.tree.map(lambda *t: jnp.stack(t), *terms)
         return STFTLossTerms(
             jnp.sum(stacked.loss) / len(terms),

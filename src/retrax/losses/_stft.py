@@ -49,7 +49,9 @@ def analysis_window(name: str, win_length: int, fft_size: int) -> np.ndarray:
     return np.pad(w, (left, fft_size - win_length - left))
 
 
-def stft(x: jax.Array, fft_size: int, hop_size: int, window: np.ndarray) -> jax.Array:
+def stft(
+    x: jax.Array, fft_size: int, hop_size: int, window: np.ndarray | jax.Array
+) -> jax.Array:
     """The complex STFT of `x` over its last axis, `(..., frames, fft_size // 2 + 1)`.
 
     The frames are those of `torch.stft(..., center=True, pad_mode="reflect")`:
@@ -78,3 +80,14 @@ def clamped_magnitude(spectrum: jax.Array, eps: float | jax.Array) -> jax.Array:
     at `eps` keeps the logarithm and its derivative finite in silent bins."""
     power = jnp.real(spectrum) ** 2 + jnp.imag(spectrum) ** 2
     return jnp.sqrt(jnp.maximum(power, jnp.asarray(eps, power.dtype)))
+
+
+def safe_angle(spectrum: jax.Array) -> jax.Array:
+    """`jnp.angle(spectrum)` with derivative 0 (not NaN) at 0, where the
+    angle is undefined (as torch's `angle` defines it): silent bins. A zero
+    bin's angle is 0."""
+    re, im = jnp.real(spectrum), jnp.imag(spectrum)
+    zero = (re == 0) & (im == 0)
+    # (a zero bin's angle is 0, as `jnp.angle` gives it for +0; the inputs
+    # replaced there keep the derivative finite, and 0 by the `where`)
+    return jnp.arctan2(jnp.where(zero, 0, im), jnp.where(zero, 1, re))

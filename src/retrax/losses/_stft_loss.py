@@ -1,21 +1,30 @@
 """The spectral loss at one STFT resolution (auraloss's `STFTLoss`)."""
 
+import math
 from typing import Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from .._errors import error_if
+from .._errors import error_if, filter_jit
 from .._float_dtypes import check_float_dtype
 from .._misc import as_inexact, cast, result_dtype
 from .._validate import check_positive_int, check_rate, check_value
 from ._a_weighting import a_weighting_taps, fir_same
 from ._chroma import chroma_filterbank
 from ._mel import mel_filterbank
-from ._stft import WINDOWS, Window, analysis_window, clamped_magnitude, stft
+from ._stft import (
+    WINDOWS,
+    Window,
+    analysis_window,
+    clamped_magnitude,
+    safe_angle,
+    stft,
+)
 
 
 Weight = float | int | Real[Array, ""]
@@ -111,6 +120,20 @@ def _norm(x: jax.Array) -> jax.Array:
     return jnp.where(positive, jnp.sqrt(jnp.where(positive, squares, 1)), 0)
 
 
+def signal_peak(pred: jax.Array, target: jax.Array) -> jax.Array:
+    """The largest magnitude of `pred` and `target`."""
+    return jnp.maximum(jnp.max(jnp.abs(pred)), jnp.max(jnp.abs(target)))
+
+
+def power_of_two_scale(peak: jax.Array, limit: float) -> jax.Array:
+    """$2^{-k}$, the power of two that brings `peak` below `limit` (1 when it
+    is below already), held constant for the derivative. Multiplying by a
+    power of two is exact, so scaled values round as the unscaled ones."""
+    ratio = jnp.where(peak > limit, peak / limit, 1)
+    k = jnp.ceil(jnp.log2(ratio)).astype(jnp.int32)
+    return lax.stop_gradient(jnp.ldexp(jnp.ones((), peak.dtype), -k))
+
+
 def _distance(x: jax.Array, y: jax.Array, kind: str, reduction: str) -> jax.Array:
     d = x - y
     # sign(d) * d is |d| with derivative sign(d): zero where the prediction
@@ -129,7 +152,7 @@ def _cast(w: Weight, x: jax.Array) -> jax.Array:
     return jnp.asarray(w).astype(x.dtype)
 
 
-@eqx.filter_jit
+@filter_jit
 def compiled_terms(loss, pred: jax.Array, target: jax.Array):
     """`loss.unchecked_terms(pred, target)` compiled as a whole.
 
@@ -137,8 +160,23 @@ def compiled_terms(loss, pred: jax.Array, target: jax.Array):
     eager `jax.grad` one linearisation. The loss's arrays are traced and its
     Python numbers and settings fixed, as when a user's `jax.jit` closes over
     the loss: a zero weight still skips its term, and a new weight compiles
-    anew. Inside a user's `jax.jit` it is inlined."""
-    return loss.unchecked_terms(pred, target)
+    anew. Inside a user's `jax.jit` it is inlined.
+
+    The signals are checked finite before, and loud ones scaled so that no
+    square overflows (`STFTLoss.weighted_terms`); a loss that is still not
+    finite has a value beyond the dtype's range, which raises an error (at
+    run time) rather than returning `inf`."""
+    terms = loss.unchecked_terms(pred, target)
+    leaves = jax.tree.leaves(terms)
+    return error_if(
+        terms,
+        ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(v)) for v in leaves])),
+        f"The loss of these finite signals is not finite in {leaves[0].dtype}: "
+        "its value lies beyond the dtype's range (as the linear-magnitude L2 "
+        "distance of signals near 1e20 can in float32), or its signals' scales "
+        "differ by more than the dtype spans. Compute it in float64, or bring "
+        "`pred` and `target` to a common scale.",
+    )
 
 
 class STFTLossTerms(eqx.Module):
@@ -210,7 +248,15 @@ class STFTLoss(eqx.Module):
     float32 and float64). Such bins make the phase term differ from auraloss
     (its derivative does not, being the same on both sides); with an odd
     `win_length` in an even `fft_size` no frame is symmetric and the term
-    agrees to rounding.
+    agrees to rounding. The angle of a silent bin (0) is 0 with derivative
+    0, as torch's `angle` defines it, so the term's gradient is finite at
+    silence.
+
+    Signals loud enough that a sum of squares could overflow the dtype are
+    scaled down together by a power of two first (exact; `eps` and the
+    linear-magnitude distance scaled to match), so finite signals give the
+    loss's value wherever the dtype holds it; a loss whose value itself
+    lies beyond the dtype raises an error rather than returning `inf`.
 
     auraloss 0.4.0's `scale="chroma"` raises `TypeError` at construction (it
     registers librosa's NumPy filterbank as a buffer); retrax computes what it
@@ -356,10 +402,13 @@ class STFTLoss(eqx.Module):
         assert self.sample_rate is not None
         return fir_same(x, a_weighting_taps(self.sample_rate))
 
-    def spectrum(self, x: jax.Array) -> jax.Array:
+    def spectrum(self, x: jax.Array, scale: jax.Array | None = None) -> jax.Array:
         """The complex STFT of (weighted) signals `x`, `(..., frames,
-        fft_size // 2 + 1)`."""
+        fft_size // 2 + 1)`, of `x` times `scale` if given (applied to the
+        window, which the frames are multiplied by anyway)."""
         window = analysis_window(self.window, self.win_length, self.fft_size)
+        if scale is not None:
+            window = jnp.asarray(window, x.dtype) * scale
         return stft(x, self.fft_size, self.hop_size, window)
 
     def magnitudes(self, x: jax.Array) -> jax.Array:
@@ -374,14 +423,63 @@ class STFTLoss(eqx.Module):
         resolutions)."""
         return self.weighted_terms(self.weighted(pred), self.weighted(target))
 
-    def weighted_terms(self, pred: jax.Array, target: jax.Array) -> STFTLossTerms:
+    def weighted_terms(
+        self, pred: jax.Array, target: jax.Array, peak: jax.Array | None = None
+    ) -> STFTLossTerms:
         """`unchecked_terms` of signals already passed through `weighted`
         (so that `MultiResolutionSTFTLoss` A-weights once for all its
-        resolutions)."""
-        pred_spec = self.spectrum(pred)
-        target_spec = self.spectrum(target)
-        x = clamped_magnitude(pred_spec, self.eps)
-        y = clamped_magnitude(target_spec, self.eps)
+        resolutions).
+
+        Signals loud enough that a square could overflow the dtype (a peak
+        above `quiet_limit`, about $10^{4}$ for a few seconds of float32
+        audio at auraloss's resolutions) are scaled down
+        together by a power of two $c$ first, with `eps` scaled by $c^2$ and
+        the linear-magnitude distance by $1/c$ ($1/c^2$ for L2): the other
+        terms do not change with a common scale, and a power of two scales
+        exactly, so the terms are those of the direct formulas to rounding.
+        Quieter signals are not scaled ($c = 1$). `peak` is `signal_peak(pred,
+        target)`, if the caller has it (computed once for all resolutions)."""
+        if peak is None:
+            peak = signal_peak(pred, target)
+        c = power_of_two_scale(peak, self.quiet_limit(pred))
+        eps = _cast(self.eps, pred) * (c * c)
+        lin_scale = 1 / c if self.mag_distance == "L1" else 1 / (c * c)
+        return self.scaled_terms(pred, target, c, eps, lin_scale)
+
+    def quiet_limit(self, x: jax.Array) -> float:
+        """A peak below which no sum of squares in the terms' formulas, nor
+        its square (which their derivatives divide by), overflows the dtype
+        of `x` (signals of its shape): a magnitude is at most the window's
+        sum times the peak (times the filterbank's largest row sum), and the
+        largest sum adds `x.size / hop_size + 1` frames of
+        `fft_size // 2 + 1` bins of such squares (four times over, for a
+        difference of two): below the square root of the dtype's largest
+        value."""
+        window = analysis_window(self.window, self.win_length, self.fft_size)
+        gain = float(np.sum(np.abs(window)))
+        bank = self.filterbank()
+        if bank is not None:
+            gain *= max(float(np.max(np.sum(np.abs(bank), axis=1))), 1.0)
+        frames = x.size // max(x.shape[-1], 1) * (x.shape[-1] // self.hop_size + 1)
+        count = frames * (self.fft_size // 2 + 1)
+        largest = float(jnp.finfo(x.dtype).max)
+        return math.sqrt(math.sqrt(largest) / (4 * count)) / gain
+
+    def scaled_terms(
+        self,
+        pred: jax.Array,
+        target: jax.Array,
+        scale: jax.Array,
+        eps: jax.Array,
+        lin_scale: jax.Array,
+    ) -> STFTLossTerms:
+        """The terms of signals scaled by `scale` (a power of two, chosen by
+        `weighted_terms`), with the clamp `eps` and the factor `lin_scale` of
+        the linear-magnitude distance that undo it."""
+        pred_spec = self.spectrum(pred, scale)
+        target_spec = self.spectrum(target, scale)
+        x = clamped_magnitude(pred_spec, eps)
+        y = clamped_magnitude(target_spec, eps)
         bank = self.filterbank()
         if bank is not None:
             bank_t = jnp.asarray(bank.T, x.dtype)
@@ -401,9 +499,9 @@ class STFTLoss(eqx.Module):
                 jnp.log(x), jnp.log(y), self.mag_distance, self.reduction
             )
         if not _is_zero(self.w_lin_mag):
-            lin_mag = _distance(x, y, self.mag_distance, self.reduction)
+            lin_mag = _distance(x, y, self.mag_distance, self.reduction) * lin_scale
         if not _is_zero(self.w_phs):
-            d = jnp.angle(pred_spec) - jnp.angle(target_spec)
+            d = safe_angle(pred_spec) - safe_angle(target_spec)
             phs = jnp.mean(d * d)
         total = zero
         for w, term in (

@@ -9,7 +9,7 @@ definitions and defaults: `ESRLoss`, `DCLoss`, `LogCoshLoss`, `SNRLoss`,
 
 import abc
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 import equinox as eqx
 import jax
@@ -19,7 +19,14 @@ from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._compiled import compiled
 from .._errors import error_if
-from ._stft_loss import Weight, check_choice, check_signals, check_weight
+from .._validate import check_value
+from ._stft_loss import (
+    Weight,
+    check_choice,
+    check_signals,
+    check_weight,
+    power_of_two_scale,
+)
 
 
 Reduction = Literal["mean", "sum", "none"]
@@ -42,29 +49,54 @@ def _energy(x: jax.Array) -> jax.Array:
     return jnp.sum(x * x, axis=-1)
 
 
-def _ratio_db(num: jax.Array, den: jax.Array, eps: jax.Array) -> jax.Array:
-    """auraloss's $10 \\log_{10}(n / (d + \\varepsilon) + \\varepsilon)$.
+def _guarded(*sums: jax.Array) -> tuple[list[jax.Array], jax.Array]:
+    """The per-signal `sums` (energies, products) with those of a signal
+    where any is not finite (an overflow, or a non-finite input) or has a
+    square that overflows replaced by 1, and that flag per signal.
 
-    Plus `0 * den`, which is 0 (value and derivative unchanged) unless the
-    denominator is not finite: an infinite error energy would otherwise give
-    the finite $10 \\log_{10} \\varepsilon$, hiding a non-finite `pred` from
-    the check on the loss's value (see `_checked`)."""
-    return 10 * jnp.log10(num / (den + eps) + eps) + 0 * den
+    The ratios formed from the replacements are finite and are not used
+    (`_loss` recomputes those signals scaled); what the replacement keeps
+    finite is their derivative, which would otherwise be `0 * inf`, NaN,
+    in the gradient of the whole batch."""
+    # (a sum whose square overflows is flagged too: the derivative of a ratio
+    # divides by its denominator's square)
+    big = math.sqrt(float(jnp.finfo(sums[0].dtype).max))
+    each = jnp.broadcast_arrays(*sums)
+    ok = jnp.all(jnp.stack([jnp.abs(v) <= big for v in each]), 0)
+    return [jnp.where(ok, v, 1) for v in sums], ~ok
+
+
+def _ratio_db(
+    num: jax.Array, den: jax.Array, eps_energy: jax.Array, eps: jax.Array
+) -> jax.Array:
+    """auraloss's $10 \\log_{10}(n / (d + \\varepsilon) + \\varepsilon)$, the
+    first $\\varepsilon$ (`eps_energy`, an energy) scaled with the signals by
+    `_rescued`, the second (`eps`, a ratio) not.
+
+    `num` and `den` come through `_guarded`: a non-finite error energy,
+    which would give the finite $10 \\log_{10} \\varepsilon$, is flagged
+    there (and a non-finite `pred` named by `_checked`)."""
+    return 10 * jnp.log10(num / (den + eps_energy) + eps)
 
 
 def _any_not_finite(x: jax.Array) -> jax.Array:
     return ~jnp.all(jnp.isfinite(x))
 
 
-def _checked(values: jax.Array, pred: jax.Array, target: jax.Array) -> jax.Array:
-    """`values` with the run-time check that `pred` and `target` are finite.
+def _checked(
+    values: jax.Array, pred: jax.Array, target: jax.Array, eps: jax.Array
+) -> jax.Array:
+    """`values` with the run-time checks that `pred` and `target` are finite
+    and that the loss of finite signals is finite.
 
     Every loss here is non-finite where an input is, so the inputs are only
     read again (to name the one at fault) when the loss is not finite: a
     check of each input on every call would cost two more passes over the
     signals and the copies that `error_if` makes of them, more than these
-    losses themselves. A finite input whose squares overflow leaves the
-    value non-finite without an error, as before the check."""
+    losses themselves. A loss of finite signals that is still not finite
+    after `_rescued` either divides by zero (`eps=0` and a silent target, or
+    an exact prediction of a signal-to-error ratio) or has a value beyond
+    the dtype's range: each raises its own error."""
     bad = _any_not_finite(values)
     bad_pred, bad_target = lax.cond(
         bad,
@@ -72,22 +104,75 @@ def _checked(values: jax.Array, pred: jax.Array, target: jax.Array) -> jax.Array
         lambda: (jnp.zeros((), bool), jnp.zeros((), bool)),
     )
     values = error_if(values, bad_pred, "`pred` contains non-finite values.")
-    return error_if(values, bad_target, "`target` contains non-finite values.")
+    values = error_if(values, bad_target, "`target` contains non-finite values.")
+    unexplained = bad & ~bad_pred & ~bad_target
+    values = error_if(
+        values,
+        unexplained & (eps == 0),
+        "The loss divides by zero: `eps` is 0 and `target` is silent (zero "
+        "energy; for SNR, SI-SDR and SD-SDR also an exact prediction). Pass "
+        "`eps > 0`.",
+    )
+    return error_if(
+        values,
+        unexplained & (eps != 0),
+        f"The loss of these finite signals is not finite in {values.dtype}: its "
+        "value lies beyond the dtype's range (as the ESR of a `pred` 1e20 times "
+        "larger than `target` does in float32), or the signals' scales differ "
+        "by more than the dtype spans. Compute it in float64, or bring `pred` "
+        "and `target` to a common scale.",
+    )
+
+
+def _rescued(
+    loss: "AbstractTimeDomainLoss", pred: jax.Array, target: jax.Array
+) -> jax.Array:
+    r"""`loss.per_signal` of signals whose squares overflow, computed from the
+    signals scaled by a power of two $c$ (per signal, where its peak
+    exceeds $M^{1/4} / \sqrt{16 T}$, $M$ the dtype's largest value and $T$
+    the samples: then no energy or product of the formulas, nor its square,
+    overflows) with the energy regulariser scaled by $c^2$: the ratios are
+    unchanged (each is a ratio of energies, the regulariser of the energies
+    scaled with them), and a power of two rounds nothing, so they are finite
+    wherever their value is and equal the direct formulas' elsewhere."""
+    peak = jnp.maximum(
+        jnp.max(jnp.abs(pred), axis=-1, keepdims=True),
+        jnp.max(jnp.abs(target), axis=-1, keepdims=True),
+    )
+    limit = math.sqrt(
+        math.sqrt(float(jnp.finfo(pred.dtype).max)) / (16 * pred.shape[-1])
+    )
+    c = power_of_two_scale(peak, limit)
+    eps = loss._eps(pred)
+    values, bad = loss.per_signal(c * pred, c * target, eps * c[..., 0] ** 2)
+    # still not finite: a non-finite input (named by `_checked`), or sums
+    # beyond the dtype's range even so
+    return jnp.where(bad, jnp.nan, values)
 
 
 class AbstractTimeDomainLoss(eqx.Module):
     """A loss of `pred` against `target` computed per signal along the last
     axis, then reduced over the leading axes.
 
-    Subclasses define `per_signal`, on checked signals of one float dtype.
+    Subclasses define `per_signal`, on checked signals of one float dtype,
+    and say whether it is `scale_invariant`: a ratio of energies, unchanged
+    when both signals and the energy regulariser are scaled together (then a
+    loss whose squares overflow the dtype is computed from scaled signals).
     """
 
     eps: eqx.AbstractVar[Weight]
     reduction: eqx.AbstractVar[Reduction]
+    scale_invariant: eqx.AbstractClassVar[bool]
 
     @abc.abstractmethod
-    def per_signal(self, pred: jax.Array, target: jax.Array) -> jax.Array:
-        """The loss of each signal: `pred.shape[:-1]`."""
+    def per_signal(
+        self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """The loss of each signal, `pred.shape[:-1]`, with `eps_energy` the
+        regulariser of the energies (`eps`, or `eps` scaled with the
+        signals: a scalar or one value per signal), and per signal whether
+        its sums were not finite (see `_guarded`; always false for a loss
+        that is not `scale_invariant`)."""
 
     def __call__(
         self, pred: Real[ArrayLike, "..."], target: Real[ArrayLike, "..."]
@@ -105,7 +190,12 @@ class AbstractTimeDomainLoss(eqx.Module):
         A scalar with `reduction="mean"` (the mean over signals) or `"sum"`;
         with `"none"`, one value per signal, shape `pred.shape[:-1]`. Raises
         `ValueError` for mismatched or empty shapes, or non-finite values (a
-        run-time error under `jit`).
+        run-time error under `jit`). Finite signals give a finite loss: the
+        ratios are computed from signals scaled down by a power of two where
+        their energies' squares would overflow the dtype; a loss whose value
+        itself lies beyond the dtype's range, or that divides by zero
+        (`eps=0` with a silent `target`), raises an error saying which (at
+        run time under `jit`).
         """
         pred, target = check_signals(pred, target, 1, fft=False, finite=False)
         return _loss(self, pred, target)
@@ -121,7 +211,23 @@ def _loss(
     """The reduced loss, compiled as a whole: an eager call costs one
     dispatch, not one per operation (and inside a user's `jax.jit`, it is
     inlined)."""
-    values = _checked(loss.per_signal(pred, target), pred, target)
+    eps = loss._eps(pred)
+    values, bad = loss.per_signal(pred, target, eps)
+    if loss.scale_invariant:
+        # A loss of finite signals whose squares overflow is recomputed
+        # scaled; the test costs nothing beside the loss, and under `vmap`
+        # it stays one branch (the rescaled values equal the others up to
+        # rounding, so the whole batch may take it).
+        overflow = eqx.internal.unvmap_any(jnp.any(bad))
+        values = lax.cond(
+            overflow,
+            lambda p, t, v: _rescued(loss, p, t),
+            lambda p, t, v: v,
+            pred,
+            target,
+            values,
+        )
+    values = _checked(values, pred, target, eps)
     return _reduce(values, loss.reduction)
 
 
@@ -151,8 +257,13 @@ class ESRLoss(AbstractTimeDomainLoss):
     def __init__(self, eps: Weight = 1e-8, reduction: Reduction = "mean"):
         _init(self, eps, reduction)
 
-    def per_signal(self, pred: jax.Array, target: jax.Array) -> jax.Array:
-        return _energy(target - pred) / (_energy(target) + self._eps(pred))
+    scale_invariant: ClassVar[bool] = True
+
+    def per_signal(
+        self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        (error, energy), bad = _guarded(_energy(target - pred), _energy(target))
+        return error / (energy + eps_energy), bad
 
 
 class DCLoss(AbstractTimeDomainLoss):
@@ -175,9 +286,14 @@ class DCLoss(AbstractTimeDomainLoss):
     def __init__(self, eps: Weight = 1e-8, reduction: Reduction = "mean"):
         _init(self, eps, reduction)
 
-    def per_signal(self, pred: jax.Array, target: jax.Array) -> jax.Array:
+    scale_invariant: ClassVar[bool] = True
+
+    def per_signal(
+        self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
         num = jnp.mean(target - pred, axis=-1) ** 2
-        return num / (jnp.mean(target * target, axis=-1) + self._eps(pred))
+        (num, power), bad = _guarded(num, jnp.mean(target * target, axis=-1))
+        return num / (power + eps_energy), bad
 
 
 class LogCoshLoss(AbstractTimeDomainLoss):
@@ -205,17 +321,25 @@ class LogCoshLoss(AbstractTimeDomainLoss):
         self, a: Weight = 1.0, eps: Weight = 1e-8, reduction: Reduction = "mean"
     ):
         _init(self, eps, reduction)
-        self.a = check_weight("a", a)
-        if isinstance(a, int | float) and a == 0:
-            raise ValueError("`a` must be a finite number > 0, got 0.")
+        self.a = check_value(
+            a,
+            lambda xp, v: ~xp.isfinite(v) | (v <= 0),
+            f"`a` must be a finite number > 0, got {a!r}.",
+        )
 
-    def per_signal(self, pred: jax.Array, target: jax.Array) -> jax.Array:
+    scale_invariant: ClassVar[bool] = False
+
+    def per_signal(
+        self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
         a = jnp.asarray(self.a).astype(pred.dtype)
+        # a traced `a` (a Python or concrete one was checked when built)
+        a = error_if(a, ~jnp.isfinite(a) | (a <= 0), "`a` must be a finite number > 0.")
         x = a * (pred - target)
         # log(cosh x + eps) = log(e^x / 2 + e^-x / 2 + eps)
         log_cosh = jnp.logaddexp(x, -x) - math.log(2)
-        value = jnp.logaddexp(log_cosh, jnp.log(self._eps(pred)))
-        return jnp.mean(value / a, axis=-1)
+        value = jnp.mean(jnp.logaddexp(log_cosh, jnp.log(eps_energy)) / a, axis=-1)
+        return value, jnp.zeros(value.shape, bool)
 
 
 class _AbstractSignalToError(AbstractTimeDomainLoss):
@@ -234,26 +358,41 @@ class _AbstractSignalToError(AbstractTimeDomainLoss):
             raise TypeError(f"`zero_mean` must be a bool, got {zero_mean!r}.")
         self.zero_mean = zero_mean
 
-    def per_signal(self, pred: jax.Array, target: jax.Array) -> jax.Array:
+    scale_invariant: ClassVar[bool] = True
+
+    def per_signal(
+        self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
         if self.zero_mean:
             pred, target = _centred(pred), _centred(target)
-        return -self.ratio(pred, target, self._eps(pred))
+        ratio, bad = self.ratio(pred, target, eps_energy, self._eps(pred))
+        return -ratio, bad
 
     @abc.abstractmethod
-    def ratio(self, pred: jax.Array, target: jax.Array, eps: jax.Array) -> jax.Array:
-        """The ratio in dB of each signal."""
+    def ratio(
+        self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array, eps: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """The ratio in dB of each signal, with `eps_energy` the regulariser
+        of the energies and `eps` that of the ratio, and the flags of
+        `_guarded`."""
 
 
 def _scaled_energy(
     pred: jax.Array, target: jax.Array, eps: jax.Array
-) -> tuple[jax.Array, jax.Array]:
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The least-squares gain $\\alpha$ of `target` onto `pred`, as auraloss
-    forms it, and the energy of the scaled target, $\\alpha^2 \\sum_t y_t^2$
+    forms it, the energy of the scaled target, $\\alpha^2 \\sum_t y_t^2$
     (auraloss sums the squares of $\\alpha y$, equal up to rounding: here
-    the scaled target is never formed, one pass over the signals fewer)."""
-    target_energy = _energy(target)
-    alpha = jnp.sum(pred * target, axis=-1) / (target_energy + eps)
-    return alpha, alpha * alpha * target_energy
+    the scaled target is never formed, one pass over the signals fewer), and
+    the flags of `_guarded`."""
+    (target_energy, product), bad = _guarded(
+        _energy(target), jnp.sum(pred * target, axis=-1)
+    )
+    alpha = product / (target_energy + eps)
+    # (alpha times alpha y's energy, not alpha squared: for a target far
+    # smaller than the prediction, alpha squared alone may overflow)
+    (scaled_energy,), bad_scaled = _guarded(alpha * (alpha * target_energy))
+    return alpha, scaled_energy, bad | bad_scaled
 
 
 class SNRLoss(_AbstractSignalToError):
@@ -272,8 +411,11 @@ class SNRLoss(_AbstractSignalToError):
     - `reduction`: `"mean"` (default), `"sum"` or `"none"` over the signals.
     """
 
-    def ratio(self, pred: jax.Array, target: jax.Array, eps: jax.Array) -> jax.Array:
-        return _ratio_db(_energy(target), _energy(pred - target), eps)
+    def ratio(
+        self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array, eps: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        (num, den), bad = _guarded(_energy(target), _energy(pred - target))
+        return _ratio_db(num, den, eps_energy, eps), bad
 
 
 class SISDRLoss(_AbstractSignalToError):
@@ -294,10 +436,12 @@ class SISDRLoss(_AbstractSignalToError):
     - `reduction`: `"mean"` (default), `"sum"` or `"none"` over the signals.
     """
 
-    def ratio(self, pred: jax.Array, target: jax.Array, eps: jax.Array) -> jax.Array:
-        alpha, scaled_energy = _scaled_energy(pred, target, eps)
-        error = _energy(pred - alpha[..., None] * target)
-        return _ratio_db(scaled_energy, error, eps)
+    def ratio(
+        self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array, eps: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        alpha, scaled_energy, bad = _scaled_energy(pred, target, eps_energy)
+        (error,), bad_error = _guarded(_energy(pred - alpha[..., None] * target))
+        return _ratio_db(scaled_energy, error, eps_energy, eps), bad | bad_error
 
 
 class SDSDRLoss(_AbstractSignalToError):
@@ -319,6 +463,9 @@ class SDSDRLoss(_AbstractSignalToError):
     - `reduction`: `"mean"` (default), `"sum"` or `"none"` over the signals.
     """
 
-    def ratio(self, pred: jax.Array, target: jax.Array, eps: jax.Array) -> jax.Array:
-        _, scaled_energy = _scaled_energy(pred, target, eps)
-        return _ratio_db(scaled_energy, _energy(pred - target), eps)
+    def ratio(
+        self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array, eps: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        _, scaled_energy, bad = _scaled_energy(pred, target, eps_energy)
+        (error,), bad_error = _guarded(_energy(pred - target))
+        return _ratio_db(scaled_energy, error, eps_energy, eps), bad | bad_error
