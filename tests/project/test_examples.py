@@ -87,6 +87,20 @@ def test_reddiff_inverse_smoke(capsys):
 
 
 @pytest.mark.slow
+def test_controller_smoke(capsys, tmp_path):
+    plot = tmp_path / "controller.png"
+    result = load_example("controller.py").main(smoke=True, plot=str(plot))
+    out = capsys.readouterr().out
+    assert "held-out parameter error" in out and plot.exists()
+    # the reduced run already learns: its held-out error is at most half that
+    # of predicting the middle of every range, and the loss fell
+    assert result["ratio"] <= 0.5
+    assert np.mean(result["losses"][-20:]) < 0.2 * result["losses"][0]
+    # the cutoff, heard across the spectrum, is learned best
+    assert result["errors"][0] < 0.3 * result["baseline"][0]
+
+
+@pytest.mark.slow
 def test_fit_svf_smoke(capsys):
     result = load_example("parameter_estimation/fit_svf.py").main(smoke=True)
     assert "recovered" in capsys.readouterr().out

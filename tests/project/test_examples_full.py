@@ -79,3 +79,11 @@ def test_two_relations_full_run(capsys, tmp_path):
     assert result["converged"] and result["stable"]
     np.testing.assert_allclose(result["after"][:, 1:], result["targets"], atol=5e-3)
     assert result["final_loss"] < 1e-3 * result["history"][0]
+
+
+@pytest.mark.slow
+def test_controller_full_run(capsys):
+    # docs/tutorials/controller.md: the held-out parameter error at most half
+    # of predicting the middle of every range
+    result = run_example_as_users_do("controller.py")
+    assert result["ratio"] <= 0.5
