@@ -160,6 +160,26 @@ def test_sosfilt_grads():
     check_grads(jax.jit(f), (free, x, zi), eps=1e-5)
 
 
+def test_sosfiltfilt_gives_a0_no_derivative():
+    # a0 = 1 is scipy's constraint on the sections, not a parameter: neither
+    # sosfilt nor sosfiltfilt reads it, so its column of the gradient is 0
+    # (the steady state of the padded edges once normalised by it), and the
+    # other columns match central differences of the free coefficients
+    rng = np.random.default_rng(4)
+    sos = jnp.asarray(ss.butter(4, 0.3, output="sos"))
+    x = jnp.asarray(rng.normal(size=40))
+    w = jnp.asarray(rng.normal(size=40))
+    for op in (sosfilt, sosfiltfilt):
+        grad = jax.jit(jax.grad(lambda s, op=op: jnp.sum(w * op(s, x))))(sos)
+        assert bool(jnp.all(grad[:, 3] == 0)), op.__name__
+
+    def f(free):
+        s = jnp.concatenate([free[:, :3], jnp.ones((2, 1)), free[:, 3:]], 1)
+        return sosfiltfilt(s, x)
+
+    check_grads(f, (jnp.concatenate([sos[:, :3], sos[:, 4:]], 1),), eps=1e-5)
+
+
 def test_sosfilt_bad_input():
     sos = ss.butter(2, 0.2, output="sos")
     x = jnp.zeros(8)

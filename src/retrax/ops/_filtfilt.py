@@ -348,7 +348,10 @@ def _sosfiltfilt(sos, x, *, axis, padtype, padlen, dtype):
                 "n_sections + 1), less 3 per first-order section) along `axis`; "
                 "pass a smaller `padlen` (or `padtype=None`).",
             )
-    zi = sos_steady_state(sos)
+    # a0 = 1 is a constraint of scipy's sections, not a parameter: the
+    # cascade never reads it, and neither does the steady state here (its
+    # normalisation by a0 would give a0 a derivative the cascade denies)
+    zi = sos_steady_state(sos.at[:, 3].set(1))
 
     def run(signal, state):
         return sos_cascade(sos, signal, state, False)[0]
