@@ -19,8 +19,8 @@ its bands in the wrong places, learns all twelve parameters in two stages:
 Both stages train the equaliser's unconstrained vector
 (`ParametricEQ.to_unconstrained` of an `ordered=True` equaliser: the
 logarithms of the gaps of log frequency between the sections, and below and
-above them, relative to the last gap, the gains in dB, inverse softplus of
-the Qs), from which each loss builds the equaliser
+above them, relative to the last gap, 60 artanh(g / 60) of the gains g in dB,
+inverse softplus of the Qs), from which each loss builds the equaliser
 with `ParametricEQ.with_unconstrained`, so every step, and every point a line
 search tries, is a valid equaliser: frequencies in range and in order, stable
 sections. The equaliser runs as one `sosfilt` cascade, whose gradient is the
