@@ -40,10 +40,11 @@ class RESULTS(optx.RESULTS, metaclass=_NamedSuccess):  # pyright: ignore
         "a proximal point; its derivatives are NaN."
     )
     nonfinite_iterate = (
-        "An iterate of the run became non-finite (NaN or inf): the gradient it "
-        "followed was not finite there (a data term, e.g. RED-Diff's "
-        "`data_grad`, undefined or overflowing at that point), or its step size "
-        "(`lr`) is too large for the problem. The answer is NaN."
+        "An iterate became non-finite (NaN or inf): the function the solve or "
+        "run followed (a factor graph's gradient, a data term such as "
+        "RED-Diff's `data_grad`) is undefined or overflows at that point, or "
+        "its step (RED-Diff's `lr`) is too large for the problem. The answer "
+        "is NaN."
     )
     nonfinite_sample = (
         "A sampler's state became non-finite (NaN or inf) along its chain: the "

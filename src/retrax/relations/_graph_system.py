@@ -1,6 +1,6 @@
 r"""The linear systems of a factor graph: its Jacobian at a point, dense or
 block tridiagonal, with solves, the symmetric part's log-determinant and
-positive definiteness, and the diagonal blocks of its inverse.
+positive definiteness (the marginals are `_graph_selected_inverse`'s).
 
 Every solve is linear in its right-hand side with the matrix held constant,
 so JAX transposes it: the adjoint (transposed) solve of the implicit
@@ -69,11 +69,6 @@ class AbstractGraphSystem(eqx.Module):
         """Whether the symmetric part of `J` is positive definite, and its
         log-determinant (meaningful when it is)."""
 
-    @abc.abstractmethod
-    def variable_covariances(self) -> Float[Array, "V d d"]:
-        """Per variable, its diagonal block of the inverse of the symmetric
-        part of `J`, padded to the largest dimension `d` with zeros."""
-
 
 class DenseSystem(AbstractGraphSystem):
     """`J` as a dense matrix, solved through lineax: by LU, or by Cholesky
@@ -133,15 +128,6 @@ class DenseSystem(AbstractGraphSystem):
         sym = self._sym()
         positive = jnp.linalg.eigvalsh(sym)[0] > 0
         return positive, jnp.linalg.slogdet(sym)[1]
-
-    def variable_covariances(self):
-        cov = jnp.linalg.inv(self._sym())
-        d = max(self.var_dim)
-        out = []
-        for start, dim in zip(self.var_start, self.var_dim, strict=True):
-            block = cov[start : start + dim, start : start + dim]
-            out.append(jnp.pad(block, ((0, d - dim), (0, d - dim))))
-        return jnp.stack(out)
 
 
 _UNROLL = 4  # block-elimination steps per loop iteration: less loop overhead
@@ -325,30 +311,6 @@ class BandedSystem(AbstractGraphSystem):
         schur = 0.5 * (schur + jnp.swapaxes(schur, -1, -2))
         positive = jnp.all(jnp.linalg.eigvalsh(schur)[:, 0] > 0)
         return positive, jnp.sum(jnp.linalg.slogdet(schur)[1])
-
-    def variable_covariances(self):
-        bands = self._sym_bands()
-        schur, _, _ = _schur(bands)
-        inv = jnp.linalg.inv(schur)
-        upper = bands[:-1, 2]
-
-        def step(g_next, blocks):
-            inv_i, upper_i = blocks
-            a = inv_i @ upper_i
-            g = inv_i + a @ g_next @ a.T
-            return g, g
-
-        _, gs = jax.lax.scan(step, inv[-1], (inv[:-1], upper), reverse=True)
-        g = jnp.concatenate([gs, inv[-1:]])
-        s = g.shape[-1]
-        d = max(self.var_dim)
-        out = []
-        for start, dim in zip(self.var_start, self.var_dim, strict=True):
-            p = self.padded[start]
-            b, o = divmod(p, s)
-            block = g[b, o : o + dim, o : o + dim]
-            out.append(jnp.pad(block, ((0, d - dim), (0, d - dim))))
-        return jnp.stack(out)
 
 
 def choose_solver(graph: FactorGraph, linear_solver: LinearSolver) -> str:
