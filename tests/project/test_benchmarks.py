@@ -245,3 +245,28 @@ def test_bench_first_call_smoke(tmp_path):
         assert 0 < r["retrax_import_s"] <= r["first_s"] and r["jax_import_s"] > 0
         # the import routes have no warm call; every other route one
         assert len(r["warm_all_s"]) == (0 if r["route"].startswith("import") else 1)
+
+
+def test_bench_factor_graph_pose2_smoke(tmp_path):
+    # the Pose2 rows at 20 poses in both dtypes (GTSAM's columns when it is
+    # installed): each solve converges and reports its steps
+    report = tmp_path / "factor_graph.md"
+    _run("bench_factor_graph.py", "--smoke", "--arm-poses", "",
+         "--markdown", str(report), timeout=600)  # fmt: skip
+    rows = [r for r in report.read_text().splitlines() if r.startswith("| Pose2")]
+    assert [r.split("|")[1].strip() for r in rows] == [
+        "Pose2 20 poses, float64",
+        "Pose2 20 poses, float32",
+    ]
+    for row in rows:
+        assert "| successful |" in row, row
+
+
+def test_bench_graph_laplace_smoke():
+    # one small banded Pose2 graph: its marginals are computed and the solve
+    # that precedes them succeeded (GTSAM's columns when it is installed)
+    out = _run("bench_graph_laplace.py", "--poses", "30", timeout=600).stdout
+    (row,) = [r for r in out.splitlines() if r.split()[:1] == ["30"]]
+    assert row.split()[-1] == "successful", row
+    warm_ms = float(row.split()[4])
+    assert warm_ms > 0
