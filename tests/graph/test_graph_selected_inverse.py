@@ -266,6 +266,36 @@ def test_a_solution_of_another_graph_is_refused():
             )
 
 
+def _bench_graph_laplace():
+    path = pathlib.Path(__file__).parents[2] / "benchmarks" / "bench_graph_laplace.py"
+    spec = importlib.util.spec_from_file_location("bench_graph_laplace", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.mark.parametrize("linear_solver", ["banded", "dense"])
+def test_gauss_newton_curvature_inverts_the_residuals_linearisation(linear_solver):
+    # On a nonlinear Pose2 graph (ResidualFactor rows) the two curvatures
+    # differ by the residuals' curvature; "gauss_newton" inverts J_r^T J_r
+    # (GTSAM's Marginals' precision), "hessian" the energy's Hessian.
+    bench = _bench_graph_laplace()
+    problem = bench.pose2_problem(40, span=3, every=10)
+    graph = bench.retrax_graph(problem)
+    sol = rr.solve_graph(graph, {"x": problem[0]}, linear_solver=linear_solver)
+    assert sol.result == rr.RESULTS.successful
+    gauss_newton = rr.graph_laplace(graph, sol, curvature="gauss_newton")["x"]
+    hessian = rr.graph_laplace(graph, sol)["x"]
+    precision = np.asarray(graph.dense_jacobian(sol.x, "precision"), np.float64)
+    cov = np.linalg.inv(precision)
+    idx = 3 * np.arange(40)[:, None] + np.arange(3)
+    assert_close(gauss_newton, cov[idx[:, :, None], idx[:, None, :]], rtol=1e-9)
+    assert_close(hessian, dense_blocks(graph, sol.x)["x"], rtol=1e-9)
+    assert not np.allclose(gauss_newton, hessian, rtol=1e-9, atol=0)
+    with pytest.raises(ValueError, match="`curvature` must be"):
+        rr.graph_laplace(graph, sol, curvature="gn")
+
+
 @pytest.mark.slow
 def test_pose2_marginals_against_gtsam():
     # The benchmark's Pose2 graph (ResidualFactor rows, nonlinear) at
@@ -290,3 +320,6 @@ def test_pose2_marginals_against_gtsam():
     gauss_newton = np.linalg.inv(np.asarray(graph.dense_jacobian(sol.x, "precision")))
     idx = 3 * np.arange(len(ref))[:, None] + np.arange(3)
     assert_close(gauss_newton[idx[:, :, None], idx[:, None, :]], ref, rtol=1e-8)
+    # and graph_laplace gives GTSAM's Marginals with its curvature
+    ours = rr.graph_laplace(graph, sol, curvature="gauss_newton")["x"]
+    assert_close(ours, ref, rtol=1e-8)

@@ -18,6 +18,10 @@ from ._graph_selected_inverse import (
 from ._graph_solve import GraphSolution
 
 
+# the rows of the graph's assembly each curvature reads
+_CURVATURE_ROWS = {"hessian": "belief", "gauss_newton": "precision"}
+
+
 def _check(graph, sol):
     if not isinstance(graph, FactorGraph):
         raise TypeError(f"`graph` must be a FactorGraph, got {type(graph).__name__}.")
@@ -49,7 +53,9 @@ def _check(graph, sol):
 
 
 @filter_jit
-def graph_laplace(graph: FactorGraph, sol: GraphSolution) -> dict[str, Array]:
+def graph_laplace(
+    graph: FactorGraph, sol: GraphSolution, *, curvature: str = "hessian"
+) -> dict[str, Array]:
     r"""Each variable's Laplace covariance at the graph's MAP point.
 
     The diagonal blocks of $\mathrm{sym}(J)^{-1}$, the inverse of the
@@ -64,16 +70,24 @@ def graph_laplace(graph: FactorGraph, sol: GraphSolution) -> dict[str, Array]:
     compiled program that does not grow with the graph); for a dense one, from
     the whole inverse. The belief means are `sol.value`.
 
-    For [`retrax.relations.ResidualFactor`][] rows the precision is the
-    energy's full Hessian, where GTSAM's `Marginals` take the Gauss–Newton
-    precision $J_r^\top J_r$: the two differ by the residuals' curvature, of
-    the order of the residuals' noise (about $10^{-3}$ relative or less on the
-    Pose2 graphs of `benchmarks/bench_graph_laplace.py`, which times both).
+    For [`retrax.relations.ResidualFactor`][] rows the precision is by
+    default the energy's full Hessian, where GTSAM's `Marginals` take the
+    Gauss–Newton precision $J_r^\top J_r$: the two differ by the residuals'
+    curvature, of the order of the residuals' noise (about $10^{-3}$ relative
+    or less on the Pose2 graphs of `benchmarks/bench_graph_laplace.py`, which
+    times both). `curvature="gauss_newton"` takes GTSAM's.
 
     **Arguments:**
 
     - `graph`: the graph.
     - `sol`: its [`retrax.relations.GraphSolution`][].
+    - `curvature`: `"hessian"` (the default: the Laplace approximation's
+      Hessian of the energy, as above) or `"gauss_newton"`: each row's
+      positive semidefinite local precision, $J_r^\top J_r$ for a
+      `ResidualFactor` (the linearisation GTSAM's `Marginals` invert, and
+      `solve_graph`'s Levenberg–Marquardt steps use), $A^\top P A$ for a
+      `GaussianFactor` (the same as the Hessian) and the positive part of
+      the belief precision for a `RelationFactor`.
 
     **Returns:**
 
@@ -88,14 +102,19 @@ def graph_laplace(graph: FactorGraph, sol: GraphSolution) -> dict[str, Array]:
     names or shapes differ from `graph`'s).
     """
     _check(graph, sol)
+    rows = _CURVATURE_ROWS.get(curvature) if isinstance(curvature, str) else None
+    if rows is None:
+        raise ValueError(
+            f"`curvature` must be 'hessian' or 'gauss_newton', got {curvature!r}."
+        )
     lay = graph.layout
     if sol.linear_solver == "banded":
-        bands = graph.banded_jacobian(sol.x, "belief")
+        bands = graph.banded_jacobian(sol.x, rows)
         covs, positive = banded_marginals(
             bands, graph.banded.padded, lay.var_start, lay.var_dim
         )
     else:
-        matrix = graph.dense_jacobian(sol.x, "belief")
+        matrix = graph.dense_jacobian(sol.x, rows)
         covs, positive = dense_marginals(matrix, lay.var_start, lay.var_dim)
     ok = sol.converged & sol.stable & positive
     return graph.by_variable(nan_unless(ok, covs))
