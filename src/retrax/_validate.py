@@ -290,6 +290,18 @@ def static_float(name: str, value: Any) -> float:
     return float(value)
 
 
+def check_t_range(t_range: Any) -> tuple[float, float]:
+    """`t_range`, an interval `(t0, t1)` of diffusion times with
+    `0 <= t0 < t1 <= 1`, as two Python floats (a `ValueError` otherwise)."""
+    t0, t1 = (static_float("t_range", v) for v in t_range)
+    if not 0.0 <= t0 < t1 <= 1.0:
+        raise ValueError(
+            f"`t_range` must be an interval (t0, t1) with 0 <= t0 < t1 <= 1, "
+            f"got {t_range}."
+        )
+    return t0, t1
+
+
 def check_positive_int(name: str, value: Any) -> None:
     """`value` must be a positive Python `int` (a size or a count of steps)."""
     if isinstance(value, bool) or not (

@@ -30,7 +30,7 @@ from .._deprecated import deprecated_property, warn_deprecated
 from .._distributed import _replicate, _same_arguments, _same_on_every_process
 from .._misc import all_finite
 from .._solution import AbstractSolution
-from .._validate import check_positive_int, static_float
+from .._validate import check_positive_int, check_t_range
 from ._predictor import AbstractPredictor
 from ._solution import RESULTS
 
@@ -718,12 +718,7 @@ def _check_arguments(
             "`opt_state` must be the `TrainState` of an earlier run "
             f"(`fit(...).state`), got {type(opt_state).__name__}."
         )
-    t0, t1 = (static_float("t_range", v) for v in t_range)
-    if not 0.0 <= t0 < t1 <= 1.0:
-        raise ValueError(
-            f"`t_range` must be an interval (t0, t1) with 0 <= t0 < t1 <= 1, "
-            f"got {t_range}."
-        )
+    t0, t1 = check_t_range(t_range)
     return ema, t0, t1
 
 

@@ -25,7 +25,7 @@ from .._deprecated import deprecated_property
 from .._errors import error_if, filter_jit
 from .._misc import all_finite
 from .._solution import AbstractSolution
-from .._validate import check_positive_int, check_tol, static_float
+from .._validate import check_positive_int, check_t_range, check_tol, static_float
 from ..diffusion import AbstractPredictor
 from ._abstract_relation import AbstractImplicitRelation, clamp_mask
 from ._infer import implicit_infer, implicit_pullback
@@ -406,12 +406,7 @@ def _check_options(
             "`denoising_weight` must be a nonnegative finite weight, got "
             f"{denoising_weight}."
         )
-    t0, t1 = (static_float("t_range", v) for v in t_range)
-    if not 0.0 <= t0 < t1 <= 1.0:
-        raise ValueError(
-            f"`t_range` must be an interval (t0, t1) with 0 <= t0 < t1 <= 1, "
-            f"got {t_range}."
-        )
+    t0, t1 = check_t_range(t_range)
     return tol, weight, (t0, t1)
 
 
