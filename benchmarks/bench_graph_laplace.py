@@ -22,6 +22,8 @@ Run: `python benchmarks/bench_graph_laplace.py [--poses 100 1000 10000]`.
 
 import argparse
 import importlib.util
+import pathlib
+import sys
 import time
 
 import jax
@@ -29,39 +31,16 @@ import jax.numpy as jnp
 import numpy as np
 
 
-ODOMETRY_SD = (0.05, 0.05, 0.01)
-CLOSURE_SD = (0.1, 0.1, 0.02)
-PRIOR_SD = (1e-3, 1e-3, 1e-4)
-
-
-def _between(a, b, xp):
-    """`a^{-1} * b` of Pose2 rows `(..., 3)`."""
-    c, s = xp.cos(a[..., 2]), xp.sin(a[..., 2])
-    dx, dy = b[..., 0] - a[..., 0], b[..., 1] - a[..., 1]
-    th = b[..., 2] - a[..., 2]
-    return xp.stack(
-        [c * dx + s * dy, -s * dx + c * dy, xp.arctan2(xp.sin(th), xp.cos(th))],
-        axis=-1,
-    )
-
-
-def _logmap(p):
-    """GTSAM's `Pose2.Logmap` of one `(3,)` pose."""
-    w = p[2]
-    small = jnp.abs(w) < 1e-4
-    half = jnp.where(small, 1.0, w / 2)
-    a = jnp.where(small, 1 - w * w / 12, half * jnp.cos(half) / jnp.sin(half))
-    b = w / 2
-    return jnp.stack([a * p[0] + b * p[1], -b * p[0] + a * p[1], w])
-
-
-def _between_residual(sd, meas, xi, xj):
-    return _logmap(_between(meas, _between(xi, xj, jnp), jnp)) / sd
-
-
-def _prior_residual(params, _, x):
-    sd, mean = params
-    return _logmap(_between(mean, x, jnp)) / sd
+# the Pose2 errors of examples/pose2_graph.py (GTSAM's), on another layout
+sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "examples"))
+from pose2_graph import (  # noqa: E402
+    CLOSURE_SD,
+    ODOMETRY_SD,
+    PRIOR_SD,
+    between,
+    between_residual,
+    prior_residual,
+)
 
 
 def pose2_problem(poses, span=3, every=25, seed=0, radius=50.0):
@@ -72,11 +51,11 @@ def pose2_problem(poses, span=3, every=25, seed=0, radius=50.0):
         [radius * np.sin(angle), radius * (1 - np.cos(angle)), angle], axis=1
     )
     truth[:, 2] = np.arctan2(np.sin(truth[:, 2]), np.cos(truth[:, 2]))
-    odometry = _between(truth[:-1], truth[1:], np)
+    odometry = between(truth[:-1], truth[1:])
     odometry = odometry + rng.normal(size=odometry.shape) * ODOMETRY_SD
     first = np.arange(0, poses - span, every)
     pairs = np.stack([first, first + span], axis=1)
-    closure = _between(truth[pairs[:, 0]], truth[pairs[:, 1]], np)
+    closure = between(truth[pairs[:, 0]], truth[pairs[:, 1]])
     closure = closure + rng.normal(size=closure.shape) * CLOSURE_SD
     return truth, odometry, pairs, closure
 
@@ -90,18 +69,16 @@ def retrax_graph(problem):
     return rr.FactorGraph(
         {"x": (n, 3)},
         [
-            rr.ResidualFactor(
-                [("x", [0])], _prior_residual, (f(PRIOR_SD), f(truth[0]))
-            ),
+            rr.ResidualFactor([("x", [0])], prior_residual, (f(PRIOR_SD), f(truth[0]))),
             rr.ResidualFactor(
                 [("x", np.arange(n - 1)), ("x", np.arange(1, n))],
-                _between_residual,
+                between_residual,
                 f(ODOMETRY_SD),
                 f(odometry),
             ),
             rr.ResidualFactor(
                 [("x", pairs[:, 0]), ("x", pairs[:, 1])],
-                _between_residual,
+                between_residual,
                 f(CLOSURE_SD),
                 f(closure),
             ),

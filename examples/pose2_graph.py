@@ -48,7 +48,7 @@ def _compose(a, b):
     return xp.stack([x, y, xp.arctan2(xp.sin(th), xp.cos(th))], axis=-1)
 
 
-def _between(a, b):
+def between(a, b):
     """`a^{-1} * b` of Pose2s as `(..., 3)` rows (numpy or jax)."""
     xp = jnp if isinstance(a, jax.Array) or isinstance(b, jax.Array) else np
     c, s = xp.cos(a[..., 2]), xp.sin(a[..., 2])
@@ -75,13 +75,13 @@ def logmap(p):
 def between_residual(sd, meas, xi, xj):
     """The whitened between error $\\mathrm{Logmap}(m^{-1} x_i^{-1} x_j) /
     \\sigma$ (`ResidualFactor`'s `residual(params, data, *values)`)."""
-    return logmap(_between(meas, _between(xi, xj))) / sd
+    return logmap(between(meas, between(xi, xj))) / sd
 
 
 def prior_residual(params, _, x):
     """The whitened prior error $\\mathrm{Logmap}(m^{-1} x) / \\sigma$."""
     sd, mean = params
-    return logmap(_between(mean, x)) / sd
+    return logmap(between(mean, x)) / sd
 
 
 def pose2_problem(poses=1000, closures=20, seed=0, radius=10.0) -> Pose2Problem:
@@ -99,13 +99,13 @@ def pose2_problem(poses=1000, closures=20, seed=0, radius=10.0) -> Pose2Problem:
         ],
         axis=1,
     )
-    odometry = _between(truth[:-1], truth[1:])
+    odometry = between(truth[:-1], truth[1:])
     odometry = odometry + rng.normal(size=odometry.shape) * ODOMETRY_SD
     lap = poses // 2
     count = min(closures, lap)
     first = np.linspace(0, lap - 1, count).round().astype(np.int64) if count else []
     pairs = np.stack([first, np.asarray(first) + lap], axis=1).reshape(-1, 2)
-    meas = _between(truth[pairs[:, 0]], truth[pairs[:, 1]])
+    meas = between(truth[pairs[:, 0]], truth[pairs[:, 1]])
     meas = meas + rng.normal(size=meas.shape) * CLOSURE_SD
     return Pose2Problem(truth, odometry, pairs, meas, truth[0].copy())
 
