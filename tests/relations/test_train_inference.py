@@ -329,23 +329,22 @@ def test_task_gradient_refuses_bad_tol_under_jit(tol):
         rr.task_gradient(relation, z0, RHO, targets, squared_error, tol=tol)
 
 
+def _fit_small(key, **options):
+    """`fit_through_inference` on `_inference_problem`'s queries, training
+    the means: `(relation it started from, InferenceFit)`."""
+    relation, z0, targets = _inference_problem()
+    fit = rr.fit_through_inference(
+        relation, z0, RHO, targets, squared_error, key, where=means, **options
+    )
+    return relation, fit
+
+
 @pytest.mark.loud
 def test_fit_through_inference_nan_learning_rate_raises(getkey):
-    relation, z0, targets = _inference_problem()
     for progress in (False, True):
         with pytest.raises(FloatingPointError, match="stopped at epoch 0"):
-            rr.fit_through_inference(
-                relation,
-                z0,
-                RHO,
-                targets,
-                squared_error,
-                getkey(),
-                epochs=2,
-                optimizer=NAN_RATE,
-                where=means,
-                max_steps=4,
-                progress=progress,
+            _fit_small(
+                getkey(), epochs=2, optimizer=NAN_RATE, max_steps=4, progress=progress
             )
 
 
@@ -353,18 +352,11 @@ def test_fit_through_inference_nan_learning_rate_raises(getkey):
 def test_fit_through_inference_without_throw_returns_the_run_up_to_the_stop(getkey):
     # a NaN learning rate makes the first update non-finite: with
     # `throw=False` the run stops there, nothing applied, and says why
-    relation, z0, targets = _inference_problem()
     for progress in (False, True):
-        fit = rr.fit_through_inference(
-            relation,
-            z0,
-            RHO,
-            targets,
-            squared_error,
+        relation, fit = _fit_small(
             getkey(),
             epochs=3,
             optimizer=NAN_RATE,
-            where=means,
             max_steps=4,
             progress=progress,
             throw=False,
@@ -377,20 +369,8 @@ def test_fit_through_inference_without_throw_returns_the_run_up_to_the_stop(getk
 
 
 def test_fit_through_inference_reports_its_steps(getkey):
-    relation, z0, targets = _inference_problem()
-    fit = rr.fit_through_inference(
-        relation,
-        z0,
-        RHO,
-        targets,
-        squared_error,
-        getkey(),
-        epochs=2,
-        optimizer=ADAM,
-        where=means,
-        max_steps=8,
-        progress=False,
-        throw=False,
+    relation, fit = _fit_small(
+        getkey(), epochs=2, optimizer=ADAM, max_steps=8, progress=False, throw=False
     )
     assert fit.result == rr.RESULTS.successful
     assert int(fit.stats["num_steps"]) == 2
