@@ -115,7 +115,10 @@ def biquad_cases(peers, batch, time_varying, rounds):
 
     fwd_fns, grad_fns = {}, {}
     if time_varying:
-        ours = rops.lfilter_tv
+
+        def ours(b, a, x):
+            return rops.lfilter_tv(x, b=b, a=a)
+
     else:
         # scipy's convention: the denominator with its leading 1
         def ours(b, a, x):

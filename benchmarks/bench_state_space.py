@@ -88,12 +88,12 @@ def forward_table(rounds):
     for n_state in (16, 64, 256):
         A, B, C, x, a = system(rng, n_state, length)
         dense = timings_ms(
-            lambda A, B, C, x: rops.state_space(A, B, C, None, x),
+            lambda A, B, C, x: rops.state_space(x, A=A, B=B, C=C, D=None),
             (A, B, C, x),
             max(5, rounds // (1 + n_state // 16)),
         )
         diag = timings_ms(
-            lambda a, B, C, x: rops.diag_state_space(a, B, C, None, x),
+            lambda a, B, C, x: rops.diag_state_space(x, a=a, B=B, C=C, D=None),
             (a, B, C, x),
             rounds,
         )
@@ -111,7 +111,7 @@ def bptt_allpole(a, x):
 
 def bptt_biquad(b, a, x):
     w = bptt_allpole(a, x)
-    return rops.fir(b, w)
+    return rops.fir(w, b=b)
 
 
 def bptt_diag(a, B, C, x):
@@ -138,19 +138,19 @@ def gradient_table(rounds, dtype):
     cases = [
         (
             "biquad lfilter_tv",
-            lambda b, a, x: rops.lfilter_tv(b, a, x),
+            lambda b, a, x: rops.lfilter_tv(x, b=b, a=a),
             bptt_biquad,
             (bq_b, bq_a, xs),
         ),
         (
             "diag_state_space N=16",
-            lambda a, B, C, x: rops.diag_state_space(a, B, C, None, x),
+            lambda a, B, C, x: rops.diag_state_space(x, a=a, B=B, C=C, D=None),
             bptt_diag,
             (a, B, C, x),
         ),
         (
             "state_space N=16",
-            lambda A, B, C, x: rops.state_space(A, B, C, None, x),
+            lambda A, B, C, x: rops.state_space(x, A=A, B=B, C=C, D=None),
             bptt_dense,
             (A, B, C, x),
         ),

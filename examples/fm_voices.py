@@ -61,7 +61,7 @@ def envelope(attack, decay, num_samples, dtype):
     """Attack by a one-pole rise towards 1, then an exponential decay."""
     t = jnp.arange(num_samples, dtype=dtype) / SAMPLE_RATE
     pole = jnp.exp(-1 / (attack * SAMPLE_RATE))
-    rise = linear_recurrence(pole, (1 - pole) * jnp.ones(num_samples, dtype))
+    rise = linear_recurrence((1 - pole) * jnp.ones(num_samples, dtype), decay=pole)
     return rise * jnp.exp(-t / decay)
 
 

@@ -54,7 +54,7 @@ def process(x, gain, a, decay, state=None):
     filter_zi, envelope_zi = (None, None) if state is None else state
     y, filter_zf = allpole(gain * x, a, filter_zi, return_zf=True)
     envelope, envelope_zf = linear_recurrence(
-        decay, (1 - decay) * jnp.abs(y), envelope_zi, return_zf=True
+        (1 - decay) * jnp.abs(y), decay=decay, zi=envelope_zi, return_zf=True
     )
     return (y, envelope), (filter_zf, envelope_zf)
 

@@ -1,6 +1,7 @@
 """Shared test utilities: comparisons, references and finite differences."""
 
 import contextlib
+import re
 
 import equinox as eqx
 import jax
@@ -434,3 +435,30 @@ def fit_kwargs(**changes):
     kw = dict(batch_size=8, progress=False)
     kw.update(changes)
     return kw
+
+
+def check_signal_first(f, x, coefficients, zi):
+    """`f`, one of retrax's ops that took its `coefficients` before the signal
+    until this release, takes `f(x, **coefficients, zi=zi)`: calls by keyword
+    in either order give its numbers, and a second positional argument (the
+    old order, with or without `zi`, or the new order by position) raises a
+    `TypeError` naming the new spelling, eagerly and while `jax.jit` traces."""
+    name, old = f.__name__, tuple(coefficients.values())
+    want = f(x, **coefficients, zi=zi)
+    assert_close(f(**coefficients, x=x, zi=zi), want, rtol=0)
+    assert_close(f(zi=zi, x=x, **coefficients), want, rtol=0)
+    keywords = ", ".join(f"{k}={k}" for k in coefficients)
+    new = f"`{name}(x, {keywords})` (it was `{name}({', '.join(coefficients)}, x)`)"
+    with_zi = f"`{name}(x, {keywords}, zi=zi)`"
+    calls = [
+        (lambda: f(*old, x), new),
+        (lambda: f(*old, x=x), new),
+        (lambda: f(x, *old), new),
+        (lambda: jax.jit(f)(*old, x), new),
+        (lambda: f(*old, x, zi), with_zi),
+        (lambda: jax.jit(lambda *v: f(*v))(*old, x, zi), with_zi),
+    ]
+    for call, spelling in calls:
+        with pytest.raises(TypeError, match=re.escape(spelling)) as info:
+            call()
+        assert "keyword-only" in str(info.value)

@@ -102,7 +102,7 @@ level = batch(T, low=0.05, high=1.0)
 CASES = {
     "allpole": (lambda _, x, a: ops.allpole(x, a), None, (x, poles(2)[:, 1:])),
     "linear_recurrence": (
-        lambda _, d, x: ops.linear_recurrence(d, x, method="associative"),
+        lambda _, d, x: ops.linear_recurrence(x, decay=d, method="associative"),
         None,
         (batch(T, low=0.1, high=0.9), x),
     ),
@@ -116,7 +116,7 @@ CASES = {
         None,
         (level, batch(T, low=0.1, high=0.5), batch(T, low=0.01, high=0.1)),
     ),
-    "fir": (lambda _, b, x: ops.fir(b, x), None, (batch(3), x)),
+    "fir": (lambda _, b, x: ops.fir(x, b=b), None, (batch(3), x)),
     "lfilter": (
         lambda _, b, a, x: call_lfilter(b, a, x),
         None,
@@ -137,7 +137,7 @@ CASES = {
     "freqz": (lambda _, b, a: call_freqz(b, a), None, (batch(3), poles(2))),
     "sosfreqz": (lambda _, sos: call_sosfreqz(sos), None, (sections(),)),
     "diag_state_space": (
-        lambda _, a, B, C, D, x: ops.diag_state_space(a, B, C, D, x),
+        lambda _, a, B, C, D, x: ops.diag_state_space(x, a=a, B=B, C=C, D=D),
         None,
         (
             batch(3, low=-0.9, high=0.9),
@@ -148,7 +148,7 @@ CASES = {
         ),
     ),
     "state_space": (
-        lambda _, A, B, C, D, x: ops.state_space(A, B, C, D, x),
+        lambda _, A, B, C, D, x: ops.state_space(x, A=A, B=B, C=C, D=D),
         None,
         (
             batch(2, 2, low=-0.4, high=0.4),

@@ -1,5 +1,6 @@
 """Warnings that point at the user's line: deprecations, and the library's
-other warnings (`warn_at_caller`)."""
+other warnings (`warn_at_caller`); and the guards of changed signatures
+(`renamed_argument`, `signal_first`)."""
 
 import functools
 import os
@@ -86,3 +87,63 @@ def renamed_argument(old: str, new: str) -> Callable[[Callable], Callable]:
     passed on as `new=`. Positional calls are unaffected; the signature
     shown (`inspect.signature`) is the function's own."""
     return lambda f: _RenamedArgument(f, old, new)
+
+
+def _listed(names: tuple[str, ...]) -> str:
+    """The names quoted and listed: `b`, `b` and `a`, `A`, `B` and `C`."""
+    quoted = [f"`{n}`" for n in names]
+    if len(quoted) == 1:
+        return quoted[0]
+    return ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+
+class _SignalFirst:
+    """`f` that takes its signal first and `coefficients` by keyword, and
+    refuses a call in its old order (see `signal_first`); `lower` is
+    forwarded, as a method, when `f` has one (a compiled op)."""
+
+    def __init__(self, f: Callable, coefficients: tuple[str, ...], signal: str):
+        functools.update_wrapper(self, f)
+        self._signal_first = (f, coefficients, signal)
+
+    def _check(self, args: tuple, kwargs: dict) -> None:
+        f, coefficients, signal = self._signal_first
+        if len(args) <= 1 and not (args and signal in kwargs):
+            return
+        name = getattr(f, "__name__", "the function")
+        # the old order was the coefficients, the signal, then `zi`
+        zi = ("zi",) if len(args) > len(coefficients) + 1 else ()
+        by_keyword = coefficients + zi
+        new = ", ".join((signal, *(f"{n}={n}" for n in by_keyword)))
+        old = ", ".join((*coefficients, signal, *zi))
+        listed = _listed(by_keyword)
+        verb = "is" if len(by_keyword) == 1 else "are"
+        raise TypeError(
+            f"`{name}` takes the signal `{signal}` first and {listed} by keyword: "
+            f"`{name}({new})` (it was `{name}({old})`). For this release {listed} "
+            f"{verb} keyword-only, so that a call "
+            "in the old order fails instead of returning plausible wrong numbers "
+            "from swapped arrays."
+        )
+
+    def __call__(self, *args, **kwargs):
+        self._check(args, kwargs)
+        return self._signal_first[0](*args, **kwargs)
+
+    def lower(self, *args, **kwargs):
+        """The wrapped function's `lower` (ahead-of-time compilation)."""
+        self._check(args, kwargs)
+        return self._signal_first[0].lower(*args, **kwargs)
+
+
+def signal_first(
+    *coefficients: str, signal: str = "x"
+) -> Callable[[Callable], Callable]:
+    """A decorator for an op that used to take `coefficients` before the
+    signal (`fir(b, x)`) and now takes the signal first, its coefficients
+    keyword-only (`fir(x, *, b)`): a call with more than one positional
+    argument, or one positional argument and the signal by keyword, raises a
+    `TypeError` that names the new spelling, eagerly and while tracing.
+    Calls by keyword in any order are unaffected; the signature shown
+    (`inspect.signature`) is the function's own."""
+    return lambda f: _SignalFirst(f, coefficients, signal)

@@ -157,7 +157,7 @@ def test_filters_inside_shard_map_on_one_device():
 
     def local(x):
         y = jax.vmap(lambda s: allpole(s, a))(x)
-        return y + jax.vmap(lambda s: linear_recurrence(0.9, s))(x)
+        return y + jax.vmap(lambda s: linear_recurrence(s, decay=0.9))(x)
 
     for method in ("sequential", "associative"):
         fn = jax.shard_map(

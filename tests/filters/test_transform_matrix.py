@@ -28,8 +28,27 @@ REAL = [jnp.float32, jnp.float64]
 COMPLEX = [jnp.complex64, jnp.complex128]
 
 
+# retrax's own ops take the signal first and their coefficients by keyword;
+# the matrix passes every op its arguments with the signal last
+def _fir(b, x):
+    return fir(x, b=b)
+
+
+def _lfilter_tv(b, a, x):
+    return lfilter_tv(x, b=b, a=a)
+
+
+def _state_space(A, B, C, D, x):
+    return state_space(x, A=A, B=B, C=C, D=D)
+
+
+def _diag_state_space(a, B, C, D, x):
+    return diag_state_space(x, a=a, B=B, C=C, D=D)
+
+
 def _cases(rng):
-    """(name, op, args, supported dtypes): args are float64 numpy arrays."""
+    """(name, op, args, supported dtypes): args are float64 numpy arrays, the
+    signal last."""
     b, a = ss.butter(2, 0.3)
     sos = ss.butter(4, 0.3, output="sos")
     x = rng.normal(size=T)
@@ -37,22 +56,22 @@ def _cases(rng):
     B, C, D = rng.normal(size=(3, 2)), rng.normal(size=(2, 3)), rng.normal(size=(2, 2))
     xm = rng.normal(size=(T, 2))
     return [
-        ("fir", fir, (rng.normal(size=3), x), REAL + COMPLEX),
-        ("fir_tv", fir, (rng.normal(size=(T, 3)), x), REAL + COMPLEX),
+        ("fir", _fir, (rng.normal(size=3), x), REAL + COMPLEX),
+        ("fir_tv", _fir, (rng.normal(size=(T, 3)), x), REAL + COMPLEX),
         ("lfilter", lfilter, (b, a, x), REAL + COMPLEX),
-        ("lfilter_tv_lti", lfilter_tv, (b, a[1:], x), REAL + COMPLEX),
+        ("lfilter_tv_lti", _lfilter_tv, (b, a[1:], x), REAL + COMPLEX),
         (
             "lfilter_tv",
-            lfilter_tv,
+            _lfilter_tv,
             (np.tile(b, (T, 1)), np.tile(a[1:], (T, 1)), x),
             REAL + COMPLEX,
         ),
         ("filtfilt", lambda *v: filtfilt(*v, padlen=3), (b, a, x), REAL),
         ("sosfilt", sosfilt, (sos, x), REAL),
-        ("state_space", state_space, (A, B, C, D, xm), REAL + COMPLEX),
+        ("state_space", _state_space, (A, B, C, D, xm), REAL + COMPLEX),
         (
             "diag_state_space",
-            diag_state_space,
+            _diag_state_space,
             (rng.uniform(-0.9, 0.9, 3), B, C, D, xm),
             REAL + COMPLEX,
         ),

@@ -122,7 +122,7 @@ def test_grad_is_the_frozen_one_pole():
 
     def frozen(x, at_scale):
         cc = c * at_scale
-        return linear_recurrence(1 - cc, cc * x, zi) @ v
+        return linear_recurrence(cc * x, decay=1 - cc, zi=zi) @ v
 
     def ours(x, at_scale):
         at_, rt_ = at * at_scale, rt * at_scale

@@ -57,7 +57,7 @@ def test_eager_run_time_check_is_a_value_error_naming_the_argument():
     assert isinstance(info.value, eqx.EquinoxRuntimeError)
     assert str(info.value).startswith("`a` has non-finite")
     with pytest.raises(ValueError, match="`decay`"):
-        linear_recurrence(jnp.asarray(jnp.inf), x)
+        linear_recurrence(x, decay=jnp.asarray(jnp.inf))
     # under the user's jit it stays a run-time error
     with pytest.raises(eqx.EquinoxRuntimeError, match="`a` has non-finite"):
         eqx.filter_jit(allpole)(x, jnp.array([jnp.nan, 0.5], jnp.float32))
@@ -178,7 +178,7 @@ def test_jitted_and_vmapped_forms_lower_ahead_of_time():
     a = jnp.full((4, 2), 0.1)
     for f, args in [
         (ops.allpole, (x, a)),
-        (ops.linear_recurrence, (jnp.full((4,), 0.5), x)),
+        (lambda d, x: ops.linear_recurrence(x, decay=d), (jnp.full((4,), 0.5), x)),
         (lambda b, x: ops.lfilter(b, jnp.array([1.0, -0.5]), x), (a, x)),
     ]:
         batched = jax.jit(jax.vmap(f))

@@ -10,6 +10,7 @@ from helpers import (
     assert_close,
     check_float32,
     check_grads,
+    check_signal_first,
     np_df2,
     stable_poly,
     unchecked,
@@ -51,12 +52,12 @@ def test_fir_matches_loop(getkey):
     x = rng.normal(size=12)
     for b in (rng.normal(size=4), rng.normal(size=(12, 4)), rng.normal(size=1)):
         zi = rng.normal(size=b.shape[-1] - 1)
-        assert_close(fir(b, x), np_fir(b, x, np.zeros_like(zi)))
-        y, zf = fir(b, x, zi, return_zf=True)
+        assert_close(fir(x, b=b), np_fir(b, x, np.zeros_like(zi)))
+        y, zf = fir(x, b=b, zi=zi, return_zf=True)
         assert_close(y, np_fir(b, x, zi))
         assert_close(zf, np.r_[x[::-1], zi][: len(zi)])
     b = rng.normal(size=3)
-    assert_close(fir(b, x), ss.lfilter(b, [1.0], x))
+    assert_close(fir(x, b=b), ss.lfilter(b, [1.0], x))
 
 
 def test_fir_streaming():
@@ -64,12 +65,12 @@ def test_fir_streaming():
     x = rng.normal(size=20)
     for b in (rng.normal(size=5), rng.normal(size=(20, 5))):
         zi = rng.normal(size=4)
-        ref, ref_zf = fir(b, x, zi, return_zf=True)
+        ref, ref_zf = fir(x, b=b, zi=zi, return_zf=True)
         bs = [b[:2], b[2:9], b[9:]] if b.ndim == 2 else [b] * 3
         z = zi
         ys = []
         for bk, xk in zip(bs, (x[:2], x[2:9], x[9:]), strict=True):
-            yk, z = fir(bk, xk, z, return_zf=True)
+            yk, z = fir(xk, b=bk, zi=z, return_zf=True)
             ys.append(yk)
         assert_close(jnp.concatenate(ys), ref)
         assert_close(z, ref_zf)
@@ -98,7 +99,7 @@ def test_lfilter_matches_scipy(order, n_zeros, seed, with_zi):
         assert_close(zf, ref_zf)
         # the time-varying form's delay line, with the same filter
         ref, ref_zf = np_df2(b / a0, a, x, zi)
-        y, zf = lfilter_tv(b / a0, a, x, zi, return_zf=True)
+        y, zf = lfilter_tv(x, b=b / a0, a=a, zi=zi, return_zf=True)
         assert_close(y, ref)
         assert_close(zf, ref_zf)
         past_y, past_x = rng.normal(size=n_state), rng.normal(size=n_state)
@@ -111,7 +112,7 @@ def test_lfilter_matches_scipy(order, n_zeros, seed, with_zi):
     else:
         ref = ss.lfilter(b, a_full, x)
         assert_close(lfilter(b, a_full, x), ref)
-        assert_close(lfilter_tv(b / a0, a, x), ref)
+        assert_close(lfilter_tv(x, b=b / a0, a=a), ref)
 
 
 def test_lfilter_tv_time_varying_matches_loop():
@@ -122,12 +123,12 @@ def test_lfilter_tv_time_varying_matches_loop():
     x = rng.normal(size=length)
     zi = rng.normal(size=3)
     ref, ref_zf = np_df2(b, a, x, zi)
-    y, zf = lfilter_tv(b, a, x, zi, return_zf=True)
+    y, zf = lfilter_tv(x, b=b, a=a, zi=zi, return_zf=True)
     assert_close(y, ref)
     assert_close(zf, ref_zf)
     # mixed: constant numerator, time-varying denominator and the reverse
-    assert_close(lfilter_tv(b[0], a, x, zi), np_df2(b[0], a, x, zi)[0])
-    assert_close(lfilter_tv(b, a[0], x, zi), np_df2(b, a[0], x, zi)[0])
+    assert_close(lfilter_tv(x, b=b[0], a=a, zi=zi), np_df2(b[0], a, x, zi)[0])
+    assert_close(lfilter_tv(x, b=b, a=a[0], zi=zi), np_df2(b, a[0], x, zi)[0])
 
 
 @pytest.mark.parametrize("time_varying", [False, True])
@@ -141,12 +142,12 @@ def test_lfilter_tv_streaming(time_varying):
         a, b = stable_poly(rng, 2), rng.normal(size=4)
     x = rng.normal(size=length)
     zi = rng.normal(size=3)
-    ref, ref_zf = lfilter_tv(b, a, x, zi, return_zf=True)
+    ref, ref_zf = lfilter_tv(x, b=b, a=a, zi=zi, return_zf=True)
     cuts = [(0, 1), (1, 3), (3, 17), (17, 30)]
     z, ys = zi, []
     for lo, hi in cuts:
         ak, bk = (a[lo:hi], b[lo:hi]) if time_varying else (a, b)
-        yk, z = lfilter_tv(bk, ak, x[lo:hi], z, return_zf=True)
+        yk, z = lfilter_tv(x[lo:hi], b=bk, a=ak, zi=z, return_zf=True)
         ys.append(yk)
     assert_close(jnp.concatenate(ys), ref)
     assert_close(z, ref_zf)
@@ -179,7 +180,7 @@ def test_lfilter_zi_and_lfiltic_match_scipy():
         # a unit step from the steady state stays at the DC gain
         step = np.ones(16)
         dc = np.full(16, b.sum() / a_full.sum())
-        assert_close(lfilter_tv(b, a, step, df2), 0.7 * dc)
+        assert_close(lfilter_tv(step, b=b, a=a, zi=df2), 0.7 * dc)
         assert_close(lfilter(b, a_full, step, zi=lfilter_zi(b, a_full))[0], dc)
         past_y = rng.normal(size=n_state - 1)  # shorter: zero padded
         past_x = rng.normal(size=n_state + 2)  # longer: truncated
@@ -200,10 +201,10 @@ def test_lfilter_complex():
     assert y.dtype == jnp.complex128
     assert_close(y, ref)
     assert_close(zf, ref_zf)
-    assert_close(lfilter_tv(b, a, x, zi), np_df2(b, a, x, zi)[0])
-    assert_close(fir(b, x), ss.lfilter(b, [1.0], x))
+    assert_close(lfilter_tv(x, b=b, a=a, zi=zi), np_df2(b, a, x, zi)[0])
+    assert_close(fir(x, b=b), ss.lfilter(b, [1.0], x))
     # real coefficients with a complex signal promote to complex
-    assert lfilter_tv(b.real, a.real, x).dtype == jnp.complex128
+    assert lfilter_tv(x, b=b.real, a=a.real).dtype == jnp.complex128
     assert lfilter(b.real, np.r_[1.0, a.real], x).dtype == jnp.complex128
 
 
@@ -213,13 +214,13 @@ def test_float32_jit_vmap():
     x = rng.normal(size=(3, 128))
     ref = ss.lfilter(b, a, x)
     b32, a32, x32 = (jnp.asarray(v, jnp.float32) for v in (b, a, x))
-    y = jax.jit(jax.vmap(lambda xx: lfilter_tv(b32, a32[1:], xx)))(x32)
+    y = jax.jit(jax.vmap(lambda xx: lfilter_tv(xx, b=b32, a=a32[1:])))(x32)
     assert y.dtype == jnp.float32
     assert_close(y, ref, rtol=1e-5)
     y = jax.jit(lfilter)(b32, a32, x32)
     assert y.dtype == jnp.float32
     assert_close(y, ref, rtol=1e-5)
-    y = jax.jit(jax.vmap(fir, in_axes=(None, 0)))(b32, x32)
+    y = jax.jit(jax.vmap(lambda x, b: fir(x, b=b), in_axes=(0, None)))(x32, b32)
     assert y.dtype == jnp.float32
     assert_close(y, ss.lfilter(b, [1.0], x), rtol=1e-5)
 
@@ -229,8 +230,10 @@ def test_fir_grads():
     x = jnp.asarray(rng.normal(size=10))
     zi = jnp.asarray(rng.normal(size=2))
     for b in (rng.normal(size=3), rng.normal(size=(10, 3))):
-        check_grads(jax.jit(fir), (jnp.asarray(b), x, zi))
-    f = lambda b, x, zi: jnp.concatenate(fir(b, x, zi, return_zf=True))
+        check_grads(
+            jax.jit(lambda x, b, zi: fir(x, b=b, zi=zi)), (x, jnp.asarray(b), zi)
+        )
+    f = lambda b, x, zi: jnp.concatenate(fir(x, b=b, zi=zi, return_zf=True))
     check_grads(jax.jit(f), (jnp.asarray(rng.normal(size=3)), x, zi))
 
 
@@ -247,7 +250,7 @@ def test_lfilter_tv_grads(time_varying):
     zi = rng.normal(size=2)
 
     def f(b, a, x, zi):
-        y, zf = lfilter_tv(b, a, x, zi, return_zf=True)
+        y, zf = lfilter_tv(x, b=b, a=a, zi=zi, return_zf=True)
         return jnp.concatenate([y, zf])
 
     # second differences of a recursion have large third derivatives: a smaller
@@ -262,7 +265,7 @@ def test_lfilter_tv_hessian_matches_naive_autodiff():
     x, zi = jnp.asarray(rng.normal(size=10)), jnp.asarray(rng.normal(size=2))
     v = jnp.asarray(rng.normal(size=10))
 
-    loss = lambda b, a, x, zi: lfilter_tv(b, a, x, zi) @ v
+    loss = lambda b, a, x, zi: lfilter_tv(x, b=b, a=a, zi=zi) @ v
     ref = lambda b, a, x, zi: jnp_df2(b, a, x, zi) @ v
     for argnum in range(4):
         assert_close(
@@ -293,36 +296,46 @@ def test_lfilter_tv_zi_grads():
     check_grads(lfilter_tv_zi, (b, a), eps=1e-5)
 
 
+def test_fir_and_lfilter_tv_take_the_signal_first():
+    # taps as long as the signal: `fir(b, x)` read in the new order would run
+    rng = np.random.default_rng(12)
+    x = jnp.asarray(rng.normal(size=8))
+    b = jnp.asarray(rng.normal(size=8))
+    check_signal_first(fir, x, {"b": b}, jnp.asarray(rng.normal(size=7)))
+    coefficients = {"b": b[:3], "a": jnp.asarray([-0.5, 0.2])}
+    check_signal_first(lfilter_tv, x, coefficients, jnp.asarray(rng.normal(size=2)))
+
+
 def test_bad_input():
     x = jnp.zeros(8)
     tv, fir_ = unchecked(lfilter_tv), unchecked(fir)
     with pytest.raises(ValueError, match="`x`"):
-        tv(jnp.ones(2), jnp.ones(1), jnp.zeros((2, 8)))
+        tv(jnp.zeros((2, 8)), b=jnp.ones(2), a=jnp.ones(1))
     with pytest.raises(ValueError, match="`a`"):
-        tv(jnp.ones(2), jnp.ones((7, 1)), x)
+        tv(x, b=jnp.ones(2), a=jnp.ones((7, 1)))
     with pytest.raises(ValueError, match="`b`"):
-        tv(jnp.ones((8, 2, 1)), jnp.ones(1), x)
+        tv(x, b=jnp.ones((8, 2, 1)), a=jnp.ones(1))
     with pytest.raises(ValueError, match="`zi`"):
-        tv(jnp.ones(3), jnp.ones(1), x, jnp.zeros(1))
+        tv(x, b=jnp.ones(3), a=jnp.ones(1), zi=jnp.zeros(1))
     with pytest.raises(ValueError, match="`zi`"):
-        tv(jnp.ones(3), jnp.ones(1), x, jnp.zeros((2, 1)))
+        tv(x, b=jnp.ones(3), a=jnp.ones(1), zi=jnp.zeros((2, 1)))
     with pytest.raises(TypeError, match="form"):
-        tv(jnp.ones(3), jnp.ones(1), x, form="tdf2")
+        tv(x, b=jnp.ones(3), a=jnp.ones(1), form="tdf2")
     with pytest.raises(ValueError, match="`zi`"):
-        fir_(jnp.ones(3), x, jnp.zeros(3))
+        fir_(x, b=jnp.ones(3), zi=jnp.zeros(3))
     with pytest.raises(ValueError, match="`b`"):
-        fir_(jnp.ones((5, 3)), x)
+        fir_(x, b=jnp.ones((5, 3)))
     with pytest.raises(ValueError, match="`y`"):
         unchecked(lfiltic)(jnp.ones(3), jnp.ones(1), jnp.ones((2, 2)))
     with pytest.raises(ValueError, match="`b`"):
         unchecked(lfilter_tv_zi)(jnp.ones((2, 2)), jnp.ones(1))
     bad = jnp.array([1.0, jnp.nan])
     with pytest.raises(Exception, match="`a` has non-finite"):
-        lfilter_tv(jnp.ones(2), bad, x)
+        lfilter_tv(x, b=jnp.ones(2), a=bad)
     with pytest.raises(Exception, match="`b` has non-finite"):
-        jax.jit(fir)(jnp.array([1.0, jnp.inf]), x)
+        jax.jit(fir)(x, b=jnp.array([1.0, jnp.inf]))
     with pytest.raises(Exception, match="`a` has non-finite"):
-        jax.jit(lfilter_tv)(jnp.ones(2), bad, x)
+        jax.jit(lfilter_tv)(x, b=jnp.ones(2), a=bad)
 
 
 T = 64
@@ -337,7 +350,7 @@ def test_fir(constant):
     past = np.concatenate([zi[::-1], x])  # zi[k] = x[-k-1]
     bt = np.broadcast_to(b, (T, 4))
     ref = np.asarray([bt[t] @ past[t + 3 - np.arange(4)] for t in range(T)])
-    check_float32(fir, (b, x, zi), ref)
+    check_float32(lambda b, x, zi: fir(x, b=b, zi=zi), (b, x, zi), ref)
 
 
 @pytest.mark.float32
@@ -354,4 +367,4 @@ def test_lfilter_tv():
         w0 = x[t] - a[t] @ w
         ref.append(b[t] @ np.r_[w0, w])
         w = np.r_[w0, w[:-1]]
-    check_float32(lfilter_tv, (b, a, x), np.asarray(ref))
+    check_float32(lambda b, a, x: lfilter_tv(x, b=b, a=a), (b, a, x), np.asarray(ref))

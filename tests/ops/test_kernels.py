@@ -61,7 +61,7 @@ def _linear_uses_kernel(dtype=jnp.float64) -> bool:
     B, C = jnp.ones((2, 1), dtype), jnp.ones((1, 2), dtype)
 
     def loss(a, x):
-        return jnp.sum(jnp.abs(diag_state_space(a, B, C, None, x)) ** 2)
+        return jnp.sum(jnp.abs(diag_state_space(x, a=a, B=B, C=C, D=None)) ** 2)
 
     text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(a, x).as_text()
     return text.count(f"@{_native.LINEAR}(") == 2  # forward and adjoint
@@ -119,7 +119,7 @@ def test_disabled_kernels_are_reported_without_a_warning():
         "text += jax.jit(lambda x: retrax.ops.allpole(x, a))"
         ".lower(jnp.ones(4)).as_text()\n"
         "text += jax.jit(lambda x: retrax.ops.diag_state_space("
-        "a, jnp.ones((1, 1)), jnp.ones((1, 1)), None, x))"
+        "x, a=a, B=jnp.ones((1, 1)), C=jnp.ones((1, 1)), D=None))"
         ".lower(jnp.ones((4, 1))).as_text()\n"
         "sos = jnp.asarray([[1.0, 0.5, 0.2, 1.0, -0.5, 0.1]] * 2)\n"
         "text += jax.jit(retrax.ops.sosfilt).lower(sos, jnp.ones(4)).as_text()\n"

@@ -91,9 +91,9 @@ def test_linear_recurrence_method():
     x = jnp.asarray(rng.standard_normal(500))
     decay = jnp.asarray(rng.uniform(0.5, 0.999, 500))
     for d in (decay, jnp.asarray(0.99)):
-        y_seq, zf_seq = linear_recurrence(d, x, 0.3, return_zf=True)
+        y_seq, zf_seq = linear_recurrence(x, decay=d, zi=0.3, return_zf=True)
         y_par, zf_par = linear_recurrence(
-            d, x, 0.3, return_zf=True, method="associative"
+            x, decay=d, zi=0.3, return_zf=True, method="associative"
         )
         assert_close(y_par, y_seq, rtol=1e-10)
         assert_close(zf_par, zf_seq, rtol=1e-10)
@@ -226,6 +226,6 @@ def test_bad_method():
     with pytest.raises(bad, match="method"):
         allpole(x, jnp.asarray([0.5]), method="parallel")
     with pytest.raises(bad, match="method"):
-        linear_recurrence(0.5, x, method="Associative")
+        linear_recurrence(x, decay=0.5, method="Associative")
     with pytest.raises(bad, match="method"):
         recurrence("diagonal", 1, jnp.ones(2), jnp.ones((3, 2)), jnp.ones(2), "fast")

@@ -27,6 +27,7 @@ from helpers import (
     assert_close,
     check_float32,
     check_grads,
+    check_signal_first,
     copies_in,
     linear_eqns_in,
     naive_allpole,
@@ -173,18 +174,18 @@ def test_linear_recurrence():
     for t in range(50):
         prev = float(x[t]) + float(decay[t]) * prev
         expected.append(prev)
-    y, zf = linear_recurrence(decay, x, 0.7, return_zf=True)
+    y, zf = linear_recurrence(x, decay=decay, zi=0.7, return_zf=True)
     assert_close(y, np.asarray(expected))
     assert_close(zf, expected[-1])
     assert zf.shape == ()
-    assert_close(linear_recurrence(0.5, x), allpole(x, jnp.asarray([-0.5])))
+    assert_close(linear_recurrence(x, decay=0.5), allpole(x, jnp.asarray([-0.5])))
 
 
 def test_float32_stays_float32_with_python_scalars():
     x = jnp.ones(8, jnp.float32)
     assert allpole(x, jnp.asarray([0.5], jnp.float32)).dtype == jnp.float32
-    assert linear_recurrence(0.5, x).dtype == jnp.float32
-    assert linear_recurrence(0.5, x, zi=1.0).dtype == jnp.float32
+    assert linear_recurrence(x, decay=0.5).dtype == jnp.float32
+    assert linear_recurrence(x, decay=0.5, zi=1.0).dtype == jnp.float32
 
 
 def test_jit_and_vmap():
@@ -218,12 +219,24 @@ def test_allpole_check_grads(dtype, constant):
     check_grads(allpole, (x, a, zi))
 
 
+def test_linear_recurrence_takes_the_signal_first():
+    # a decay per sample has the signal's shape: swapped, both would run
+    rng = np.random.default_rng(6)
+    x, decay = (jnp.asarray(rng.uniform(0.1, 0.9, 8)) for _ in range(2))
+    check_signal_first(linear_recurrence, x, {"decay": decay}, jnp.asarray(0.3))
+    with pytest.raises(TypeError, match=re.escape("`linear_recurrence(x, decay=")):
+        linear_recurrence.lower(decay, x)
+    lowered = linear_recurrence.lower(x, decay=decay)
+    assert_close(lowered.compile()(x, decay=decay), linear_recurrence(x, decay=decay))
+
+
 def test_linear_recurrence_check_grads():
     rng = np.random.default_rng(5)
     decay = jnp.asarray(rng.uniform(0.2, 0.9, 8))
     x = jnp.asarray(rng.standard_normal(8))
-    check_grads(linear_recurrence, (decay, x, jnp.asarray(0.3)))
-    check_grads(linear_recurrence, (jnp.asarray(0.6), x, jnp.asarray(-0.4)))
+    f = lambda decay, x, zi: linear_recurrence(x, decay=decay, zi=zi)
+    check_grads(f, (decay, x, jnp.asarray(0.3)))
+    check_grads(f, (jnp.asarray(0.6), x, jnp.asarray(-0.4)))
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.complex128])
@@ -678,7 +691,11 @@ def _residual_shapes(f, *args):
 
 def _lfilter_tv(b, a, x):
     # `b` and `a` without the leading 1 (the time-first, direct form II call).
-    return lfilter_tv(b, a, x)
+    return lfilter_tv(x, b=b, a=a)
+
+
+def _diag_state_space(a, B, C, D, x):
+    return diag_state_space(x, a=a, B=B, C=C, D=D)
 
 
 def _adjoint_cases(length=100):
@@ -701,7 +718,7 @@ def _adjoint_cases(length=100):
         # along a leading axis of the 2 sections
         ("sosfilt", sosfilt, (sos, x), 2, 2,
          {(n,), (n, 2), (2,), (), (2, n), (2, n, 2), (2, 2)}),
-        ("diag_state_space", diag_state_space, (decay, B, C, D, xm), 1, 3,
+        ("diag_state_space", _diag_state_space, (decay, B, C, D, xm), 1, 3,
          {(n, 2), (n, 3), (1, 3), (3,), (2, 3), (3, 2), (2, 2)}),
         ("ballistics", ballistics, (xb, jnp.asarray(0.4), jnp.asarray(0.1)), 1, 1,
          {(n,), (n, 1), (1,), ()}),
@@ -759,7 +776,7 @@ def test_state_space_recomputes_blocks_within_its_memory_bound():
     x = jnp.asarray(rng.standard_normal((length, 1)))
 
     def loss(A, B, C, x):
-        return jnp.sum(jnp.sin(state_space(A, B, C, None, x)))
+        return jnp.sum(jnp.sin(state_space(x, A=A, B=B, C=C, D=None)))
 
     shapes = _residual_shapes(loss, A, B, C, x)
     total = sum(int(np.prod(s)) for s in shapes)
@@ -840,9 +857,9 @@ def test_bad_input():
     with pytest.raises(bad, match="`zi` must be the last 2 outputs"):
         allpole_(x, a, jnp.ones(3))
     with pytest.raises(bad, match="`decay` must be a scalar or have the shape"):
-        linrec_(jnp.ones(9), x)
+        linrec_(x, decay=jnp.ones(9))
     with pytest.raises(bad, match="`zi` must be a scalar"):
-        linrec_(0.5, x, jnp.ones(2))
+        linrec_(x, decay=0.5, zi=jnp.ones(2))
 
 
 def test_unstable_filter_is_not_a_crash():
@@ -886,7 +903,7 @@ def test_filter_inside_equinox_module():
         pole: jax.Array
 
         def __call__(self, x):
-            return linear_recurrence(self.pole, x)
+            return linear_recurrence(x, decay=self.pole)
 
     model = OnePole(jnp.asarray(0.5))
     x = jnp.ones(16)
@@ -1182,7 +1199,11 @@ def test_linear_recurrence_in_float32():
     for t in range(T):
         prev = x[t] + decay[t] * prev
         ref.append(prev)
-    check_float32(linear_recurrence, (decay, x, 0.3), np.asarray(ref))
+    check_float32(
+        lambda decay, x, zi: linear_recurrence(x, decay=decay, zi=zi),
+        (decay, x, 0.3),
+        np.asarray(ref),
+    )
 
 
 SR = 8_000.0
@@ -1218,7 +1239,7 @@ def test_integer_coefficients_keep_a_float32_signal_float32():
     # JAX promotes int32 with float32 to float32: so do the ops.
     x32 = X.astype(jnp.float32)
     assert allpole(x32, jnp.asarray([0, 0], jnp.int32)).dtype == jnp.float32
-    assert fir(np.asarray([1, 2]), x32).dtype == jnp.float32
+    assert fir(x32, b=np.asarray([1, 2])).dtype == jnp.float32
     assert svf(x32, 1_000, 1, 44_100).dtype == jnp.float32
     assert ballistics(jnp.abs(x32), 1, 1).dtype == jnp.float32
     assert compexp_gain(jnp.abs(x32), -10, 4, -60, 0.5, 1, 1).dtype == jnp.float32
@@ -1238,7 +1259,9 @@ def test_empty_block_passes_the_state_on():
     assert_close(zf, zi)
     _, zf = svf(_EMPTY, 1_000.0, 1.0, SR, zi=zi, return_zf=True)
     assert_close(zf, zi)
-    y, zf = state_space(_I2, _B, _C, _D, jnp.zeros((0, 1)), zi, return_zf=True)
+    y, zf = state_space(
+        jnp.zeros((0, 1)), A=_I2, B=_B, C=_C, D=_D, zi=zi, return_zf=True
+    )
     assert y.shape == (0, 1)
     assert_close(zf, zi)
     _, zf = phase(_EMPTY, SR, 1.25, return_zf=True)

@@ -127,7 +127,7 @@ def test_transfer_functions_match_scipy(case, seed):
         allpole(cast(signal), cast(a_norm)), ss.lfilter([1.0], [1.0, *a_norm], signal),
         rtol=tol,
     )  # fmt: skip
-    assert_close(fir(cast(b), cast(signal)), ss.lfilter(b, [1.0], signal), rtol=tol)
+    assert_close(fir(cast(signal), b=cast(b)), ss.lfilter(b, [1.0], signal), rtol=tol)
     if dtype == np.float32:
         return  # the rest in float64, the precision scipy computes in
     assert_close(lfilter_zi(b, a), ss.lfilter_zi(b, a), rtol=tol)
@@ -603,16 +603,16 @@ def test_long_double_is_a_type_error_naming_the_dtype(dtype):
 def test_long_double_in_retraxs_own_linear_ops():
     x = np.ones(8, np.longdouble)
     for f, arg in (
-        (lambda v: ops.fir(jnp.ones(2), v), "x"),
-        (lambda v: ops.fir(v[:2], jnp.ones(8)), "b"),
-        (lambda v: ops.lfilter_tv(jnp.ones(2), v[:1], jnp.ones(8)), "a"),
-        (lambda v: ops.lfilter_tv(jnp.ones(2), jnp.ones(1) * 0.5, v), "x"),
-        (lambda v: ops.fir(jnp.ones(2), jnp.ones(8), zi=v[:1]), "zi"),
+        (lambda v: ops.fir(v, b=jnp.ones(2)), "x"),
+        (lambda v: ops.fir(jnp.ones(8), b=v[:2]), "b"),
+        (lambda v: ops.lfilter_tv(jnp.ones(8), b=jnp.ones(2), a=v[:1]), "a"),
+        (lambda v: ops.lfilter_tv(v, b=jnp.ones(2), a=jnp.ones(1) * 0.5), "x"),
+        (lambda v: ops.fir(jnp.ones(8), b=jnp.ones(2), zi=v[:1]), "zi"),
     ):
         with pytest.raises(TypeError, match=f"`{arg}` has dtype float128"):
             f(x)
     with pytest.raises(TypeError, match="`x` must be numeric, got dtype object"):
-        ops.fir(jnp.ones(2), np.array([decimal.Decimal(1)] * 4))
+        ops.fir(np.array([decimal.Decimal(1)] * 4), b=jnp.ones(2))
 
 
 @pytest.mark.loud

@@ -51,7 +51,9 @@ def avg(
     coef = _coef("coef", coef)
     dtype = result_dtype(x, coef)
     coef = coef.astype(dtype)
-    return linear_recurrence(1 - coef, coef * x.astype(dtype), zi, return_zf=return_zf)
+    return linear_recurrence(
+        coef * x.astype(dtype), decay=1 - coef, zi=zi, return_zf=return_zf
+    )
 
 
 def _knee(hard, slope, over, knee):

@@ -64,6 +64,6 @@ class StateSpaceFilter(eqx.Module):
         b = jax.lax.complex(self.b[:, 0], self.b[:, 1]).astype(ctype)[:, None]
         c = jax.lax.complex(self.c[:, 0], self.c[:, 1]).astype(ctype)[None, :]
         # A conjugate pair contributes 2 Re(c h): the real system's output.
-        y = diag_state_space(poles, b, 2 * c, None, x.astype(ctype)[:, None])
+        y = diag_state_space(x.astype(ctype)[:, None], a=poles, B=b, C=2 * c, D=None)
         d = check_in_range("d", self.d)
         return jnp.real(y[:, 0]) + d.astype(x.dtype) * x

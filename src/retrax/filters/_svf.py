@@ -130,7 +130,9 @@ def svf(
         cutoff = jnp.broadcast_to(cutoff, x.shape)
         q = jnp.broadcast_to(q, x.shape)
     A, B, C, D = svf_matrices(cutoff.astype(dtype), q.astype(dtype), sample_rate, mode)
-    out = state_space(A, B, C, D, x.astype(dtype)[:, None], zi, return_zf=return_zf)
+    out = state_space(
+        x.astype(dtype)[:, None], A=A, B=B, C=C, D=D, zi=zi, return_zf=return_zf
+    )
     if not return_zf:
         return out[:, 0]
     y, zf = out

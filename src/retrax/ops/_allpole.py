@@ -4,6 +4,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._compiled import compiled
+from .._deprecated import signal_first
 from .._misc import as_inexact, result_dtype
 from .._validate import (
     check_coeff_rank,
@@ -103,12 +104,13 @@ def _allpole(x, a, zi, return_zf: bool, method: Method, a_name: str):
     return y, zf
 
 
+@signal_first("decay")
 @compiled(static=("return_zf", "method"))
 def linear_recurrence(
-    decay: Shaped[ArrayLike, " time"] | Shaped[ArrayLike, ""] | float | complex,
     x: Shaped[ArrayLike, " time"],
-    zi: Shaped[ArrayLike, ""] | float | complex | None = None,
     *,
+    decay: Shaped[ArrayLike, " time"] | Shaped[ArrayLike, ""] | float | complex,
+    zi: Shaped[ArrayLike, ""] | float | complex | None = None,
     return_zf: bool = False,
     method: Method = "sequential",
 ) -> Inexact[Array, " time"] | tuple[Inexact[Array, " time"], Inexact[Array, ""]]:
@@ -120,8 +122,11 @@ def linear_recurrence(
 
     **Arguments:**
 
-    - `decay`: the per-sample decay $d_t$, shape `(T,)`, or a scalar.
     - `x`: the input, shape `(T,)`.
+    - `decay`: the per-sample decay $d_t$, shape `(T,)`, or a scalar. By
+      keyword, `linear_recurrence(x, decay=d)`: for this release a second
+      positional argument raises a `TypeError`, since `linear_recurrence`
+      took the decay first until now.
     - `zi`: the previous output $y_{-1}$, a scalar. Defaults to 0.
     - `return_zf`: also return the last output, to stream in blocks.
     - `method`: `"sequential"` (default, a scan) or `"associative"` (a

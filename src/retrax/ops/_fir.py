@@ -3,6 +3,7 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
+from .._deprecated import signal_first
 from .._misc import result_dtype
 from .._validate import (
     check_coeff_rank,
@@ -32,11 +33,12 @@ def fir_state(x: Array, zi: Array, order: int) -> Array:
     return jnp.concatenate([x[::-1], zi])[:order]
 
 
+@signal_first("b")
 def fir(
-    b: Shaped[ArrayLike, "time taps"] | Shaped[ArrayLike, " taps"],
     x: Shaped[ArrayLike, " time"],
-    zi: Shaped[ArrayLike, " fir_order"] | None = None,
     *,
+    b: Shaped[ArrayLike, "time taps"] | Shaped[ArrayLike, " taps"],
+    zi: Shaped[ArrayLike, " fir_order"] | None = None,
     return_zf: bool = False,
 ) -> (
     Inexact[Array, " time"]
@@ -54,7 +56,9 @@ def fir(
     **Arguments:**
 
     - `x`: the input signal, shape `(T,)`. Batch with `jax.vmap`.
-    - `b`: the taps, `(M+1,)` constant or `(T, M+1)` per sample.
+    - `b`: the taps, `(M+1,)` constant or `(T, M+1)` per sample. By keyword,
+      `fir(x, b=b)`: for this release a second positional argument raises a
+      `TypeError`, since `fir` took the taps first until now.
     - `zi`: the past inputs, newest first: `zi[k] = x[-k-1]`, shape `(M,)`.
       Defaults to zeros.
     - `return_zf`: also return the last `M` inputs (newest first), the `zi` of

@@ -1,7 +1,7 @@
 """Rational (IIR) filters in scipy's conventions: `lfilter`, `lfilter_zi`, `lfiltic`.
 
 scipy's `lfilter` keeps the transposed-direct-form-II state. Its output is one
-all-pole pass over `fir(b, x)` plus the state, and the state is a linear map
+all-pole pass over `fir(x, b=b)` plus the state, and the state is a linear map
 of the last inputs and outputs (`lfiltic`), so the recursion runs on retrax's
 recurrence core and its derivatives are the adjoint filter's.
 """
@@ -66,7 +66,7 @@ def tdf2_apply(
 
     The zero-input response of the transposed form to its state `z` is the
     all-pole filter driven by `z` itself over the first `len(z)` samples, so
-    the output is one all-pole pass over `fir(b, x) + z` (zero padded). The
+    the output is one all-pole pass over `fir(x, b=b) + z` (zero padded). The
     final state follows `scipy.signal.lfiltic` from the last inputs and
     outputs plus the part of `zi` not yet shifted out.
     """

@@ -3,6 +3,7 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
+from .._deprecated import signal_first
 from .._misc import result_dtype
 from .._validate import (
     check_coeff_rank,
@@ -15,12 +16,13 @@ from ._fir import fir_apply, fir_state
 from ._lfilter import allpole_apply
 
 
+@signal_first("b", "a")
 def lfilter_tv(
+    x: Shaped[ArrayLike, " time"],
+    *,
     b: Shaped[ArrayLike, "time taps"] | Shaped[ArrayLike, " taps"],
     a: Shaped[ArrayLike, "time order"] | Shaped[ArrayLike, " order"],
-    x: Shaped[ArrayLike, " time"],
     zi: Shaped[ArrayLike, " state"] | None = None,
-    *,
     return_zf: bool = False,
 ) -> Inexact[Array, " time"] | tuple[Inexact[Array, " time"], Inexact[Array, " state"]]:
     r"""IIR filter $B(z)/A(z)$ in direct form II, constant or time-varying.
@@ -28,7 +30,7 @@ def lfilter_tv(
     $$w_t = x_t - \sum_{k=1}^{K} a_{t,k}\, w_{t-k}, \qquad
       y_t = \sum_{k=0}^{M} b_{t,k}\, w_{t-k},$$
 
-    i.e. `fir(b, allpole(x, a))` over one shared delay line $w$, the exact
+    i.e. `fir(allpole(x, a), b=b)` over one shared delay line $w$, the exact
     direct-form-II decomposition of philtorch (Yu et al., "Differentiable
     all-pole filters for time-varying audio systems", DAFx 2024).
 
@@ -46,10 +48,14 @@ def lfilter_tv(
 
     **Arguments:**
 
+    - `x`: the input signal, shape `(T,)`.
     - `b`: numerator taps, `(M+1,)` constant or `(T, M+1)` per sample.
     - `a`: denominator coefficients without the leading 1, `(K,)` constant or
       `(T, K)` per sample. `K = 0` gives an FIR filter.
-    - `x`: the input signal, shape `(T,)`.
+
+    `b` and `a` by keyword, `lfilter_tv(x, b=b, a=a)`: for this release a
+    second positional argument raises a `TypeError`, since `lfilter_tv` took
+    the coefficients first until now.
     - `zi`: the delay line before the first sample, newest first,
       `zi[k] = w[-k-1]`, shape `(max(K, M),)` (see
       [`lfilter_tv_zi`][retrax.ops.lfilter_tv_zi]). Defaults to zeros.

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
+from .._deprecated import signal_first
 from .._misc import as_inexact, result_dtype
 from .._validate import check_finite, check_zi
 from ._recurrence import DEFAULT_UNROLL, recurrence
@@ -140,16 +141,17 @@ def _run(structure, A, B, C, D, x, zi, n_state, return_zf, names):
     return y, zf
 
 
+@signal_first("A", "B", "C", "D")
 def state_space(
+    x: Shaped[ArrayLike, "time inputs"] | Shaped[ArrayLike, " time"],
+    *,
     A: Shaped[ArrayLike, "state state"] | Shaped[ArrayLike, "time state state"],
     B: Shaped[ArrayLike, "state inputs"] | Shaped[ArrayLike, "time state inputs"],
     C: Shaped[ArrayLike, "outputs state"] | Shaped[ArrayLike, "time outputs state"],
     D: Shaped[ArrayLike, "outputs inputs"]
     | Shaped[ArrayLike, "time outputs inputs"]
     | None,
-    x: Shaped[ArrayLike, "time inputs"] | Shaped[ArrayLike, " time"],
     zi: Shaped[ArrayLike, " state"] | None = None,
-    *,
     return_zf: bool = False,
 ) -> (
     Inexact[Array, "time outputs"]
@@ -180,21 +182,25 @@ def state_space(
 
     **Arguments:**
 
+    - `x`: the input, shape `(T, M)`, or `(T,)` for one input (then `B` and
+      `D` have one column, `M = 1`); batch with `jax.vmap`.
     - `A`: state transition, `(N, N)` or `(T, N, N)`.
     - `B`: input map, `(N, M)` or `(T, N, M)`.
     - `C`: output map, `(P, N)` or `(T, P, N)`.
     - `D`: feedthrough, `(P, M)` or `(T, P, M)`, or `None` for none.
-    - `x`: the input, shape `(T, M)`, or `(T,)` for one input (then `B` and
-      `D` have one column, `M = 1`); batch with `jax.vmap`.
     - `zi`: the initial state $h_0$, shape `(N,)`. Defaults to zeros.
     - `return_zf`: also return $h_T$, the state after the last sample, the
       `zi` of the next block (streaming).
+
+    The maps by keyword, `state_space(x, A=A, B=B, C=C, D=D)`: for this
+    release a second positional argument raises a `TypeError`, since
+    `state_space` took the maps first until now.
 
     **Returns:**
 
     `y` of shape `(T, P)`, or `(y, zf)` if `return_zf`. A single-input,
     single-output system driven by `x` of shape `(T,)` gives `y` of shape
-    `(T,)`: the same numbers as `state_space(A, B, C, D, x[:, None])[:, 0]`
+    `(T,)`: the same numbers as `state_space(x[:, None], A=A, B=B, C=C, D=D)[:, 0]`
     (with `P > 1` outputs, `y` keeps its shape `(T, P)`). The dtype is the
     promoted dtype of the inputs (real or complex). An empty `x` (`T = 0`)
     gives an empty `y` and `zf = zi`.
@@ -219,16 +225,17 @@ def state_space(
     return _run("dense", A, B, C, D, x, zi, n_state, return_zf, ("A",))
 
 
+@signal_first("a", "B", "C", "D")
 def diag_state_space(
+    x: Shaped[ArrayLike, "time inputs"] | Shaped[ArrayLike, " time"],
+    *,
     a: Shaped[ArrayLike, " state"] | Shaped[ArrayLike, "time state"],
     B: Shaped[ArrayLike, "state inputs"] | Shaped[ArrayLike, "time state inputs"],
     C: Shaped[ArrayLike, "outputs state"] | Shaped[ArrayLike, "time outputs state"],
     D: Shaped[ArrayLike, "outputs inputs"]
     | Shaped[ArrayLike, "time outputs inputs"]
     | None,
-    x: Shaped[ArrayLike, "time inputs"] | Shaped[ArrayLike, " time"],
     zi: Shaped[ArrayLike, " state"] | None = None,
-    *,
     return_zf: bool = False,
 ) -> (
     Inexact[Array, "time outputs"]
@@ -243,7 +250,7 @@ def diag_state_space(
     $$h_{n+1} = a_n \odot h_n + B_n x_n, \qquad y_n = C_n h_n + D_n x_n,
       \qquad h_0 = z_i,$$
 
-    i.e. `state_space(jnp.diag(a), B, C, D, x)`: `N` decoupled one-pole
+    i.e. `state_space(x, A=jnp.diag(a), B=B, C=C, D=D)`: `N` decoupled one-pole
     modes, the diagonalised (modal) realisation of a linear system, as used
     by modal synthesis and diagonal state-space sequence models (S4D, LRU).
     A real system with resonances has complex-conjugate eigenvalues: pass
@@ -254,8 +261,12 @@ def diag_state_space(
 
     **Arguments:**
 
+    - `x`, `B`, `C`, `D`, `zi`, `return_zf`: as in `state_space`.
     - `a`: the eigenvalues (mode decays), `(N,)` or `(T, N)` per sample.
-    - `B`, `C`, `D`, `x`, `zi`, `return_zf`: as in `state_space`.
+
+    The maps by keyword, `diag_state_space(x, a=a, B=B, C=C, D=D)`: for this
+    release a second positional argument raises a `TypeError`, as in
+    `state_space`.
 
     **Returns:**
 
