@@ -59,6 +59,23 @@ def test_time_domain_ratio_overflow_agrees_in_float64(cls):
     assert_close(grad * scale, want_grad, rtol=1e-10)
 
 
+@pytest.mark.parametrize("cls", RATIOS, ids=RATIO_IDS)
+def test_time_domain_ratio_gradients_of_loud_signals_in_float32(cls):
+    # Each derivative is rescued on its own (the direct one wherever it is
+    # finite): with respect to `pred` and to `target` of signals at 1e20 in
+    # float32, both are those at unit scale in float64, scaled back.
+    pred, target = _signals((2, 256), seed=3)
+    loss = cls()
+    want = jax.grad(lambda p, t: loss(p, t), argnums=(0, 1))(
+        jnp.asarray(pred), jnp.asarray(target)
+    )
+    loud = [jnp.asarray(v * 1e20, jnp.float32) for v in (pred, target)]
+    for f in (loss, jax.jit(loss)):
+        got = jax.grad(lambda p, t, f=f: f(p, t), argnums=(0, 1))(*loud)
+        for g, w in zip(got, want, strict=True):
+            assert_close(g * 1e20, w, rtol=1e-4)
+
+
 def test_time_domain_rescue_leaves_other_signals_of_a_batch_unchanged():
     # one loud signal in a batch: the others' values are the same as alone
     pred, target = _signals((3, 256), seed=2)

@@ -8,6 +8,7 @@ definitions and defaults: `ESRLoss`, `DCLoss`, `LogCoshLoss`, `SNRLoss`,
 """
 
 import abc
+import functools
 import math
 from typing import ClassVar, Literal
 
@@ -49,21 +50,22 @@ def _energy(x: jax.Array) -> jax.Array:
     return jnp.sum(x * x, axis=-1)
 
 
-def _guarded(*sums: jax.Array) -> tuple[list[jax.Array], jax.Array]:
-    """The per-signal `sums` (energies, products) with those of a signal
-    where any is not finite (an overflow, or a non-finite input) or has a
-    square that overflows replaced by 1, and that flag per signal.
+def _guarded(x: jax.Array) -> jax.Array:
+    """`x`, per-signal sums (energies, products), NaN where its square
+    overflows the dtype, with derivative 1 everywhere.
 
-    The ratios formed from the replacements are finite and are not used
-    (`_loss` recomputes those signals scaled); what the replacement keeps
-    finite is their derivative, which would otherwise be `0 * inf`, NaN,
-    in the gradient of the whole batch."""
-    # (a sum whose square overflows is flagged too: the derivative of a ratio
-    # divides by its denominator's square)
-    big = math.sqrt(float(jnp.finfo(sums[0].dtype).max))
-    each = jnp.broadcast_arrays(*sums)
-    ok = jnp.all(jnp.stack([jnp.abs(v) <= big for v in each]), 0)
-    return [jnp.where(ok, v, 1) for v in sums], ~ok
+    (Its square: the derivative of a ratio divides by its denominator's
+    square.) The NaN reaches every value and derivative computed from the
+    sum's value, and only those: a derivative that does not read it (the
+    ESR's with respect to `pred` reads the target's energy, not the
+    error's) stays exact, and in reverse mode never computes the sum at
+    all. A derivative that reads it is a per-signal factor times the
+    signals, so the signal's whole row of the cotangent is NaN.
+    `_rescuable` recomputes what comes out not finite from scaled
+    signals."""
+    big = math.sqrt(float(jnp.finfo(x.dtype).max))
+    poison = jnp.where(jnp.abs(x) <= big, 0, jnp.nan).astype(x.dtype)
+    return x + lax.stop_gradient(poison)
 
 
 def _ratio_db(
@@ -74,7 +76,7 @@ def _ratio_db(
     `_rescued`, the second (`eps`, a ratio) not.
 
     `num` and `den` come through `_guarded`: a non-finite error energy,
-    which would give the finite $10 \\log_{10} \\varepsilon$, is flagged
+    which would give the finite $10 \\log_{10} \\varepsilon$, is NaN
     there (and a non-finite `pred` named by `_checked`)."""
     return 10 * jnp.log10(num / (den + eps_energy) + eps)
 
@@ -125,16 +127,18 @@ def _checked(
 
 
 def _rescued(
-    loss: "AbstractTimeDomainLoss", pred: jax.Array, target: jax.Array
+    loss: "AbstractTimeDomainLoss", pred: jax.Array, target: jax.Array, eps: jax.Array
 ) -> jax.Array:
-    r"""`loss.per_signal` of signals whose squares overflow, computed from the
-    signals scaled by a power of two $c$ (per signal, where its peak
-    exceeds $M^{1/4} / \sqrt{16 T}$, $M$ the dtype's largest value and $T$
-    the samples: then no energy or product of the formulas, nor its square,
-    overflows) with the energy regulariser scaled by $c^2$: the ratios are
-    unchanged (each is a ratio of energies, the regulariser of the energies
-    scaled with them), and a power of two rounds nothing, so they are finite
-    wherever their value is and equal the direct formulas' elsewhere."""
+    r"""`loss.per_signal` computed from the signals scaled by a power of two
+    $c$ (per signal, where its peak exceeds $M^{1/4} / \sqrt{16 T}$, $M$ the
+    dtype's largest value and $T$ the samples: then no energy or product of
+    the formulas, nor its square, overflows) with the energy regulariser
+    scaled by $c^2$: the ratios are unchanged (each is a ratio of energies,
+    the regulariser of the energies scaled with them), and a power of two
+    rounds nothing, so they are finite wherever their value is and equal the
+    direct formulas' elsewhere (where $c = 1$, they are the direct
+    formulas). Still not finite: a non-finite input (named by `_checked`),
+    or sums beyond the dtype's range even so."""
     peak = jnp.maximum(
         jnp.max(jnp.abs(pred), axis=-1, keepdims=True),
         jnp.max(jnp.abs(target), axis=-1, keepdims=True),
@@ -143,11 +147,73 @@ def _rescued(
         math.sqrt(float(jnp.finfo(pred.dtype).max)) / (16 * pred.shape[-1])
     )
     c = power_of_two_scale(peak, limit)
-    eps = loss._eps(pred)
-    values, bad = loss.per_signal(c * pred, c * target, eps * c[..., 0] ** 2)
-    # still not finite: a non-finite input (named by `_checked`), or sums
-    # beyond the dtype's range even so
-    return jnp.where(bad, jnp.nan, values)
+    return loss.per_signal(c * pred, c * target, eps, eps * c[..., 0] ** 2)
+
+
+def _unless_finite(x: jax.Array, check: jax.Array, recompute) -> jax.Array:
+    """`x`, or `recompute()` if `check` (`x`, or a part of it that is not
+    finite wherever `x` is not) is not finite. Under `vmap` it stays one
+    branch: the recomputed values equal the others up to rounding, so the
+    whole batch may take it."""
+    bad = eqx.internal.unvmap_any(~jnp.all(jnp.isfinite(check)))
+    # (a no-op select that makes `x` wait for the check: XLA then runs the
+    # check before the loop that writes `x`, which may then write over a
+    # temporary it reads; checked after it, the temporary stays alive and
+    # the SNR's gradient costs 7% more)
+    x = jnp.where(bad, jnp.zeros((), x.dtype), x)
+    return lax.cond(bad, recompute, lambda: x)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _rescuable(
+    loss: "AbstractTimeDomainLoss", pred: jax.Array, target: jax.Array, eps: jax.Array
+) -> jax.Array:
+    """`loss.per_signal` of a `scale_invariant` loss (its static part:
+    `eps` comes as an argument), recomputed by `_rescued` where the direct
+    formulas' sums overflow.
+
+    Its derivative is that of the direct formulas unless that is not
+    finite, and then `_rescued`'s. A `lax.cond` would cost the common case
+    in reverse mode: JAX keeps the rescue branch's residuals (arrays the
+    size of the signals, zero when it is not taken) and adds its zero
+    cotangent to the other's, and the flags that choose the branch need
+    every sum of the loss, while the derivative with respect to `pred` may
+    need fewer (the ESR's needs only the target's energy). Here each
+    cotangent is computed directly and only one that is not finite (which
+    `_guarded` makes it wherever it read an overflowing sum) is recomputed,
+    so reverse mode costs what the direct formulas' derivative costs.
+    Forward mode (`jax.jvp`, `jax.jacfwd`) is not defined for it."""
+    values = loss.per_signal(pred, target, eps, eps)
+    return _unless_finite(values, values, lambda: _rescued(loss, pred, target, eps))
+
+
+def _rescuable_fwd(loss, pred, target, eps):
+    values, vjp = jax.vjp(
+        lambda p, t, e: loss.per_signal(p, t, e, e), pred, target, eps
+    )
+    values = _unless_finite(values, values, lambda: _rescued(loss, pred, target, eps))
+    return values, (vjp, pred, target, eps)
+
+
+def _rescuable_bwd(loss, residuals, cotangent):
+    vjp, pred, target, eps = residuals
+    direct = vjp(cotangent)
+
+    def rescued(i: int) -> jax.Array:
+        _, rescued_vjp = jax.vjp(functools.partial(_rescued, loss), pred, target, eps)
+        return rescued_vjp(cotangent)[i]
+
+    # (a row of a signal's cotangent is NaN throughout or not at all, see
+    # `_guarded`: its first sample tells, without another pass over it; the
+    # cotangents are checked one by one, so that one not asked for is not
+    # computed)
+    return tuple(
+        _unless_finite(d, d[..., :1] if d.ndim else d, functools.partial(rescued, i))
+        for i, d in enumerate(direct)
+    )
+
+
+_rescuable.defvjp(_rescuable_fwd, _rescuable_bwd)
 
 
 class AbstractTimeDomainLoss(eqx.Module):
@@ -166,13 +232,14 @@ class AbstractTimeDomainLoss(eqx.Module):
 
     @abc.abstractmethod
     def per_signal(
-        self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
-        """The loss of each signal, `pred.shape[:-1]`, with `eps_energy` the
-        regulariser of the energies (`eps`, or `eps` scaled with the
-        signals: a scalar or one value per signal), and per signal whether
-        its sums were not finite (see `_guarded`; always false for a loss
-        that is not `scale_invariant`)."""
+        self, pred: jax.Array, target: jax.Array, eps: jax.Array, eps_energy: jax.Array
+    ) -> jax.Array:
+        """The loss of each signal, `pred.shape[:-1]`, with `eps` the loss's
+        `eps` in the signals' dtype (read in place of the field, which
+        `_rescuable` does not hold) and `eps_energy` the regulariser of the
+        energies (`eps`, or `eps` scaled with the signals: one value per
+        signal). The sums of a `scale_invariant` loss come through
+        `_guarded`."""
 
     def __call__(
         self, pred: Real[ArrayLike, "..."], target: Real[ArrayLike, "..."]
@@ -196,6 +263,13 @@ class AbstractTimeDomainLoss(eqx.Module):
         itself lies beyond the dtype's range, or that divides by zero
         (`eps=0` with a silent `target`), raises an error saying which (at
         run time under `jit`).
+
+        Differentiable in reverse mode (`jax.grad`, `jax.vjp`, and
+        `jax.hessian`, forward over reverse). The ratios (every loss here but
+        `LogCoshLoss`) have no forward mode: `jax.jvp` and `jax.jacfwd` raise
+        `TypeError`, as their derivative is a reverse-mode rule that
+        recomputes scaled signals only where the direct one is not finite, at
+        no cost to the others.
         """
         pred, target = check_signals(pred, target, 1, fft=False, finite=False)
         return _loss(self, pred, target)
@@ -212,21 +286,13 @@ def _loss(
     dispatch, not one per operation (and inside a user's `jax.jit`, it is
     inlined)."""
     eps = loss._eps(pred)
-    values, bad = loss.per_signal(pred, target, eps)
     if loss.scale_invariant:
-        # A loss of finite signals whose squares overflow is recomputed
-        # scaled; the test costs nothing beside the loss, and under `vmap`
-        # it stays one branch (the rescaled values equal the others up to
-        # rounding, so the whole batch may take it).
-        overflow = eqx.internal.unvmap_any(jnp.any(bad))
-        values = lax.cond(
-            overflow,
-            lambda p, t, v: _rescued(loss, p, t),
-            lambda p, t, v: v,
-            pred,
-            target,
-            values,
+        # (the static part: `eps` is an argument, which may be traced)
+        values = _rescuable(
+            eqx.filter(loss, eqx.is_array, inverse=True), pred, target, eps
         )
+    else:
+        values = loss.per_signal(pred, target, eps, eps)
     values = _checked(values, pred, target, eps)
     return _reduce(values, loss.reduction)
 
@@ -260,10 +326,10 @@ class ESRLoss(AbstractTimeDomainLoss):
     scale_invariant: ClassVar[bool] = True
 
     def per_signal(
-        self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
-        (error, energy), bad = _guarded(_energy(target - pred), _energy(target))
-        return error / (energy + eps_energy), bad
+        self, pred: jax.Array, target: jax.Array, eps: jax.Array, eps_energy: jax.Array
+    ) -> jax.Array:
+        error, energy = _guarded(_energy(target - pred)), _guarded(_energy(target))
+        return error / (energy + eps_energy)
 
 
 class DCLoss(AbstractTimeDomainLoss):
@@ -289,11 +355,11 @@ class DCLoss(AbstractTimeDomainLoss):
     scale_invariant: ClassVar[bool] = True
 
     def per_signal(
-        self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
-        num = jnp.mean(target - pred, axis=-1) ** 2
-        (num, power), bad = _guarded(num, jnp.mean(target * target, axis=-1))
-        return num / (power + eps_energy), bad
+        self, pred: jax.Array, target: jax.Array, eps: jax.Array, eps_energy: jax.Array
+    ) -> jax.Array:
+        num = _guarded(jnp.mean(target - pred, axis=-1) ** 2)
+        power = _guarded(jnp.mean(target * target, axis=-1))
+        return num / (power + eps_energy)
 
 
 class LogCoshLoss(AbstractTimeDomainLoss):
@@ -330,16 +396,15 @@ class LogCoshLoss(AbstractTimeDomainLoss):
     scale_invariant: ClassVar[bool] = False
 
     def per_signal(
-        self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
+        self, pred: jax.Array, target: jax.Array, eps: jax.Array, eps_energy: jax.Array
+    ) -> jax.Array:
         a = jnp.asarray(self.a).astype(pred.dtype)
         # a traced `a` (a Python or concrete one was checked when built)
         a = error_if(a, ~jnp.isfinite(a) | (a <= 0), "`a` must be a finite number > 0.")
         x = a * (pred - target)
         # log(cosh x + eps) = log(e^x / 2 + e^-x / 2 + eps)
         log_cosh = jnp.logaddexp(x, -x) - math.log(2)
-        value = jnp.mean(jnp.logaddexp(log_cosh, jnp.log(eps_energy)) / a, axis=-1)
-        return value, jnp.zeros(value.shape, bool)
+        return jnp.mean(jnp.logaddexp(log_cosh, jnp.log(eps)) / a, axis=-1)
 
 
 class _AbstractSignalToError(AbstractTimeDomainLoss):
@@ -361,38 +426,34 @@ class _AbstractSignalToError(AbstractTimeDomainLoss):
     scale_invariant: ClassVar[bool] = True
 
     def per_signal(
-        self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
+        self, pred: jax.Array, target: jax.Array, eps: jax.Array, eps_energy: jax.Array
+    ) -> jax.Array:
         if self.zero_mean:
             pred, target = _centred(pred), _centred(target)
-        ratio, bad = self.ratio(pred, target, eps_energy, self._eps(pred))
-        return -ratio, bad
+        return -self.ratio(pred, target, eps_energy, eps)
 
     @abc.abstractmethod
     def ratio(
         self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array, eps: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
+    ) -> jax.Array:
         """The ratio in dB of each signal, with `eps_energy` the regulariser
-        of the energies and `eps` that of the ratio, and the flags of
+        of the energies and `eps` that of the ratio, its sums through
         `_guarded`."""
 
 
 def _scaled_energy(
     pred: jax.Array, target: jax.Array, eps: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+) -> tuple[jax.Array, jax.Array]:
     """The least-squares gain $\\alpha$ of `target` onto `pred`, as auraloss
-    forms it, the energy of the scaled target, $\\alpha^2 \\sum_t y_t^2$
+    forms it, and the energy of the scaled target, $\\alpha^2 \\sum_t y_t^2$
     (auraloss sums the squares of $\\alpha y$, equal up to rounding: here
-    the scaled target is never formed, one pass over the signals fewer), and
-    the flags of `_guarded`."""
-    (target_energy, product), bad = _guarded(
-        _energy(target), jnp.sum(pred * target, axis=-1)
-    )
-    alpha = product / (target_energy + eps)
+    the scaled target is never formed, one pass over the signals fewer),
+    through `_guarded`."""
+    target_energy = _guarded(_energy(target))
+    alpha = _guarded(jnp.sum(pred * target, axis=-1)) / (target_energy + eps)
     # (alpha times alpha y's energy, not alpha squared: for a target far
     # smaller than the prediction, alpha squared alone may overflow)
-    (scaled_energy,), bad_scaled = _guarded(alpha * (alpha * target_energy))
-    return alpha, scaled_energy, bad | bad_scaled
+    return alpha, _guarded(alpha * (alpha * target_energy))
 
 
 class SNRLoss(_AbstractSignalToError):
@@ -413,9 +474,9 @@ class SNRLoss(_AbstractSignalToError):
 
     def ratio(
         self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array, eps: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
-        (num, den), bad = _guarded(_energy(target), _energy(pred - target))
-        return _ratio_db(num, den, eps_energy, eps), bad
+    ) -> jax.Array:
+        num, den = _guarded(_energy(target)), _guarded(_energy(pred - target))
+        return _ratio_db(num, den, eps_energy, eps)
 
 
 class SISDRLoss(_AbstractSignalToError):
@@ -438,10 +499,10 @@ class SISDRLoss(_AbstractSignalToError):
 
     def ratio(
         self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array, eps: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
-        alpha, scaled_energy, bad = _scaled_energy(pred, target, eps_energy)
-        (error,), bad_error = _guarded(_energy(pred - alpha[..., None] * target))
-        return _ratio_db(scaled_energy, error, eps_energy, eps), bad | bad_error
+    ) -> jax.Array:
+        alpha, scaled_energy = _scaled_energy(pred, target, eps_energy)
+        error = _guarded(_energy(pred - alpha[..., None] * target))
+        return _ratio_db(scaled_energy, error, eps_energy, eps)
 
 
 class SDSDRLoss(_AbstractSignalToError):
@@ -465,7 +526,7 @@ class SDSDRLoss(_AbstractSignalToError):
 
     def ratio(
         self, pred: jax.Array, target: jax.Array, eps_energy: jax.Array, eps: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
-        _, scaled_energy, bad = _scaled_energy(pred, target, eps_energy)
-        (error,), bad_error = _guarded(_energy(pred - target))
-        return _ratio_db(scaled_energy, error, eps_energy, eps), bad | bad_error
+    ) -> jax.Array:
+        _, scaled_energy = _scaled_energy(pred, target, eps_energy)
+        error = _guarded(_energy(pred - target))
+        return _ratio_db(scaled_energy, error, eps_energy, eps)
