@@ -270,3 +270,34 @@ def test_bench_graph_laplace_smoke():
     assert row.split()[-1] == "successful", row
     warm_ms = float(row.split()[4])
     assert warm_ms > 0
+
+
+def test_bench_revisions_smoke(tmp_path):
+    # HEAD against HEAD, two cheap routes, one round: both revisions are
+    # checked out, each route runs from its worktree, the table prints and the
+    # worktrees are gone afterwards
+    def worktrees():
+        out = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"],
+                             capture_output=True, text=True, check=True)  # fmt: skip
+        return out.stdout
+
+    before = worktrees()
+    report = tmp_path / "revisions.md"
+    out = _run("bench_revisions.py", "--small", "--rounds", "1", "--routes",
+               "allpole,sosfiltfilt", "--base", "HEAD", "--markdown", str(report),
+               timeout=900).stdout  # fmt: skip
+    text = report.read_text()
+    assert text.strip() in out
+    assert text.startswith("Warm jitted calls at two revisions: base HEAD")
+    assert "Kernels: " in text.splitlines()[0]
+    rows = _table_rows(text, "Warm jitted calls")
+    assert [row[0].split(",")[0] for row in rows] == [
+        "`ops.allpole` K=2",
+        "its `jax.grad` w.r.t. `a`",
+        "`ops.sosfiltfilt` 8 sections",
+    ]
+    for row in rows:
+        base, head, ratio = (float(cell) for cell in row[1:4])
+        assert base > 0 and head > 0 and ratio > 0
+        assert row[4:] == ["-", "-"]  # no spread from one round
+    assert worktrees() == before
