@@ -4,7 +4,7 @@ import functools
 import inspect
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import equinox as eqx
 import jax
@@ -76,6 +76,23 @@ def error_if(x: PyTree, pred: Bool[ArrayLike, "..."], msg: str) -> PyTree:
 
     As with `eqx.error_if`, only the returned value carries the check.
     """
+    return errors_if(x, (pred,), (msg,))
+
+
+def errors_if(
+    x: PyTree, preds: Sequence[Bool[ArrayLike, "..."]], msgs: Sequence[str]
+) -> PyTree:
+    """`error_if` for several checks of one value, staged as one: it raises
+    `msgs[i]` for the first `preds[i]` (in order) that holds.
+
+    Each `error_if` under `jit` is its own host callback and `cond` in the
+    compiled program; checks made together (the arguments of one call) cost
+    one here. Under `jax.vmap` (and inside `shard_map`) the first check that
+    fails for any member of the batch gives the message, as the first of
+    separate `error_if` calls would.
+    """
+    if len(preds) != len(msgs) or not preds:
+        raise ValueError("errors_if: give one message per check, and at least one.")
     # (the cheapest tests first: every eager call's host checks pay for them)
     if (
         type(x) is not np.ndarray
@@ -83,15 +100,32 @@ def error_if(x: PyTree, pred: Bool[ArrayLike, "..."], msg: str) -> PyTree:
         and not any(eqx.is_array(v) for v in jax.tree.leaves(x))
     ):
         raise ValueError("error_if: `x` has no arrays to carry the check.")
-    if not isinstance(pred, jax.core.Tracer) and _raising():
-        if pred if type(pred) is bool else np.asarray(pred).any():
-            raise InvalidArgumentError(msg)
+    if not any(isinstance(p, jax.core.Tracer) for p in preds) and _raising():
+        for pred, msg in zip(preds, msgs, strict=True):
+            if pred if type(pred) is bool else np.asarray(pred).any():
+                raise InvalidArgumentError(msg)
         return x
-    axes = tuple(sorted(varying_axes(pred)))
-    if axes:
-        pred = lax.pmax(jnp.any(pred).astype(jnp.int32), axes) > 0
+    if len(preds) == 1:
+        (pred,), index, msgs = preds, 0, list(msgs)
+        axes = tuple(sorted(varying_axes(pred)))
+        if axes:
+            pred = lax.pmax(jnp.any(pred).astype(jnp.int32), axes) > 0
+    else:
+        # The checks in reverse, so that the largest index over a batch (the
+        # one equinox reports) is that of the earliest check that failed.
+        last = len(preds) - 1
+        flags = [jnp.any(p) for p in preds]
+        index = jnp.zeros((), jnp.int32)
+        for i in reversed(range(len(flags))):
+            index = jnp.where(flags[i], last - i, index)
+        pred = functools.reduce(jnp.logical_or, flags)
+        msgs = list(reversed(msgs))
+        axes = tuple(sorted(set().union(*(varying_axes(f) for f in flags))))
+        if axes:
+            pred = lax.pmax(pred.astype(jnp.int32), axes) > 0
+            index = lax.pmax(index, axes)
     zero = jnp.zeros(())
-    flag = eqx.error_if(zero, pred, msg)
+    flag = eqx.branched_error_if(zero, pred, index, msgs)
     if flag is zero:  # `pred` was known to be false when tracing
         return x
     bad = jnp.isnan(flag)  # only when EQX_ON_ERROR turned the flag to NaN

@@ -14,7 +14,7 @@ import numpy as np
 from jax import Array, lax
 from jaxtyping import ArrayLike
 
-from ._errors import error_if
+from ._errors import InvalidArgumentError, _raising, error_if
 from ._misc import as_inexact
 
 
@@ -266,7 +266,21 @@ def check_value(value: Any, bad: Callable[[ModuleType, Any], Any], msg: str) -> 
     result.
     """
     if isinstance(value, jax.Array):
-        return error_if(value, jnp.any(bad(jnp, value)), msg)
+        if (
+            isinstance(value, jax.core.Tracer)
+            or not _raising()
+            or not value.is_fully_addressable
+        ):
+            return error_if(value, jnp.any(bad(jnp, value)), msg)
+        # A concrete array is checked on the host, with NumPy: each eager
+        # `jnp` op would compile its own small XLA program (a dozen for a
+        # module's constructor) to decide what NumPy decides at once.
+        flag = bad(np, np.asarray(value))
+        if isinstance(flag, jax.Array):  # `bad` involves a JAX value
+            return error_if(value, jnp.any(flag), msg)
+        if np.any(flag):
+            raise InvalidArgumentError(msg)
+        return value
     flag = bad(np, np.asarray(value))
     if isinstance(flag, jax.Array):  # `bad` involves a JAX value (e.g. a bound)
         return error_if(jnp.asarray(value), jnp.any(flag), msg)

@@ -73,7 +73,7 @@ class EnergyNetwork(AbstractExactPredictor):
     ) -> Float[Array, " n"]:
         x = as_state("x", x)
         t = time_like(t, x)
-        return self.schedule.sigma(t) * jax.grad(self.energy)(x, t)
+        return self.schedule._sigma(t) * jax.grad(self.energy)(x, t)
 
     def jacobian(
         self, x: Float[ArrayLike, " n"], t: Float[ArrayLike, ""] | float
@@ -91,7 +91,7 @@ class EnergyNetwork(AbstractExactPredictor):
         """
         x = as_state("x", x)
         t = time_like(t, x)
-        return self.schedule.sigma(t) * jax.hessian(self.energy)(x, t)
+        return self.schedule._sigma(t) * jax.hessian(self.energy)(x, t)
 
     def denoising_gradient(
         self,

@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._validate import check_value
@@ -63,7 +64,8 @@ class GaussianMixtureEps(AbstractExactPredictor):
                 f"component, got shape {scales.shape}."
             )
         if weights is None:
-            weights = jnp.full((m,), 1.0 / m, dtype=means.dtype)
+            # built on the host: `jnp.full` would compile a program for it
+            weights = jnp.asarray(np.full((m,), 1.0 / m, dtype=means.dtype))
         weights = jnp.asarray(weights)
         if not jnp.issubdtype(weights.dtype, jnp.floating):
             weights = weights.astype(means.dtype)
@@ -92,18 +94,21 @@ class GaussianMixtureEps(AbstractExactPredictor):
 
     def _terms(self, x, t):
         dtype = x.dtype
-        alpha = self.schedule.alpha(t)
-        sigma = self.schedule.sigma(t)
+        # `t` was checked by the public method (`time_like`): the schedule's
+        # unchecked formulas stage no second check per evaluation
+        schedule = self.schedule
+        alpha = schedule._alpha(t)
+        sigma2 = schedule._sigma2(t)
+        sigma = jnp.sqrt(sigma2)
         mu = self.means.astype(dtype)
         if x.shape != mu.shape[1:]:
             raise ValueError(
                 f"`x` must be one point of shape {mu.shape[1:]} (the means' "
                 f"dimension), got shape {x.shape}."
             )
-        # sigma^2 without the square root, whose derivative is infinite at
-        # t = 0: forward mode (which carries a zero tangent for t) would
-        # give 0 * inf = NaN there.
-        sigma2 = -jnp.expm1(-self.schedule.integrated_beta(t))
+        # `c` from sigma^2, not from the square of sigma, whose square root
+        # has an infinite derivative at t = 0: forward mode (which carries a
+        # zero tangent for t) would give 0 * inf = NaN there.
         c = alpha**2 * self.scales.astype(dtype) ** 2 + sigma2
         d = x - alpha * mu
         u = d / c[:, None]

@@ -86,7 +86,7 @@ class AbstractPredictor(eqx.Module):
         """
         x = as_state("x", x)
         t = time_like(t, x)
-        return -self.epsilon(x, t) / self.schedule.sigma(t)
+        return -self.epsilon(x, t) / self.schedule._sigma(t)
 
     def denoise(
         self, x: Float[ArrayLike, "*dims"], t: Float[ArrayLike, ""] | float
@@ -107,7 +107,7 @@ class AbstractPredictor(eqx.Module):
         x = as_state("x", x)
         t = time_like(t, x)
         sched = self.schedule
-        return (x - sched.sigma(t) * self.epsilon(x, t)) / sched.alpha(t)
+        return (x - sched._sigma(t) * self.epsilon(x, t)) / sched._alpha(t)
 
     def denoising_loss(
         self,

@@ -46,13 +46,38 @@ class AbstractNoiseSchedule(eqx.Module):
     (Song et al., "Score-based generative modeling through stochastic
     differential equations", ICLR 2021).
 
-    Subclasses define `beta`, `integrated_beta` and the field `t_min`; every
-    other quantity follows from those two.
+    Subclasses define the field `t_min` and the two formulas `_beta` and
+    `_integrated_beta`, $\beta(t)$ and $B(t)$ at a floating time already
+    checked to lie in `[0, 1]`; every public method checks its `t` once (see
+    `as_time`) and computes from those two. The library's own callers, whose
+    times were checked where they entered (a node's times when the nodes were
+    built, a predictor's `t` by `time_like`), use the unchecked `_alpha`,
+    `_sigma` and `_sigma2`, so that a traced program stages one time check per
+    public call rather than one per schedule evaluation.
     """
 
     t_min: eqx.AbstractVar[float]
 
     @abc.abstractmethod
+    def _beta(self, t: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
+        r"""$\beta(t)$ at a floating time `t` already checked to lie in `[0, 1]`."""
+
+    @abc.abstractmethod
+    def _integrated_beta(self, t: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
+        r"""$B(t)$ at a floating time `t` already checked to lie in `[0, 1]`."""
+
+    def _alpha(self, t: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
+        """`alpha` at a checked time."""
+        return jnp.exp(-0.5 * self._integrated_beta(t))
+
+    def _sigma2(self, t: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
+        r"""$\sigma_t^2 = -\mathrm{expm1}(-B(t))$ at a checked time."""
+        return -jnp.expm1(-self._integrated_beta(t))
+
+    def _sigma(self, t: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
+        """`sigma` at a checked time."""
+        return jnp.sqrt(self._sigma2(t))
+
     def beta(self, t: Float[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
         r"""The noise rate $\beta(t)$.
 
@@ -64,8 +89,8 @@ class AbstractNoiseSchedule(eqx.Module):
 
         $\beta(t)$, shaped and typed like `t`.
         """
+        return self._beta(as_time(t))
 
-    @abc.abstractmethod
     def integrated_beta(
         self, t: Float[ArrayLike, "*shape"] | float
     ) -> Float[Array, "*shape"]:
@@ -79,6 +104,7 @@ class AbstractNoiseSchedule(eqx.Module):
 
         $B(t)$, shaped and typed like `t`.
         """
+        return self._integrated_beta(as_time(t))
 
     def alpha(self, t: Float[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
         r"""The signal scale $\alpha_t = e^{-B(t)/2}$.
@@ -91,7 +117,7 @@ class AbstractNoiseSchedule(eqx.Module):
 
         $\alpha_t$, shaped and typed like `t`.
         """
-        return jnp.exp(-0.5 * self.integrated_beta(t))
+        return self._alpha(as_time(t))
 
     def sigma(self, t: Float[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
         r"""The noise scale $\sigma_t = \sqrt{-\mathrm{expm1}(-B(t))}$.
@@ -107,7 +133,7 @@ class AbstractNoiseSchedule(eqx.Module):
 
         $\sigma_t$, shaped and typed like `t`.
         """
-        return jnp.sqrt(-jnp.expm1(-self.integrated_beta(t)))
+        return self._sigma(as_time(t))
 
     def snr(self, t: Float[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
         r"""The signal-to-noise ratio $\alpha_t / \sigma_t$ (not squared).
@@ -120,7 +146,8 @@ class AbstractNoiseSchedule(eqx.Module):
 
         $\alpha_t / \sigma_t$, shaped like `t` (infinite at `t = 0`).
         """
-        return self.alpha(t) / self.sigma(t)
+        t = as_time(t)
+        return self._alpha(t) / self._sigma(t)
 
     def drift(
         self, x: Float[ArrayLike, "*dims"], t: Float[ArrayLike, ""] | float
@@ -137,7 +164,7 @@ class AbstractNoiseSchedule(eqx.Module):
         $f(x, t)$, shaped and typed like `x`.
         """
         x = jnp.asarray(x)
-        return (-0.5 * self.beta(t)).astype(x.dtype) * x
+        return (-0.5 * self._beta(as_time(t))).astype(x.dtype) * x
 
     def diffusion(
         self, t: Float[ArrayLike, "*shape"] | float
@@ -152,7 +179,7 @@ class AbstractNoiseSchedule(eqx.Module):
 
         $g(t)$, shaped and typed like `t`.
         """
-        return jnp.sqrt(self.beta(t))
+        return jnp.sqrt(self._beta(as_time(t)))
 
     def perturb(
         self,
@@ -179,7 +206,8 @@ class AbstractNoiseSchedule(eqx.Module):
                 f"`eps` must have the shape of `x0`: got {eps.shape} and {x0.shape}."
             )
         dtype = x0.dtype
-        return self.alpha(t).astype(dtype) * x0 + self.sigma(t).astype(
+        t = as_time(t)
+        return self._alpha(t).astype(dtype) * x0 + self._sigma(t).astype(
             dtype
         ) * eps.astype(dtype)
 
@@ -223,9 +251,10 @@ class AbstractNoiseSchedule(eqx.Module):
 
         $\alpha_t^2 v_0 + \sigma_t^2$.
         """
-        alpha = self.alpha(t)
+        t = as_time(t)
+        alpha = self._alpha(t)
         v0 = jnp.asarray(v0).astype(alpha.dtype)
-        return alpha**2 * v0 + self.sigma(t) ** 2
+        return alpha**2 * v0 + self._sigma(t) ** 2
 
 
 class VPSDE(AbstractNoiseSchedule):
@@ -268,12 +297,8 @@ class VPSDE(AbstractNoiseSchedule):
             t_min, lambda xp, v: ~((v >= 0) & (v < 1)), "`t_min` must lie in [0, 1)."
         )
 
-    def beta(self, t: Float[ArrayLike, "*shape"] | float) -> Float[Array, "*shape"]:
-        t = as_time(t)
+    def _beta(self, t: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
         return self.beta_min + t * (self.beta_max - self.beta_min)
 
-    def integrated_beta(
-        self, t: Float[ArrayLike, "*shape"] | float
-    ) -> Float[Array, "*shape"]:
-        t = as_time(t)
+    def _integrated_beta(self, t: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
         return t * (self.beta_min + 0.5 * t * (self.beta_max - self.beta_min))

@@ -122,7 +122,7 @@ def deblurred_precision(
 def node_levels(schedule, nodes, dtype) -> tuple[Array, Array]:
     """`(r2, c)`: the nodes' noise variances $r_k^2 = \\sigma_k^2/\\alpha_k^2$ and
     their weights $w_k r_k^2 / \\sum_j w_j r_j^2$ in the field's curvature."""
-    t = nodes.t
-    r2 = (schedule.sigma(t) ** 2 / schedule.alpha(t) ** 2).astype(dtype)
+    t = nodes.t  # checked when the nodes were built: no check staged here
+    r2 = (schedule._sigma(t) ** 2 / schedule._alpha(t) ** 2).astype(dtype)
     weight = nodes.w.astype(dtype) * r2
     return r2, weight / jnp.sum(weight)

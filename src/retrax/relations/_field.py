@@ -173,15 +173,14 @@ class ImplicitDiffusion(AbstractImplicitRelation):
         $\sigma_k$, and the node weights $w_k\lambda\sigma_k/\alpha_k$.
         """
         dtype = z.dtype
-        # Adding a zero stages `t` into any enclosing trace: the schedule's time
-        # check branches on `isinstance(t, Tracer)`, and a concrete `t` closed over
-        # by a jitted function would otherwise be checked with `bool()` on a tracer.
-        t = self.nodes.t.astype(dtype) + jnp.zeros((), dtype)
+        t = self.nodes.t.astype(dtype)
         e = self.nodes.eps.astype(dtype)
         w = self.nodes.w.astype(dtype)
+        # The nodes' times were checked when the nodes were built (`FieldNodes`):
+        # the schedule's unchecked formulas stage no check per field evaluation.
         schedule = self.pred.schedule
-        alpha = schedule.alpha(t).astype(dtype)
-        sigma = schedule.sigma(t).astype(dtype)
+        alpha = schedule._alpha(t).astype(dtype)
+        sigma = schedule._sigma(t).astype(dtype)
         x = alpha[:, None] * z[None, :] + sigma[:, None] * e
         coef = w * jnp.asarray(self.lam).astype(dtype) * sigma / alpha
         return t, e, x, alpha, sigma, coef

@@ -9,7 +9,7 @@ import optimistix as optx
 from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
 from .._deprecated import renamed_argument
-from .._errors import error_if, filter_jit
+from .._errors import error_if, errors_if, filter_jit
 from .._never_silent import nan_derivatives_unless, nan_unless, never_silent
 from .._solution import AbstractSolution, throw_if_failed
 from .._validate import check_positive_int, check_tol
@@ -141,25 +141,26 @@ def _screen_query(relation, z0, rho, z_init, throw, coupling=None):
 
 def _check_query(relation, z0, rho, z_init):
     z0, rho, z_init = _query_shapes(relation, z0, rho, z_init)
-    rho = error_if(
-        rho,
-        jnp.any(jnp.isnan(rho) | (rho < 0)),
-        "`rho` must be nonnegative stiffnesses (0 free, inf clamped); it holds "
-        "a NaN or a negative value.",
-    )
-    rho = error_if(
-        rho,
-        jnp.all(clamp_mask(rho)),
-        "every coordinate is clamped (`rho = inf` everywhere): nothing to infer. "
-        "Leave at least one coordinate free (`rho = 0`) or soft (finite `rho`).",
-    )
-    z0 = error_if(
-        z0, jnp.any(~jnp.isfinite(z0)), "`z0` must be finite (it holds inf or NaN)."
-    )
-    z_init = error_if(
-        z_init,
-        jnp.any(~jnp.isfinite(z_init) & ~clamp_mask(rho)),
-        "`z_init` must be finite on the coordinates that are not clamped.",
+    clamped = clamp_mask(rho)
+    # one staged check (one host callback) for the four, the first failing
+    # one's message raised
+    z0, rho, z_init = errors_if(
+        (z0, rho, z_init),
+        (
+            jnp.any(jnp.isnan(rho) | (rho < 0)),
+            jnp.all(clamped),
+            jnp.any(~jnp.isfinite(z0)),
+            jnp.any(~jnp.isfinite(z_init) & ~clamped),
+        ),
+        (
+            "`rho` must be nonnegative stiffnesses (0 free, inf clamped); it holds "
+            "a NaN or a negative value.",
+            "every coordinate is clamped (`rho = inf` everywhere): nothing to "
+            "infer. Leave at least one coordinate free (`rho = 0`) or soft "
+            "(finite `rho`).",
+            "`z0` must be finite (it holds inf or NaN).",
+            "`z_init` must be finite on the coordinates that are not clamped.",
+        ),
     )
     return z0, rho, z_init
 

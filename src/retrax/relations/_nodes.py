@@ -1,5 +1,6 @@
 """Field nodes: the fixed noise levels and noise draws an implicit field averages."""
 
+import functools
 from collections.abc import Sequence
 
 import equinox as eqx
@@ -125,6 +126,15 @@ def field_nodes(
     check_positive_int("samples", samples)
     dtype = jnp.result_type(float) if dtype is None else dtype
     levels = _levels_array(levels, dtype)
+    t, eps, w = _draw_nodes(key, levels, n, samples, bool(antithetic), dtype)
+    return FieldNodes(t, eps, w)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+def _draw_nodes(key, levels, n, samples, antithetic, dtype):
+    # One program: drawn eagerly op by op, the nodes compiled seven small ones
+    # beside the draw's own. (The default levels are made outside it: inside,
+    # XLA may fuse `linspace` into its users and round a level differently.)
     m = levels.shape[0]
     eps = jax.random.normal(key, (m, samples, n), dtype=dtype)
     if antithetic:
@@ -134,7 +144,7 @@ def field_nodes(
     eps = eps.reshape(m * per, n)
     k = eps.shape[0]
     w = jnp.full((k,), 1.0 / k, dtype=dtype)
-    return FieldNodes(t, eps, w)
+    return t, eps, w
 
 
 def noisefree_nodes(
@@ -186,8 +196,8 @@ def density_lambda(
 
     The scalar $\lambda$.
     """
-    t = nodes.t
-    ratio = schedule.sigma(t) ** 2 / schedule.alpha(t) ** 2
+    t = nodes.t  # checked when the nodes were built: no check staged here
+    ratio = schedule._sigma(t) ** 2 / schedule._alpha(t) ** 2
     return 1.0 / jnp.sum(nodes.w * ratio.astype(nodes.w.dtype))
 
 
@@ -201,7 +211,7 @@ def _time_of_noise(schedule, ratio, dtype):
     def body(_, bounds):
         lo, hi = bounds
         mid = 0.5 * (lo + hi)
-        above = schedule.sigma(mid) / schedule.alpha(mid) > ratio
+        above = schedule._sigma(mid) / schedule._alpha(mid) > ratio
         return jnp.where(above, lo, mid), jnp.where(above, mid, hi)
 
     lo, hi = jax.lax.fori_loop(0, 60, body, (lo, hi))
@@ -385,5 +395,5 @@ def belief_levels(
     )
     noise = jnp.geomspace(low, high, n_levels).astype(dtype) * thickness
     t_min = jnp.asarray(schedule.t_min, dtype)
-    floor = schedule.sigma(t_min) / schedule.alpha(t_min)
+    floor = schedule._sigma(t_min) / schedule._alpha(t_min)
     return jnp.where(noise <= floor, t_min, _time_of_noise(schedule, noise, dtype))

@@ -306,19 +306,22 @@ class GuardedNewton(optx.AbstractRootFinder):
             out, _ = fn(y + alpha * d, args)
             return 0.5 * jnp.sum(out**2)
 
+        # `k` counts the merit evaluations: the full step's first, then at most
+        # `max_backtracks` halvings. The full step is tried inside the loop, not
+        # before it, so that the program holds one copy of the field, not two.
         def cond(carry):
             k, alpha, m = carry
             bad = ~(m <= (1 - 2 * armijo * alpha) * merit0)
-            return newton & bad & (k < self.max_backtracks)
+            return newton & bad & (k <= self.max_backtracks)
 
         def body(carry):
             k, alpha, _ = carry
-            alpha = 0.5 * alpha
+            alpha = jnp.where(k == 0, alpha, 0.5 * alpha)
             return k + 1, alpha, merit(alpha)
 
         one = jnp.ones((), dtype)
-        m1 = lax.cond(newton, merit, lambda _: merit0, one)
-        _, alpha, _ = lax.while_loop(cond, body, (jnp.array(0), one, m1))
+        untried = jnp.asarray(jnp.inf, merit0.dtype)
+        _, alpha, _ = lax.while_loop(cond, body, (jnp.array(0), one, untried))
         new_y = y + alpha * d
         new_state = self._evaluate(fn, new_y, args, fixed, result)
         return new_y, new_state, None
