@@ -341,6 +341,7 @@ def test_continue_a_run_with_checkpoints(getkey, tmp_path):
     assert_identical(params(resumed), params(reference))
 
 
+@pytest.mark.full
 def test_float32_model_resumes(getkey, tmp_path):
     pred, data, key = small_problem(getkey, dtype=jnp.float32)
     kw = dict(KW, steps=6)

@@ -13,6 +13,7 @@ from helpers import assert_close, raises_eagerly_and_under_jit
 SCHED = rd.VPSDE()
 
 
+@pytest.mark.full
 def test_kde_predictor_is_mixture_of_points(getkey):
     data = jax.random.normal(getkey(), (50, 2))
     kde = rd.kde_predictor(SCHED, data, 0.2)
@@ -34,6 +35,7 @@ def heldout(train, test, h):
     return np.mean(lse - 0.5 * n * np.log(2 * np.pi * h**2) - np.log(len(train)))
 
 
+@pytest.mark.full
 def test_kde_bandwidth_maximises_heldout_likelihood():
     data = jax.random.normal(jax.random.key(0), (1000, 2))
     h = float(rd.kde_bandwidth(data))

@@ -230,6 +230,7 @@ def _mixture_posterior_upper_mass(sigma_y):
 
 @pytest.mark.loud
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.full
 def test_dps_stays_on_the_measurement_at_small_noise(dtype):
     # Before the step bound, sigma_y = 0.02 ended at 1e5..1e11 and 0.01 at NaN
     # (float32) or 1e78 (float64): the likelihood's weight var/sigma_y^2

@@ -22,6 +22,7 @@ def build(kind, n, key, dtype=None):
 
 
 @pytest.mark.parametrize("kind", ["mlp", "film", "transformer"])
+@pytest.mark.full
 def test_architectures_through_predictor(kind, getkey):
     n = 4
     pred = rd.NoisePredictor(build(kind, n, getkey()), SCHED)
@@ -90,6 +91,7 @@ class _MixtureEnergy(eqx.Module):
         return -rd.mixture_logdensity(self.mixture, x, t)
 
 
+@pytest.mark.full
 def test_energy_network_of_mixture_is_exact(getkey):
     mix = rd.GaussianMixtureEps(
         SCHED, jnp.array([[1.0, 0.0], [-1.0, 0.5]]), jnp.array([0.3, 0.4])
@@ -106,6 +108,7 @@ def test_energy_network_of_mixture_is_exact(getkey):
         assert_close(e, -rd.mixture_logdensity(mix, x, t))
 
 
+@pytest.mark.full
 def test_energy_network_jacobian_symmetric(getkey):
     net = rd.TimeMLP(4, out_size=1, hidden=16, key=getkey())
     energy = rd.EnergyNetwork(net, SCHED)
@@ -117,6 +120,7 @@ def test_energy_network_jacobian_symmetric(getkey):
     assert_close(energy.epsilon(x, t), SCHED.sigma(t) * jax.grad(energy.energy)(x, t))
 
 
+@pytest.mark.full
 def test_energy_denoising_gradient(getkey):
     net = rd.TimeMLP(2, out_size=1, hidden=8, depth=1, key=getkey())
     energy = rd.EnergyNetwork(net, SCHED)
@@ -149,6 +153,7 @@ def test_energy_denoising_gradient(getkey):
         energy.denoising_gradient(eps, x0, t[:3])
 
 
+@pytest.mark.full
 def test_energy_network_errors_and_float32(getkey):
     bad = rd.EnergyNetwork(rd.TimeMLP(2, hidden=8, key=getkey()), SCHED)
     with pytest.raises(ValueError, match="scalar"):

@@ -40,6 +40,7 @@ def stationarity(mix, u, v, t, lam):
     return u - v - lam * jax.grad(rd.mixture_logdensity, argnums=1)(mix, u, t)
 
 
+@pytest.mark.full
 def test_mixture_prox_is_the_minimiser(getkey):
     mix = mixture()
 
@@ -59,6 +60,7 @@ def test_mixture_prox_is_the_minimiser(getkey):
         assert curvature > 0
 
 
+@pytest.mark.full
 def test_mixture_prox_nonconvex_start(getkey):
     # Two well separated modes and a large lam: -log p_t is not convex between
     # them, Newton falls back to gradient steps, and still reaches a minimiser.
@@ -69,6 +71,7 @@ def test_mixture_prox_nonconvex_start(getkey):
     assert abs(float(u[0])) > 0.8  # it left the saddle for a mode
 
 
+@pytest.mark.full
 def test_gaussian_prox_closed_form_and_derivatives(getkey):
     one = rd.MixtureProx(rd.GaussianMixtureEps(SCHED, MU1[None], S1))
     v, t, lam = jnp.array([0.3, 0.7]), jnp.asarray(0.2), jnp.asarray(0.4)
@@ -166,6 +169,7 @@ def test_proxdm_sample_gaussian(getkey, hybrid):
     assert np.all(np.abs(mean - np.asarray(MU1)) < 0.05) and abs(var / S1**2 - 1) < 0.2
 
 
+@pytest.mark.full
 def test_proxdm_sample_from_a_given_point(getkey):
     """From X_N = x_init at t_start = 0.3 (an SDEdit-style start): the
     closed-form moments, and the chain's exact linear response to x_init."""
@@ -227,6 +231,7 @@ Z0 = jnp.array([0.8, 0.0, 0.3])
 RHO = jnp.array([jnp.inf, 0.0, 2.0])
 
 
+@pytest.mark.full
 def test_prox_infer_converges(getkey):
     mix = mixture()
     t, lam = 0.01, 0.01
@@ -244,6 +249,7 @@ def test_prox_infer_converges(getkey):
         assert_close(cond, jnp.zeros(3), atol=1e-6)
 
 
+@pytest.mark.full
 def test_prox_infer_gradient_matches_fd():
     mix = mixture()
     t, lam, h = 0.01, 0.05, 1e-5
@@ -272,6 +278,7 @@ def test_prox_infer_gradient_matches_fd():
     assert_close(gmeans[0, 1], fd_m, rtol=1e-6)
 
 
+@pytest.mark.full
 def test_prox_infer_vmap_patterns_and_float32(getkey):
     mix = mixture()
     prox = rd.MixtureProx(mix)
@@ -291,6 +298,7 @@ def test_prox_infer_vmap_patterns_and_float32(getkey):
     assert_close(sol32.value, sols.value[0], rtol=1e-4)
 
 
+@pytest.mark.full
 def test_prox_value_checks_hold_under_jit():
     # each check raises with the same message eagerly and with traced arguments
     net = rd.ProxNetwork(ExactGaussianEps(), SCHED)
@@ -320,6 +328,7 @@ def test_prox_value_checks_hold_under_jit():
         rd.proxdm_sample(prox, jax.random.key(0), 2, steps=4, t_start=0.0)
 
 
+@pytest.mark.full
 def test_prox_infer_bad_input():
     prox = rd.MixtureProx(mixture())
     t = jnp.asarray(0.01)
@@ -361,6 +370,7 @@ def test_prox_infer_bad_input():
 V = jnp.array([2.0, 1.0, 0.0])
 
 
+@pytest.mark.full
 def test_mixture_prox_failure_has_a_result_and_nan_derivatives():
     # One Newton step does not reach the proximal point: the result says so and
     # the implicit derivative (taken at a point that is not a prox) is NaN.

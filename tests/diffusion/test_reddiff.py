@@ -60,6 +60,7 @@ def test_weight(getkey):
         rd.reddiff_weight(SCHED, 0.5, -0.1)
 
 
+@pytest.mark.full
 def test_calibrate_lambda_against_quad():
     # an independent numpy evaluation of the VP schedule
     b0, b1 = SCHED.beta_min, SCHED.beta_max
@@ -120,6 +121,7 @@ def test_regulariser_gradient_has_no_network_jacobian(getkey):
     assert rd.regulariser_gradient(prior, cfg, x, key).shape == (3,)
 
 
+@pytest.mark.full
 def test_map_with_iterate_averaging(getkey):
     lam = float(rd.calibrate_lambda(SCHED, V0))
     prior, data_grad, ref = gaussian_prior(), LinearGaussianGrad(A, Y), exact_map()
@@ -206,6 +208,7 @@ def test_reddiff_checks_hold_under_jit(getkey):
     assert_close(jax.jit(solve)(*good), solve(*good), rtol=1e-12)
 
 
+@pytest.mark.full
 def test_bad_input(getkey):
     for kwargs, match in [
         (dict(lam=-0.1), "nonnegative"),
@@ -246,6 +249,7 @@ def test_bad_input(getkey):
         rd.regulariser_gradient(prior, rd.REDDiff(t_max=1e-4), x, key)
 
 
+@pytest.mark.full
 def test_reddiff_solve_derivatives_are_never_silent(getkey):
     # A fixed-step run with the regulariser under stop_gradient: its derivatives
     # would be silent wrong numbers (0 for the prior's parameters), so they are NaN.
@@ -278,6 +282,7 @@ class UndefinedBelow(eqx.Module):
         return LinearGaussianGrad(self.a, self.y)(x) + 0 * jnp.sqrt(x[0] + 10)
 
 
+@pytest.mark.full
 def test_reddiff_nonfinite_run_has_a_result(getkey):
     prior, key = gaussian_prior(), getkey()
     grad = UndefinedBelow(A, Y)
@@ -316,6 +321,7 @@ def test_reddiff_nonfinite_run_has_a_result(getkey):
     assert eager.result == rd.RESULTS.nonfinite_iterate
 
 
+@pytest.mark.full
 def test_reddiff_nonfinite_example_in_a_batch_is_its_own(getkey):
     prior, key = gaussian_prior(), getkey()
     grad, cfg = UndefinedBelow(A, Y), rd.REDDiff(steps=20)

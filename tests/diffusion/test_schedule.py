@@ -88,6 +88,7 @@ def test_sample_time(getkey):
     assert s.sample_time(getkey(), (), jnp.float32).dtype == jnp.float32
 
 
+@pytest.mark.full
 def test_float32_and_transforms():
     s = VPSDE()
     t32 = jnp.float32(0.05)

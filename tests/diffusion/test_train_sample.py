@@ -63,6 +63,7 @@ def expected_loss(pred, key, t, num=20_000):
     return jnp.mean(jax.vmap(pred.denoising_loss, (0, 0, None))(eps, x0, t))
 
 
+@pytest.mark.full
 def test_fit_learns_gaussian_epsilon(gaussian_fit, getkey):
     pred, trained, losses = gaussian_fit
     assert losses.shape == (1500,) and losses.dtype == jnp.float64
@@ -297,6 +298,7 @@ def test_ode_sampler_against_rk4():
     assert_close(got, ref, rtol=1e-6)
 
 
+@pytest.mark.full
 def test_log_likelihood_matches_mixture():
     keys = jax.random.split(jax.random.key(1), 12)
     xs = jax.vmap(lambda k: rd.sample_ancestral(MIX, k, 2).value)(keys)
@@ -322,6 +324,7 @@ def test_log_likelihood_gaussian_closed_form():
     assert_close(got, ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.full
 def test_sample_conditional_mixture():
     # two components share x = 1; given x = 1, y is +-1 with odds 0.45 : 0.3
     means = jnp.array([[1.0, 1.0], [1.0, -1.0], [-1.5, 0.0]])
@@ -342,6 +345,7 @@ def test_sample_conditional_mixture():
     assert abs(np.abs(y).mean() - 1.0) < 0.03
 
 
+@pytest.mark.full
 def test_samplers_float32_jit_and_errors(getkey):
     mix32 = rd.GaussianMixtureEps(SCHED, MEANS.astype(jnp.float32), 0.3)
     key = getkey()
@@ -398,6 +402,7 @@ class _PoisonedRight(rd.AbstractPredictor):
 @pytest.mark.parametrize(
     "name", ["ancestral", "euler_maruyama", "ddim", "ode", "conditional"]
 )
+@pytest.mark.full
 def test_samplers_return_a_sample_with_a_result_per_draw(name):
     # Before: the samplers returned bare arrays, and a chain whose state went
     # non-finite returned NaN without a word. Now each returns a `Sample`
@@ -452,6 +457,7 @@ def test_samplers_return_a_sample_with_a_result_per_draw(name):
     )
 
 
+@pytest.mark.full
 def test_log_likelihood_returns_its_result():
     x = jnp.array([0.3, -0.4])
     sol = rd.log_likelihood(MIX, x, rtol=1e-4, atol=1e-4)
@@ -475,6 +481,7 @@ def test_trace_time_hyperparameters_name_themselves_under_jit():
         jax.jit(lambda v: static_float("eta", v))(0.5)
 
 
+@pytest.mark.full
 def test_samplers_with_trained_network(gaussian_fit):
     # the trained net runs through every sampler under jit and vmap
     _, trained, _ = gaussian_fit
@@ -548,6 +555,7 @@ def _poisoned(step, part):
 @pytest.mark.parametrize(
     "part, why", [("parameters", "parameters"), ("state", "optimiser state")]
 )
+@pytest.mark.full
 def test_fit_names_the_step_whose_update_failed(getkey, part, why):
     """A chunk checks its losses at every step and its parameters and
     optimiser state after it; the step named is still the one whose update

@@ -136,6 +136,7 @@ def _fit_with_and_without_mesh(getkey, rtol):
     return pred, data, key, kw
 
 
+@pytest.mark.full
 def test_fit_on_a_one_process_mesh_equals_fit(getkey):
     pred, data, key, kw = _fit_with_and_without_mesh(getkey, rtol=1e-12)
     with pytest.raises(TypeError, match="`mesh` must be a jax.sharding.Mesh"):

@@ -199,6 +199,7 @@ def test_ballistics_inside_shard_map_on_one_device():
     assert bool(jnp.all(jnp.isfinite(grad)))
 
 
+@pytest.mark.full
 def test_checked_ops_inside_shard_map_on_one_device():
     # The input checks (`eqx.error_if`) joined a value that varies over the
     # mesh with an invariant callback result, which `shard_map` rejects:

@@ -47,6 +47,7 @@ def test_conversions():
     check_grads(lambda m: coef2ms(ms2coef(m, 16_000), 16_000), (ms,))
 
 
+@pytest.mark.full
 def test_avg_matches_loop_and_streams():
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.uniform(0, 1, 64))
@@ -109,6 +110,7 @@ def test_limiter_gain_matches_reference():
     assert_close(limiter_gain(x, *params), np_limiter_gain(x, *params))
 
 
+@pytest.mark.full
 def test_streaming_gain_computers():
     rng = np.random.default_rng(3)
     x = _level_signal(rng, 100)
@@ -124,6 +126,7 @@ def test_streaming_gain_computers():
     assert_close(jnp.concatenate([l1, l2]), full)
 
 
+@pytest.mark.full
 def test_gradients_of_every_parameter():
     rng = np.random.default_rng(4)
     x = _level_signal(rng, 12)

@@ -602,6 +602,7 @@ def test_bad_signals_and_states_raise():
 # --- chains ------------------------------------------------------------------
 
 
+@pytest.mark.full
 def test_chain_mono_and_stereo():
     sr = 1000
     mono = [
@@ -651,6 +652,7 @@ def _training_chain(sr=1000):
     )
 
 
+@pytest.mark.full
 def test_chain_trains_like_an_effect():
     # A chain has the unconstrained pair each effect has, over its effects in
     # order, with the same guarantees: round trips, and any finite vector
@@ -756,6 +758,7 @@ def test_parametric_eq_takes_any_frequencies_in_any_order():
     )
 
 
+@pytest.mark.full
 def test_parametric_eq_ordered_mode_keeps_the_bands_in_frequency_order():
     eq = ParametricEQ([20.0, 200.0, 2_000.0], sample_rate=8_000, ordered=True)
     # any normalised vector keeps the sections in increasing frequency order
@@ -1266,6 +1269,7 @@ def test_time_first_audio_is_refused(index, dtype):
 
 @pytest.mark.loud
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.full
 def test_half_precision_is_refused_where_it_is_not_computed(dtype):
     x = jnp.ones((2, 600), dtype)
     effects = [

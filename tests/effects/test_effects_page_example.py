@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 
 PAGE = pathlib.Path(__file__).parents[2] / "docs" / "api" / "effects.md"
@@ -19,6 +20,7 @@ def _member(batch, i):
     return eqx.combine(jax.tree.map(lambda a: a[i], arrays), static)
 
 
+@pytest.mark.full
 def test_the_batch_example_runs_each_chain_on_its_own_signal():
     blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S)
     (example,) = [b for b in blocks if "filter_vmap" in b]

@@ -84,6 +84,7 @@ def test_band_filters_are_scipys_firwin_and_dasps_bank():
     assert [fft_size(n) for n in (1, 7, 88_199, 109_635)] == [1, 8, 90_000, 110_592]
 
 
+@pytest.mark.full
 def test_matches_the_numpy_construction():
     x = RNG.standard_normal(T)
     want = np_reverb(x, WHITE, GAINS, T60S, MIX, SR, TAPS)
@@ -142,6 +143,7 @@ def test_second_order_derivatives():
     _check_derivatives(order=2)
 
 
+@pytest.mark.full
 def test_derivatives():
     reverb, x = _check_derivatives(order=1)
     # no gradient reaches the fixed noise
@@ -150,6 +152,7 @@ def test_derivatives():
     assert np.all(np.abs(grad.band_gains) > 0)
 
 
+@pytest.mark.full
 def test_normalised_parameters_and_ensembles():
     reverb = _reverb()
     p = reverb.to_normalised()

@@ -233,6 +233,7 @@ def test_compressor_any_unconstrained_vector_is_valid():
 
 
 @pytest.mark.parametrize("lr", [1.0, 100.0])
+@pytest.mark.full
 def test_compressor_adam_step_on_unconstrained_vector_stays_valid(lr):
     # the case: one Adam step of lr 1 on the physical fields took the
     # ratio to 0.2 and the next call raised; on the unconstrained vector every

@@ -82,6 +82,7 @@ def test_svf_streaming_and_state():
     assert_close(zf, zf_ref)
 
 
+@pytest.mark.full
 def test_svf_gradients():
     rng = np.random.default_rng(2)
     x = jnp.asarray(rng.standard_normal(12))
@@ -202,6 +203,7 @@ def _fit(model, x, target, steps, lr):
     return model.with_unconstrained(theta), losses
 
 
+@pytest.mark.full
 def test_modules_train_with_optax(getkey):
     x = jax.random.normal(getkey(), (512,))
     target = SVF(1_500.0, 2.0, 16_000.0, "lowpass")(x)

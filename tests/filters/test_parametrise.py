@@ -54,6 +54,7 @@ def test_biquad_denominator():
     assert biquad_denominator(jnp.ones(5) * 0.5, 0.1).shape == (5, 2)
 
 
+@pytest.mark.full
 def test_gradients():
     k = jnp.asarray([0.3, -0.5, 0.2])
     check_grads(rc2lpc, (k,))

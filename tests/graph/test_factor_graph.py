@@ -179,6 +179,7 @@ def test_nonlinear_residuals_joint_and_propagation_agree():
 
 
 @pytest.mark.parametrize("linear_solver", ["dense", "banded"])
+@pytest.mark.full
 def test_float32_jacobians_reach_the_same_root(linear_solver):
     # Newton's matrix in float32, the gradient and the test in float64: the
     # same root to the tolerance, and the same implicit derivatives (those
@@ -228,6 +229,7 @@ def central(f, x, eps=1e-6):
     return (f(x + eps) - f(x - eps)) / (2 * eps)
 
 
+@pytest.mark.full
 def test_gradients_by_the_implicit_function_theorem(meas):
     smooth, scale = jnp.asarray(4.0), jnp.asarray(1.5)
     g_meas, g_smooth, g_scale = jax.grad(loss_of, argnums=(0, 1, 2))(
@@ -250,6 +252,7 @@ def test_gradients_by_the_implicit_function_theorem(meas):
     np.testing.assert_allclose(tangent, g_meas[3, 1], rtol=1e-10)
 
 
+@pytest.mark.full
 def test_relation_parameter_gradient():
     r1, r2, _ = example.graph()
 
@@ -287,6 +290,7 @@ def test_vmap_over_measurements_equals_a_loop(meas):
         np.testing.assert_allclose(got[b], exact(chain(batch[b]))[0], atol=1e-10)
 
 
+@pytest.mark.full
 def test_free_energy_of_a_gaussian_graph(meas):
     graph = chain(meas)
     sol = rr.solve_graph(graph)
@@ -420,6 +424,7 @@ def test_precision_forms():
     np.testing.assert_array_equal(per_row_diag[0], jnp.diag(jnp.array([1.0, 2.0])))
 
 
+@pytest.mark.full
 def test_deblurred_relation_beliefs_in_a_graph():
     # A relation N(0, s^2 I) over (a, b) built with `deblur=True`, b measured:
     # the graph's Laplace covariances and propagation's are those of the

@@ -66,6 +66,7 @@ def dense_blocks(graph, x):
 
 
 @pytest.mark.parametrize("linear_solver", ["banded", "dense"])
+@pytest.mark.full
 def test_marginals_equal_the_dense_inverse(linear_solver):
     graph = mixed_graph()
     assert graph.size == 300
@@ -82,6 +83,7 @@ def test_marginals_equal_the_dense_inverse(linear_solver):
 
 
 @pytest.mark.parametrize("linear_solver", ["banded", "dense"])
+@pytest.mark.full
 def test_float32_marginals(linear_solver):
     graph = mixed_graph(poses=30, landmarks=10, dtype=np.float32)
     sol = rr.solve_graph(graph, linear_solver=linear_solver, dtype=jnp.float32)
@@ -95,6 +97,7 @@ def test_float32_marginals(linear_solver):
 
 @pytest.mark.parametrize("linear_solver", ["banded", "dense"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.full
 def test_free_energy_log_determinant(linear_solver, dtype):
     graph = mixed_graph(poses=30, landmarks=10, dtype=dtype)
     sol = rr.solve_graph(graph, linear_solver=linear_solver, dtype=dtype)
@@ -110,6 +113,7 @@ def test_free_energy_log_determinant(linear_solver, dtype):
     np.testing.assert_allclose(got, want, rtol=1e-12 if dtype == np.float64 else 1e-5)
 
 
+@pytest.mark.full
 def test_jit_equals_eager():
     graph = mixed_graph(poses=20, landmarks=6)
     sol = rr.solve_graph(graph)
@@ -119,6 +123,7 @@ def test_jit_equals_eager():
         assert_close(jitted[name], eager[name], rtol=1e-13)
 
 
+@pytest.mark.full
 def test_vmap_over_graphs_equals_a_loop():
     scales = jnp.asarray([0.5, 1.0, 2.0])
 
@@ -151,6 +156,7 @@ def chain_graph(scale, n=16):
 
 
 @pytest.mark.parametrize("linear_solver", ["banded", "dense"])
+@pytest.mark.full
 def test_derivative_of_a_marginal(linear_solver):
     def variance(scale):
         graph = chain_graph(scale)
@@ -170,6 +176,7 @@ def hlo_ops(graph):
     return sum(1 for line in text.splitlines() if " = " in line)
 
 
+@pytest.mark.full
 def test_program_does_not_grow_with_the_graph():
     small, large = mixed_graph(40, 15), mixed_graph(400, 150)
     assert small.banded.count < large.banded.count
@@ -194,6 +201,7 @@ def test_assembly_program_does_not_grow_with_the_graph():
     assert ops(mixed_graph(40, 15)) == ops(mixed_graph(400, 150))
 
 
+@pytest.mark.full
 def test_banded_order_of_a_shuffled_chain():
     # A chain whose variables are numbered at random, with a short loop every
     # tenth variable: Cuthill-McKee finds the chain's order (bandwidth 2).
@@ -220,6 +228,7 @@ def test_banded_order_of_a_shuffled_chain():
     assert_close(got["x"], ref["x"], rtol=1e-9)
 
 
+@pytest.mark.full
 def test_not_positive_definite_is_nan_and_reported():
     bands = np.zeros((5, 3, 2, 2))
     bands[:, 1] = np.eye(2)
@@ -275,6 +284,7 @@ def _bench_graph_laplace():
 
 
 @pytest.mark.parametrize("linear_solver", ["banded", "dense"])
+@pytest.mark.full
 def test_gauss_newton_curvature_inverts_the_residuals_linearisation(linear_solver):
     # On a nonlinear Pose2 graph (ResidualFactor rows) the two curvatures
     # differ by the residuals' curvature; "gauss_newton" inverts J_r^T J_r

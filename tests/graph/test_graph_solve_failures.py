@@ -27,6 +27,7 @@ def _untouched_answer(p):
     return rr.solve_graph(graph, throw=False).x[0]
 
 
+@pytest.mark.full
 def test_a_zero_precision_gives_nan_derivatives():
     grad = jax.grad(_prior_answer)(0.0)
     assert np.isnan(grad)
@@ -42,6 +43,7 @@ def test_a_variable_no_factor_touches_gives_nan_derivatives():
     assert float(jax.grad(_prior_answer)(2.0)) == 0.0
 
 
+@pytest.mark.full
 def test_only_the_failed_member_of_a_batch_is_nan():
     grads = jax.vmap(jax.grad(_prior_answer))(jnp.array([0.0, 2.0, 0.0]))
     assert np.isnan(grads[0]) and np.isnan(grads[2])
@@ -96,6 +98,7 @@ def test_between_a_variable_and_itself_is_refused():
     GF.between(("x", [0, 1]), ("x", [1, 2]), 1.0, dim=2)
 
 
+@pytest.mark.full
 def test_a_failed_solve_names_the_graph_and_the_variable():
     graph = FG({"a": 1, "b": 1}, [GF.prior("a", [1.0], 2.0)])
     with pytest.raises(eqx.EquinoxRuntimeError, match="solve_graph.*touches 'b'"):

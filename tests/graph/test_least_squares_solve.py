@@ -74,6 +74,7 @@ def _angle_wrapped(a):
 
 
 @pytest.mark.parametrize("method", ["levenberg_marquardt", "gauss_newton", "newton"])
+@pytest.mark.full
 def test_pose2_graph_matches_scipy_least_squares(small_pose2, method):
     _, graph, init = small_pose2
     x0 = graph.flatten(init)
@@ -86,6 +87,7 @@ def test_pose2_graph_matches_scipy_least_squares(small_pose2, method):
     np.testing.assert_allclose(sol.gradient, 0, atol=1e-6)
 
 
+@pytest.mark.full
 def test_pose2_graph_steps_and_stats(small_pose2):
     _, graph, init = small_pose2
     sol = rr.solve_graph(graph, init)  # "auto": Levenberg-Marquardt
@@ -134,6 +136,7 @@ def _linear_chain(meas, smooth):
 
 @pytest.mark.parametrize("method", ["levenberg_marquardt", "gauss_newton"])
 @pytest.mark.parametrize("linear_solver", ["dense", "banded"])
+@pytest.mark.full
 def test_linear_gaussian_graph_in_one_step(method, linear_solver):
     meas = jnp.asarray(np.random.default_rng(1).normal(size=(10, 2)))
     graph = _linear_chain(meas, 3.0)
@@ -147,6 +150,7 @@ def test_linear_gaussian_graph_in_one_step(method, linear_solver):
     assert int(sol.stats["num_accepted"]) == 2
 
 
+@pytest.mark.full
 def test_implicit_derivatives_of_a_least_squares_solve(small_pose2):
     problem, _, init = small_pose2
 
@@ -190,6 +194,7 @@ def test_vmap_of_levenberg_marquardt_equals_a_loop():
     )
 
 
+@pytest.mark.full
 def test_float32_pose2_graph(small_pose2):
     problem, graph64, init = small_pose2
     graph = pose2_graph.pose2_graph(problem, dtype=jnp.float32)
@@ -214,6 +219,7 @@ def test_method_is_checked(small_pose2):
 
 
 @pytest.mark.loud
+@pytest.mark.full
 def test_least_squares_methods_need_residual_factors():
     r1, _, _ = factor_graph.graph()
     relation = rr.RelationFactor(r1, {"a": "a"}, {"b": jnp.zeros(1)})

@@ -76,6 +76,7 @@ def test_time_domain_ratio_gradients_of_loud_signals_in_float32(cls):
             assert_close(g * 1e20, w, rtol=1e-4)
 
 
+@pytest.mark.full
 def test_time_domain_rescue_leaves_other_signals_of_a_batch_unchanged():
     # one loud signal in a batch: the others' values are the same as alone
     pred, target = _signals((3, 256), seed=2)

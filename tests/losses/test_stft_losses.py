@@ -499,6 +499,7 @@ def test_float32_decay_time_and_loss():
     assert np.all(np.isfinite(grad))
 
 
+@pytest.mark.full
 def test_eager_call_is_the_jitted_call():
     # `__call__` compiles the loss as a whole; an eager call, a jitted one and
     # a gradient through either give the same numbers, and a weight given as

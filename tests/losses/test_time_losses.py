@@ -83,6 +83,7 @@ def test_equals_auraloss_float32(expected, name, case):
     np.testing.assert_allclose(np.ravel(out), want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.full
 def test_reduction_none_is_per_signal_and_vmap_agrees():
     pred, target = (jnp.asarray(v) for v in CASES["batch"])
     for cls in (rl.ESRLoss, rl.DCLoss, rl.LogCoshLoss, rl.SNRLoss, rl.SISDRLoss):

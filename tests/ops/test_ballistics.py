@@ -95,6 +95,7 @@ def away_from_switches(rng, length):
             return x
 
 
+@pytest.mark.full
 def test_grads_away_from_switches():
     rng = np.random.default_rng(2)
     length = 12

@@ -383,6 +383,7 @@ def test_float32():
 # derivative programs, whatever the function holds).
 
 
+@pytest.mark.full
 def test_comb_and_allpass_derivatives():
     rng = np.random.default_rng(8)
     x = jnp.asarray(rng.standard_normal(12))
@@ -399,6 +400,7 @@ def test_comb_and_allpass_derivatives():
     check_grads(f, (x, g, jnp.asarray(0.6), zi))
 
 
+@pytest.mark.full
 def test_fdn_derivatives():
     rng = np.random.default_rng(13)
     x = jnp.asarray(rng.standard_normal(12))
@@ -411,6 +413,7 @@ def test_fdn_derivatives():
     check_grads(f, (x, A, b, c, jnp.asarray(0.4), zi))
 
 
+@pytest.mark.full
 def test_delay_derivatives():
     rng = np.random.default_rng(10)
     x = jnp.asarray(rng.standard_normal(12))
@@ -720,6 +723,7 @@ def test_fdn_line_gains():
                  rtol=1e-12)  # fmt: skip
 
 
+@pytest.mark.full
 def test_fdn_frequency_response_derivatives():
     rng = np.random.default_rng(35)
     A, b, c = (jnp.asarray(v) for v in _fdn_case(rng, 3, gain=0.5))

@@ -83,6 +83,7 @@ def test_fir_streaming():
     seed=st.integers(0, 2**31),
     with_zi=st.booleans(),
 )
+@pytest.mark.full
 def test_lfilter_matches_scipy(order, n_zeros, seed, with_zi):
     rng = np.random.default_rng(seed)
     a = stable_poly(rng, order) if order else np.zeros(0)
@@ -167,6 +168,7 @@ def test_lfilter_streaming():
     assert_close(z, ref_zf)
 
 
+@pytest.mark.full
 def test_lfilter_zi_and_lfiltic_match_scipy():
     rng = np.random.default_rng(4)
     for order, n_zeros in [(2, 2), (4, 1), (1, 4), (3, 0)]:
@@ -225,6 +227,7 @@ def test_float32_jit_vmap():
     assert_close(y, ss.lfilter(b, [1.0], x), rtol=1e-5)
 
 
+@pytest.mark.full
 def test_fir_grads():
     rng = np.random.default_rng(7)
     x = jnp.asarray(rng.normal(size=10))
@@ -238,6 +241,7 @@ def test_fir_grads():
 
 
 @pytest.mark.parametrize("time_varying", [False, True])
+@pytest.mark.full
 def test_lfilter_tv_grads(time_varying):
     rng = np.random.default_rng(8)
     length = 10
@@ -274,6 +278,7 @@ def test_lfilter_tv_hessian_matches_naive_autodiff():
         )
 
 
+@pytest.mark.full
 def test_lfilter_hessian_matches_naive_autodiff():
     """scipy's layout, with a[0]: the same filter as the unrolled loop."""
     rng = np.random.default_rng(11)

@@ -126,6 +126,7 @@ def test_complex_and_float32():
         pytest.param("dense", False, marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.full
 def test_associative_check_grads(structure, constant):
     rng = np.random.default_rng(5)
     length = 8

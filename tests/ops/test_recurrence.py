@@ -230,6 +230,7 @@ def test_linear_recurrence_takes_the_signal_first():
     assert_close(lowered.compile()(x, decay=decay), linear_recurrence(x, decay=decay))
 
 
+@pytest.mark.full
 def test_linear_recurrence_check_grads():
     rng = np.random.default_rng(5)
     decay = jnp.asarray(rng.uniform(0.2, 0.9, 8))
@@ -262,6 +263,7 @@ def test_gradients_equal_naive_scan_autodiff(dtype):
     assert_close(jvp_ours, jvp_ref)
 
 
+@pytest.mark.full
 def test_hessian_and_float32_grad():
     rng = np.random.default_rng(7)
     x = jnp.asarray(rng.standard_normal(12))
@@ -462,6 +464,7 @@ def test_wide_batch_kernel_equals_the_scan(dtype, order):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.full
 def test_one_signal_kernel_equals_the_scan_for_every_order(dtype):
     # One signal runs the kernel's single-signal loop, its lags in registers
     # for orders 1 to 8 (each order its own compiled loop) and in memory past
@@ -564,6 +567,7 @@ def test_kernels_fill_outputs_past_the_huge_page_size():
 
 @pytest.mark.parametrize("dtype", REAL)
 @pytest.mark.parametrize("adjoint", [False, True])
+@pytest.mark.full
 def test_lag_products_equal_their_expressions(dtype, adjoint):
     # The coefficients' cotangent (`lag_outer`, a compiled loop on the CPU)
     # and the drive it transposes, against their XLA expressions: orders 1 to
@@ -974,6 +978,7 @@ _STATE_CASES = [
 
 @pytest.mark.parametrize("dtype", REAL + COMPLEX)
 @pytest.mark.parametrize("structure", ["diagonal", "dense"])
+@pytest.mark.full
 def test_state_kernel_matches_naive_scan(structure, dtype):
     # The primitive (the compiled kernel on the CPU) against a scan of the
     # definition, forward and adjoint, constant and per-sample coefficients,
@@ -1008,6 +1013,7 @@ def test_state_kernel_matches_naive_scan(structure, dtype):
 
 @pytest.mark.parametrize("dtype", REAL + COMPLEX)
 @pytest.mark.parametrize("structure", ["diagonal", "dense"])
+@pytest.mark.full
 def test_state_primitive_check_grads(structure, dtype):
     # Second order, both modes, on the kernel path, forward and adjoint,
     # constant and per-sample coefficients; single precision needs a larger
@@ -1139,6 +1145,7 @@ print("RESULT " + json.dumps(errors))
 """
 
 
+@pytest.mark.full
 def test_state_primitive_inside_shard_map_equals_one_device():
     # On 4 simulated devices (a subprocess: the device count is fixed when
     # JAX starts), forward and gradient inside `shard_map` equal one

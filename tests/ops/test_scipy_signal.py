@@ -182,6 +182,7 @@ def test_second_order_sections_match_scipy(case, seed):
     assert_close(sosfiltfilt(sos, x, axis=axis, padlen=7), ref, rtol=tol)
 
 
+@pytest.mark.full
 def test_scipy_names_fast_parity():
     """Every scipy name on one case each, eagerly, with scipy's argument forms."""
     rng = np.random.default_rng(0)
@@ -268,6 +269,7 @@ def _tf():
     return rng, b, a
 
 
+@pytest.mark.full
 def test_lfilter_grads_include_a0():
     rng, b, a = _tf()
     x = jnp.asarray(rng.normal(size=(2, 8)))
@@ -280,6 +282,7 @@ def test_lfilter_grads_include_a0():
     check_grads(f, (b, a, x, zi), eps=1e-5)
 
 
+@pytest.mark.full
 def test_sosfilt_grads():
     rng = np.random.default_rng(3)
     sos = ss.butter(4, 0.3, output="sos")
@@ -346,6 +349,7 @@ def test_gradients_run_the_adjoint_filter():
     assert {eqn.params["length"] for eqn in scans_in(jaxpr)} == {3}
 
 
+@pytest.mark.full
 def test_bad_input_names_the_argument():
     x = jnp.zeros((2, 20))
     b, a0_zero = jnp.array([1.0, 0.5]), jnp.array([0.0, 1.0, 0.2])

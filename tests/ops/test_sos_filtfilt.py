@@ -107,6 +107,7 @@ def test_sosfilt_float32_jit_vmap():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.full
 def test_sosfilt_one_pass_matches_scipy_batched(dtype):
     # The cascade runs as one pass over the signal (on the CPU a compiled
     # loop: a fixed number of sections up to 8, any number past them, and a
@@ -144,6 +145,7 @@ def test_sosfilt_vmap_over_sections():
         assert_close(zf[k], ref_zf)
 
 
+@pytest.mark.full
 def test_sosfilt_grads():
     rng = np.random.default_rng(3)
     sos = jnp.asarray(ss.butter(4, 0.3, output="sos"))
@@ -160,6 +162,7 @@ def test_sosfilt_grads():
     check_grads(jax.jit(f), (free, x, zi), eps=1e-5)
 
 
+@pytest.mark.full
 def test_sosfiltfilt_gives_a0_no_derivative():
     # a0 = 1 is scipy's constraint on the sections, not a parameter: neither
     # sosfilt nor sosfiltfilt reads it, so its column of the gradient is 0
@@ -225,6 +228,7 @@ def test_filtfilt_matches_scipy(padtype):
 @hypothesis.given(
     order=st.integers(1, 4), n_zeros=st.integers(0, 4), seed=st.integers(0, 2**31)
 )
+@pytest.mark.full
 def test_filtfilt_matches_scipy_random(order, n_zeros, seed):
     rng = np.random.default_rng(seed)
     a = stable_poly(rng, order)
@@ -234,6 +238,7 @@ def test_filtfilt_matches_scipy_random(order, n_zeros, seed):
     assert_close(filtfilt(b, a_full, x), ss.filtfilt(b, a_full, x))
 
 
+@pytest.mark.full
 def test_filtfilt_jit_vmap_float32_grads():
     rng = np.random.default_rng(5)
     b, a = ss.butter(2, 0.25)
@@ -266,6 +271,7 @@ def test_filtfilt_bad_input():
         filtfilt(b, np.array([np.inf, 0.1]), jnp.zeros(30))
 
 
+@pytest.mark.full
 def test_freqz_matches_scipy():
     b, a = ss.cheby1(4, 1.0, 0.3)
     for kwargs in [{}, {"whole": True}, {"fs": 48000}, {"include_nyquist": True}]:

@@ -360,6 +360,7 @@ def test_bad_input():
         pytest.param("diag", True, marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.full
 def test_blocked_evaluation(monkeypatch, op, time_varying):
     # long signals run in blocks; force short blocks, with a remainder
     import retrax.ops._state_space as module

@@ -33,6 +33,7 @@ def _raised(call) -> str:
     return str(info.value)
 
 
+@pytest.mark.full
 def test_a_later_call_leads_with_the_failed_check():
     model, rho = _relation(), jnp.array([jnp.inf, 0.0])
     ok = rr.implicit_infer(model, jnp.array([0.6, 0.5]), rho)
@@ -48,6 +49,7 @@ def test_a_later_call_leads_with_the_failed_check():
     assert "Above is the stack outside of JIT" not in text
 
 
+@pytest.mark.full
 def test_a_compiled_solver_called_eagerly_raises_a_bad_value_as_value_error():
     # Before: `implicit_infer` (compiled as a whole) raised a bare
     # EquinoxRuntimeError for a NaN clamp on concrete input, where code that
@@ -245,6 +247,7 @@ def test_check_needs_an_array_to_carry_it():
         error_if((1.0, "name"), jnp.asarray(True), "m")
 
 
+@pytest.mark.full
 def test_check_gives_nan_with_eqx_on_error_nan():
     # `EQX_ON_ERROR=nan` (read by equinox at import) turns a failed check
     # into NaN for the whole checked value, as `eqx.error_if` does, whether

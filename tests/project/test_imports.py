@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 SUBPACKAGES = (
     "diffusion",
@@ -52,6 +54,7 @@ def test_import_retrax_loads_no_subpackage_and_no_scipy():
     assert not {f"retrax.{name}" for name in SUBPACKAGES} & loaded
 
 
+@pytest.mark.full
 def test_import_retrax_ops_leaves_out_the_diffusion_stack():
     loaded = _modules_after("import retrax.ops")
     assert "retrax.ops" in loaded
@@ -59,6 +62,7 @@ def test_import_retrax_ops_leaves_out_the_diffusion_stack():
     assert "scipy" not in loaded
 
 
+@pytest.mark.full
 def test_signal_subpackages_leave_out_the_diffusion_stack_and_scipy():
     imports = "\n".join(f"import retrax.{name}" for name in SIGNAL_SUBPACKAGES)
     loaded = _modules_after(imports)
@@ -66,6 +70,7 @@ def test_signal_subpackages_leave_out_the_diffusion_stack_and_scipy():
     assert "scipy" not in loaded
 
 
+@pytest.mark.full
 def test_no_module_imports_scipy_at_import_time():
     # Every Python module of the package, the diffusion stack included.
     loaded = _modules_after(
@@ -83,6 +88,7 @@ def test_no_module_imports_scipy_at_import_time():
     assert not {name for name in loaded if name.split(".")[0] == "scipy"}
 
 
+@pytest.mark.full
 def test_every_name_resolves_on_first_use():
     out = _run(
         """
@@ -143,6 +149,7 @@ def test_unknown_name_is_an_attribute_error():
     )
 
 
+@pytest.mark.full
 def test_every_import_form_works():
     _run(
         """
@@ -160,6 +167,7 @@ def test_every_import_form_works():
     )
 
 
+@pytest.mark.full
 def test_diffusion_does_not_load_relations():
     # Imports run one way: `retrax.relations` uses `retrax.diffusion`, never
     # the other way round, so diffusion loads alone.
@@ -177,6 +185,7 @@ def test_diffusion_does_not_load_relations():
     )
 
 
+@pytest.mark.full
 def test_removed_diffusion_aliases_are_gone():
     # The relation names `retrax.diffusion` re-exported as deprecated aliases
     # (and its checkpoint aliases) were removed; each has one home now.
@@ -217,6 +226,7 @@ def test_removed_diffusion_aliases_are_gone():
     )
 
 
+@pytest.mark.full
 def test_filter_design_without_scipy_names_the_extra():
     _run(
         """

@@ -123,6 +123,7 @@ def test_every_solve_is_walked():
 
 
 @pytest.mark.parametrize("name", sorted(_solvers()))
+@pytest.mark.full
 def test_solve_answers_in_one_shape(name):
     f = _solvers()[name]
     throw = inspect.signature(f).parameters.get("throw")
@@ -170,6 +171,7 @@ def test_the_relation_argument_has_one_name():
         rr.implicit_infer(Z0, RHO, model=RING, relation=RING)
 
 
+@pytest.mark.full
 def test_the_adjoint_is_given_as_optimistix_takes_it():
     # `adjoint=optx.ImplicitAdjoint(linear_solver=...)` is `adjoint_solver=`
     import lineax as lx

@@ -91,6 +91,7 @@ def test_blockranges_and_assemble():
         rr.blockranges({"x": 0})
 
 
+@pytest.mark.full
 def test_indexed_field_scatters():
     nodes = rr.field_nodes(jax.random.key(0), 2, samples=2)
     member = gaussian(MU2, S2, nodes)
@@ -115,6 +116,7 @@ def test_indexed_field_scatters():
         [2.0, 0.0, INF],  # soft x, clamped z
     ],
 )
+@pytest.mark.full
 def test_product_gaussians_closed_form(rho):
     model, nodes, lam = product()
     z0 = jnp.array([0.8, 0.0, -0.3])
@@ -195,6 +197,7 @@ def test_product_gradients_every_member():
     assert_close(gx, fd_x, rtol=1e-6)
 
 
+@pytest.mark.full
 def test_product_pullback_and_roots():
     model, nodes, lam = product()
     z0 = jnp.array([0.8, 0.0, -0.3])
@@ -219,6 +222,7 @@ def test_product_pullback_and_roots():
 # -- energy relations -----------------------------------------------------------
 
 
+@pytest.mark.full
 def test_product_energy_and_symmetric_cholesky():
     model, _, _ = product()
     z = jnp.array([0.2, -0.1, 0.7])
@@ -377,6 +381,7 @@ def test_energy_network_symmetric_adjoint():
     assert float(sum(jnp.sum(jnp.abs(x)) for x in jax.tree.leaves(gw))) > 0
 
 
+@pytest.mark.full
 def test_product_laplace():
     """With `lam = density_lambda` and small levels, the Laplace covariance of
     the product approaches that of the product of Gaussians."""

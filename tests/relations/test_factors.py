@@ -45,6 +45,7 @@ def closed_posterior(prec, mean, z0, p_anchor):
     return cov @ (prec @ mean + p_anchor * z0), cov
 
 
+@pytest.mark.full
 def test_factor_query_and_layout():
     factor, _, _ = gaussian_factor()
     marks = {
@@ -151,6 +152,7 @@ def test_gaussian_forms_and_marginals():
         g.marginal([1, 1])
 
 
+@pytest.mark.full
 def test_marginal_beliefs_are_the_joint_gaussians_marginals():
     factor, prec, mean = gaussian_factor()
     marks = {
@@ -311,6 +313,7 @@ def _rank2_cov(dtype):
 
 @pytest.mark.loud
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.full
 def test_singular_gaussians_convert_to_nan(dtype):
     # Before: entries of 1e7 (float32) to 1e16 (float64), rounding error
     # inverted, where the docstrings promise NaN.
@@ -404,6 +407,7 @@ def test_gaussian_constructors_refuse_invalid_matrices(dtype):
 
 
 @pytest.mark.loud
+@pytest.mark.full
 def test_factor_infer_refuses_tolerances_and_step_counts_it_cannot_use():
     # Before: tol=-1 failed every query and blamed max_steps.
     factor = gaussian_energy_factor(SCHED)

@@ -65,6 +65,7 @@ def test_roots_of_the_ring_are_two_branches():
     assert_close(g, (total(0.6 + h) - total(0.6 - h)) / (2 * h), rtol=1e-5)
 
 
+@pytest.mark.full
 def test_roots_from_explicit_starts():
     """The query's own start first, then the given ones; each slot is the
     answer `implicit_infer` gives from its start, under `jit`."""
@@ -98,6 +99,7 @@ def test_roots_from_explicit_starts():
     assert_close(rand.value[0], own.value, rtol=1e-10)
 
 
+@pytest.mark.full
 def test_roots_pass_the_solver_options_on():
     model = ring_model()
     z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
@@ -125,6 +127,7 @@ def test_roots_pass_the_solver_options_on():
     assert bool(jnp.all(short.result == rr.RESULTS.nonlinear_max_steps_reached))
 
 
+@pytest.mark.full
 def test_roots_bad_starts():
     model = ring_model()
     z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
@@ -151,6 +154,7 @@ def test_roots_bad_starts():
     assert int(roots.count) == 2
 
 
+@pytest.mark.full
 def test_energy_is_the_potential_of_the_field():
     # (each side under `jit`: one program, not op by op; the eager energy
     # runs in test_energy_network_potential)
@@ -170,6 +174,7 @@ def test_energy_is_the_potential_of_the_field():
         rr.implicit_energy(rr.ImplicitDiffusion(mlp, model.nodes), z)
 
 
+@pytest.mark.full
 def test_energy_network_potential():
     net = rd.TimeMLP(2, hidden=8, key=jax.random.key(0), out_size=1)
     model = rr.ImplicitDiffusion(
@@ -183,6 +188,7 @@ def test_energy_network_potential():
     )
 
 
+@pytest.mark.full
 def test_laplace_covariance_of_a_gaussian():
     # One component N(0, s^2 I): the field is linear, the answer the mean, and
     # the Laplace covariance s^2 plus the smoothing of the node levels.
@@ -222,6 +228,7 @@ def _gaussian_relation(s, n, levels=None, deblur=True):
     )
 
 
+@pytest.mark.full
 def test_deblurred_laplace_covariance_is_the_data_covariance():
     # One component N(0, s^2 I): the field's Laplace covariance is s^2 plus
     # the node levels' smoothing (previous test); with `deblur=True` it is
@@ -272,6 +279,7 @@ def test_deblurring_sharpens_at_most_tenfold():
     assert float(kept[0, 0]) < 0
 
 
+@pytest.mark.full
 def test_deblurred_variance_has_the_data_variances_derivative():
     # The deblurred variance is s^2 as a function of the data's sd: derivative
     # 2 s, through the bisection by the implicit function theorem, under jit;
@@ -288,6 +296,7 @@ def test_deblurred_variance_has_the_data_variances_derivative():
 
 
 @pytest.mark.parametrize("repeated", [False, True])
+@pytest.mark.full
 def test_deblurred_precision_derivative_is_central_differences(repeated):
     from retrax.relations._deblur import deblurred_precision
 

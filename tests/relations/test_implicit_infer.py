@@ -140,6 +140,7 @@ def test_prior_field_against_node_loop():
     assert_close(eqx.filter_jit(model.prior_jacobian)(z), jac, rtol=1e-12)
 
 
+@pytest.mark.full
 def test_residual_masks_and_infinite_stiffness():
     model = twisted_model()
     z = jnp.array([0.3, -0.2, 0.5])
@@ -192,6 +193,7 @@ def test_ring_radius_noisefree_is_the_smoothing_bias(t):
     assert abs(float(sol.value[1]) - ring_radius(SCHED, model.nodes, 0.05)) < v**2
 
 
+@pytest.mark.full
 def test_ring_all_starts_reach_a_branch_quickly():
     model = ring_model()
     starts = jnp.linspace(-1.0, 1.0, 101)
@@ -209,6 +211,7 @@ def test_ring_all_starts_reach_a_branch_quickly():
     )
 
 
+@pytest.mark.full
 def test_ring_leaves_an_exact_unstable_root():
     model = ring_model()
     z0, rho = jnp.array([0.6, 0.0]), jnp.array([INF, 0.0])
@@ -293,6 +296,7 @@ def twisted():
     return model, sol
 
 
+@pytest.mark.full
 def test_gradients_equal_finite_differences(twisted):
     model, sol = twisted
     rho_soft = RHO.at[1].set(0.7)  # a soft anchor too, so d/drho is not trivially 0
@@ -348,6 +352,7 @@ def test_pullback_is_the_adjoint_formula(twisted):
     assert_close(p_z0[0], fd[0], rtol=1e-6)
 
 
+@pytest.mark.full
 def test_gradient_of_unconverged_solve_is_never_silent():
     model = ring_model()
     z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
@@ -577,6 +582,7 @@ def test_guarded_newton_unconverged_value_is_nan():
         jax.grad(lambda a: jnp.sum(solve(a).value))(jnp.zeros(3))
 
 
+@pytest.mark.full
 def test_residual_is_differentiable():
     model = ring_model()
     z0, rho = jnp.array([0.6, 0.5]), jnp.array([INF, 0.0])
@@ -605,6 +611,7 @@ def test_residual_is_differentiable():
     assert bool(jnp.isnan(bad[1])) and float(bad[0]) == 0.0  # clamped entry: 0
 
 
+@pytest.mark.full
 def test_pullback_detects_a_singular_jacobian():
     # A flat field (lam = 0) leaves the free coordinate undetermined: J_FF = 0.
     model = ring_model()
@@ -738,6 +745,7 @@ def test_data_levels_bring_answers_onto_fine_data():
         rr.data_levels(SCHED, data.at[0, 0].set(jnp.nan))
 
 
+@pytest.mark.full
 def test_off_data_clamps_are_flagged():
     model = ring_model()
     rho = jnp.array([INF, 0.0])
@@ -815,6 +823,7 @@ def test_implicit_infer_refuses_tolerances_and_step_counts_it_cannot_use():
     assert bool(rr.implicit_infer(model, z0, rho, tol=1e-10).converged)
 
 
+@pytest.mark.full
 def test_solver_is_configured_the_optimistix_way():
     # `solver=` takes the GuardedNewton that `tol` and `matrix_free` build:
     # the same answer and the same steps, bit for bit.

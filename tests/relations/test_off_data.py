@@ -57,6 +57,7 @@ def ring():
     return model, data, rr.calibrate_off_data(model, data, [0])
 
 
+@pytest.mark.full
 def test_calibrated_ring_refuses_clamps_off_the_data(ring):
     model, data, calibrated = ring
     assert calibrated.support is not None and model.support is None
@@ -78,6 +79,7 @@ def test_calibrated_ring_refuses_clamps_off_the_data(ring):
     assert bool(jnp.all(after.clamp_load == before.clamp_load))
 
 
+@pytest.mark.full
 def test_calibrated_ring_keeps_clamps_on_the_data(ring):
     _, _, calibrated = ring
     fresh = ring_data(jax.random.key(2), 512)
@@ -89,6 +91,7 @@ def test_calibrated_ring_keeps_clamps_on_the_data(ring):
     assert float(jnp.nanmax(sols.support_ratio)) < 2.0
 
 
+@pytest.mark.full
 def test_other_clamp_patterns_and_explicit_tolerance(ring):
     model, _, calibrated = ring
     # y clamped (not calibrated): no support test, the clamp load decides
@@ -113,6 +116,7 @@ def test_other_clamp_patterns_and_explicit_tolerance(ring):
         rr.implicit_infer(calibrated, z0, rho, off_data_tol="3")
 
 
+@pytest.mark.full
 def test_factors_and_indexed_relations_carry_the_calibration(ring):
     _, _, calibrated = ring
     factor = rr.Factor(calibrated, {"x": 1, "y": 1})
@@ -153,6 +157,7 @@ def test_products_and_roots_carry_the_calibration(ring):
     assert roots.support_ratio.shape == (2,) and bool(jnp.all(roots.off_data))
 
 
+@pytest.mark.full
 def test_calibration_survives_a_checkpoint(ring, tmp_path):
     model, data, calibrated = ring
     retrax.save_checkpoint(tmp_path, 3, calibrated)
@@ -168,6 +173,7 @@ def test_calibration_survives_a_checkpoint(ring, tmp_path):
     assert bool(sol.off_data[0]) and not bool(sol.off_data[1])
 
 
+@pytest.mark.full
 def test_calibration_options(ring):
     model, data, calibrated = ring
     # jitted, the same numbers
@@ -200,6 +206,7 @@ def test_calibration_options(ring):
     assert bool(sub.off_data[0]) and not bool(sub.off_data[1])
 
 
+@pytest.mark.full
 def test_calibration_errors(ring):
     model, data, _ = ring
     for q in (0.0, 1.0, 1.5, -0.1):

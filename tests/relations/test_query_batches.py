@@ -35,6 +35,7 @@ def batch(factor, xs, starts, precisions, throw=False):
     return jax.vmap(one)(xs, starts, precisions), jax.vmap(soft)(xs, starts, precisions)
 
 
+@pytest.mark.full
 def test_one_bad_query_fails_alone():
     # A bad clamp, a bad start and a bad precision in turn, each against the
     # same good batch of 64 (one set of compiled solves serves the three): the
@@ -139,6 +140,7 @@ def gaussian_posterior(prec, mean, free, evidence_prec, evidence_mean, x):
 P_FULL = jnp.array([[5.0, -2.0], [-2.0, 3.0]])
 
 
+@pytest.mark.full
 def test_full_precision_is_the_exact_gaussian_posterior():
     factor, prec, mean = gaussian_factor()
     v = jnp.array([0.4, -0.7])

@@ -51,6 +51,7 @@ def cold_loss(relation, z0, targets):
 ADAM = optax.adam(0.01)  # one object: calls with it share the compiled epoch
 
 
+@pytest.mark.full
 def test_fit_through_inference_learns_the_parabola(capsys):
     relation, z0, targets = parabola_problem()
     # A tenth query with a NaN target: its loss is not finite, so it is masked
@@ -340,6 +341,7 @@ def _fit_small(key, **options):
 
 
 @pytest.mark.loud
+@pytest.mark.full
 def test_fit_through_inference_nan_learning_rate_raises(getkey):
     for progress in (False, True):
         with pytest.raises(FloatingPointError, match="stopped at epoch 0"):
@@ -349,6 +351,7 @@ def test_fit_through_inference_nan_learning_rate_raises(getkey):
 
 
 @pytest.mark.loud
+@pytest.mark.full
 def test_fit_through_inference_without_throw_returns_the_run_up_to_the_stop(getkey):
     # a NaN learning rate makes the first update non-finite: with
     # `throw=False` the run stops there, nothing applied, and says why
@@ -368,6 +371,7 @@ def test_fit_through_inference_without_throw_returns_the_run_up_to_the_stop(getk
         np.testing.assert_array_equal(fit.value.pred.means, relation.pred.means)
 
 
+@pytest.mark.full
 def test_fit_through_inference_reports_its_steps(getkey):
     relation, fit = _fit_small(
         getkey(), epochs=2, optimizer=ADAM, max_steps=8, progress=False, throw=False
@@ -378,6 +382,7 @@ def test_fit_through_inference_reports_its_steps(getkey):
 
 
 @pytest.mark.loud
+@pytest.mark.full
 def test_task_gradient_over_no_valid_query_is_loud_or_nan():
     # one Newton step cannot converge: no query enters the loss, whose mean
     # over nothing is not 0

@@ -114,6 +114,7 @@ def test_phase_tangent_is_the_running_sum():
     assert_close(grad, np.concatenate([np.full(299, 1 / SR), [0.0]]))
 
 
+@pytest.mark.full
 def test_oscillator_check_grads():
     rng = np.random.default_rng(2)
     length = 12
