@@ -247,10 +247,10 @@ def _freqz_sos(sos, freqs, fs, *, n, whole, dtype):
     fs = _checked_fs(fs, real)
     omega, w = _frequencies(n, freqs, whole, fs, False, real)
     z = _unit(omega)
-    h = None
-    for s in range(sos.shape[0]):
-        section = _poly_at(sos[s, :3], z) / _poly_at(sos[s, 3:], z)
-        h = section if h is None else h * section
+    # every section at once (the program does not grow with their number),
+    # multiplied in scipy's order, first to last
+    sections = jax.vmap(lambda c: _poly_at(c[:3], z) / _poly_at(c[3:], z))(sos)
+    h, _ = lax.scan(lambda h, section: (h * section, None), sections[0], sections[1:])
     return w, h
 
 
