@@ -324,3 +324,16 @@ def test_scipy_sosfilt_and_sosfiltfilt():
     x = rng.standard_normal((2, T))
     check_float32(sosfilt, (sos, x), scipy.signal.sosfilt(sos, x))
     check_float32(sosfiltfilt, (sos, x), scipy.signal.sosfiltfilt(sos, x))
+
+
+def test_programs_do_not_grow_with_the_sections():
+    # every section at once: 2 sections and 12 compile to programs of one size
+    x = jnp.ones(1000)
+
+    def lines(fn, n_sections, *args):
+        sos = jnp.tile(jnp.asarray([[1.0, 0.5, 0.2, 1.0, -0.5, 0.1]]), (n_sections, 1))
+        program = jax.jit(lambda s: fn(s, *args)).lower(sos)
+        return program.as_text().count("\n")
+
+    for fn, args in [(sosfilt_zi, ()), (sosfiltfilt, (x,)), (sosfreqz, (64,))]:
+        assert lines(fn, 2, *args) == lines(fn, 12, *args), fn.__name__
