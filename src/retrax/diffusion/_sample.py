@@ -234,9 +234,10 @@ def sample_euler_maruyama(
     sched = pred.schedule
 
     def update(x, t, s, key):
+        # (the grid's times lie in [t_end, 1]: no check staged per step)
         h = t - s
-        beta = sched.beta(t)
-        drift = beta * (0.5 * x - pred.epsilon(x, t) / sched.sigma(t))
+        beta = sched._beta(t)
+        drift = beta * (0.5 * x - pred.epsilon(x, t) / sched._sigma(t))
         noise = jnp.sqrt(beta * h) * jax.random.normal(key, x.shape, x.dtype)
         return x + drift * h + noise
 
