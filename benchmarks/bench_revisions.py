@@ -66,6 +66,11 @@ import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import bench_first_call  # noqa: E402  (its routes' code strings; no jax at import)
+
+
 NATIVE = pathlib.Path("src", "retrax", "_native")
 KERNELS = "_kernels.so"
 
@@ -234,29 +239,13 @@ def train():
     )
 """
 
+# bench_first_call.py's chain of 2-D poses, built the same way
 POSE_GRAPH = (
     ANSWER
+    + "import retrax.relations as rr\n"
+    + bench_first_call.POSE_CHAIN
+    + bench_first_call.POSE_GRAPH
     + """
-import numpy as np
-import retrax.relations as rr
-
-rng = np.random.default_rng(0)
-heading = np.linspace(0, 3, poses - 1)
-moves = 0.1 * np.stack([np.cos(heading), np.sin(heading)], -1)
-truth = np.concatenate([np.zeros((1, 2)), np.cumsum(moves, 0)])
-odometry = (moves + 0.01 * rng.standard_normal(moves.shape)).astype(np.float32)
-measured = (truth + 0.1 * rng.standard_normal(truth.shape)).astype(np.float32)
-graph = rr.FactorGraph(
-    {"p": (poses, 2)},
-    [
-        rr.GaussianFactor.prior(("p", [0]), np.zeros(2, np.float32), 1e4),
-        rr.GaussianFactor.between(
-            ("p", range(poses - 1)), ("p", range(1, poses)), 1e4, offset=odometry
-        ),
-        rr.GaussianFactor([("p", range(poses))], np.eye(2, dtype=np.float32),
-                          measured, 100.0),
-    ],
-)
 solve = eqx.filter_jit(lambda g: answer(rr.solve_graph(g), "values")["p"])
 """
 )

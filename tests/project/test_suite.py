@@ -13,21 +13,12 @@ import ast
 import pathlib
 
 import pytest
+from test_docs import SUBPACKAGES
 
 import retrax
 
 
 TESTS = pathlib.Path(__file__).parents[1]
-SUBPACKAGES = [
-    "ops",
-    "dynamics",
-    "filters",
-    "effects",
-    "diffusion",
-    "relations",
-    "synth",
-    "losses",
-]
 LEFT_OUT = {"slow", "full", "float32"}
 # Public names a user receives rather than calls: tests reach them through
 # what returns them. (Abstract classes and solution types are told apart by
