@@ -69,7 +69,7 @@ def test_a_compiled_solver_called_eagerly_raises_a_bad_value_as_value_error():
     assert not isinstance(info.value, ValueError), str(info.value)[:200]
     # under the user's own filter_jit the same bad value raises at run time,
     # as an EquinoxRuntimeError rendered by Equinox
-    run = eqx.filter_jit(lambda z0: rr.implicit_infer(model, z0, rho).z)
+    run = eqx.filter_jit(lambda z0: rr.implicit_infer(model, z0, rho).value)
     with pytest.raises(eqx.EquinoxRuntimeError, match="`z0` must be finite"):
         jax.block_until_ready(run(jnp.array([jnp.nan, 0.5])))
 
@@ -90,7 +90,7 @@ def test_inside_a_users_own_filter_jit_the_check_still_raises():
     # There the user's `eqx.filter_jit` renders the error; the check's message
     # is in it.
     model, rho = _relation(), jnp.array([jnp.inf, 0.0])
-    run = eqx.filter_jit(lambda z0: rr.implicit_infer(model, z0, rho).z)
+    run = eqx.filter_jit(lambda z0: rr.implicit_infer(model, z0, rho).value)
     run(jnp.array([0.6, 0.5]))
     text = _raised(lambda: run(jnp.array([jnp.nan, 0.5])))
     assert "`z0` must be finite" in text
