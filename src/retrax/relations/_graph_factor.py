@@ -83,15 +83,29 @@ def _real(name: str, value: "Values") -> Array:
     return value
 
 
+def _host_or_traced(value: Array):
+    """`(xp, value)`: NumPy and the host copy of a concrete `value`, or
+    `jax.numpy` and `value` itself when it is traced (a factor built inside
+    the user's `jit`). Concrete factors are shaped and checked in NumPy: the
+    same operations as `jax.numpy`'s eagerly, without compiling a program for
+    each (a graph's constructors compiled dozens)."""
+    if isinstance(value, jax.core.Tracer):
+        return jnp, value
+    return np, np.asarray(value)
+
+
 def _per_row(name: str, value: "Values", rows: int, shape: tuple[int, ...]) -> Array:
     """`value` of one row's `shape`, or of `(rows, *shape)`, as `(rows, *shape)`."""
-    value = _real(name, value)
+    xp, value = _host_or_traced(_real(name, value))
     if not jnp.issubdtype(value.dtype, jnp.floating):
         value = value.astype(jnp.result_type(float))
+    # (`device_put`, not `jnp.asarray`, which compiles a program for each
+    # shape of a host array)
     if value.shape == shape:
-        return jnp.broadcast_to(value, (rows, *shape))
+        value = xp.broadcast_to(value, (rows, *shape))
+        return value if xp is jnp else jax.device_put(np.ascontiguousarray(value))
     if value.shape == (rows, *shape):
-        return value
+        return value if xp is jnp else jax.device_put(value)
     raise ValueError(
         f"`{name}` must have shape {shape} (every row) or {(rows, *shape)} (one "
         f"per row), got {value.shape}."
@@ -104,18 +118,19 @@ def _as_precision(name: str, precision: "Values", size: int, rows: int) -> Array
 
     Where shapes coincide (`rows == size`), a `(size,)` array is a diagonal
     and a `(size, size)` array a matrix, both for every row."""
-    p = _real(name, precision)
+    xp, p = _host_or_traced(_real(name, precision))
     if not jnp.issubdtype(p.dtype, jnp.floating):
         p = p.astype(jnp.result_type(float))
-    eye = jnp.eye(size, dtype=p.dtype)
+    eye = xp.eye(size, dtype=p.dtype)
     if p.shape == () or (p.shape == (rows,) and rows != size):
         p = p[..., None, None] * eye
     elif p.shape == (size,) or (p.shape == (rows, size) and p.shape != (size, size)):
         p = p[..., :, None] * eye
     p = _per_row(name, p, rows, (size, size))
     # every row at once: a graph built inside the user's `jit` has traced
-    # precisions, checked at run time with the same messages
-    p = error_if(p, ~jnp.all(jnp.isfinite(p)), f"`{name}` must be finite.")
+    # precisions, checked at run time with the same messages (a concrete
+    # precision's flag is decided on the host, without a program)
+    p = error_if(p, ~xp.all(xp.isfinite(p)), f"`{name}` must be finite.")
     return _square_checked(name, p, psd=True)
 
 
