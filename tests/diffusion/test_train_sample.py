@@ -266,6 +266,7 @@ def mixture_stats(xs):
     ],
     ids=["ancestral", "euler_maruyama", "ddim", "ddim_eta1", "ode"],
 )
+@pytest.mark.full
 def test_samplers_reproduce_mixture(sampler):
     keys = jax.random.split(jax.random.key(0), NUM)
     xs = jax.vmap(sampler)(keys)

@@ -688,6 +688,7 @@ def test_chain_trains_like_an_effect():
 
 @hypothesis.settings(max_examples=15, deadline=None)
 @hypothesis.given(st.integers(0, 2**32 - 1))
+@pytest.mark.full
 def test_random_valid_chains_have_normalised_vectors_in_the_unit_interval(seed):
     chain = _training_chain()
     p = jnp.asarray(np.random.default_rng(seed).uniform(size=chain.n_params))

@@ -277,6 +277,7 @@ def test_relation_parameter_gradient():
         np.testing.assert_allclose(got[i], central(bumped, 0.0), rtol=1e-6)
 
 
+@pytest.mark.full
 def test_vmap_over_measurements_equals_a_loop(meas):
     batch = meas[None] + jnp.arange(4.0)[:, None, None]
 

@@ -425,6 +425,7 @@ def test_primitive_check_grads(dtype, constant):
         pytest.param(jnp.float32, 2, marks=_SLOW),
     ],
 )
+@pytest.mark.full
 def test_wide_batch_kernel_equals_the_scan(dtype, order):
     # A batch (of more than one signal) reaches the kernel in its own
     # batch-major layout: with AVX2, in register tiles of 8 (float32) or 4

@@ -24,6 +24,7 @@ def readme_model(components=48):
     return rr.ImplicitDiffusion(pred, rr.field_nodes(jax.random.key(0), 2, samples=8))
 
 
+@pytest.mark.full
 def test_readme_query_stages_each_check_once():
     # The query's own checks are one staged check; the schedule's time checks
     # are made where a time enters (a predictor's public method), not again in
