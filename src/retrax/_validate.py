@@ -265,27 +265,23 @@ def check_value(value: Any, bad: Callable[[ModuleType, Any], Any], msg: str) -> 
     that check is only kept if the returned value is used, so always store the
     result.
     """
-    if isinstance(value, jax.Array):
-        if (
-            isinstance(value, jax.core.Tracer)
-            or not _raising()
-            or not value.is_fully_addressable
-        ):
-            return error_if(value, jnp.any(bad(jnp, value)), msg)
-        # A concrete array is checked on the host, with NumPy: each eager
-        # `jnp` op would compile its own small XLA program (a dozen for a
-        # module's constructor) to decide what NumPy decides at once.
-        flag = bad(np, np.asarray(value))
-        if isinstance(flag, jax.Array):  # `bad` involves a JAX value
-            return error_if(value, jnp.any(flag), msg)
-        if np.any(flag):
-            raise InvalidArgumentError(msg)
-        return value
+    if isinstance(value, jax.Array) and (
+        isinstance(value, jax.core.Tracer)
+        or not _raising()
+        or not value.is_fully_addressable
+    ):
+        return error_if(value, jnp.any(bad(jnp, value)), msg)
+    # Concrete values, JAX arrays included, are checked on the host with
+    # NumPy: each eager `jnp` op would compile its own small XLA program (a
+    # dozen for a module's constructor) to decide what NumPy decides at once.
     flag = bad(np, np.asarray(value))
     if isinstance(flag, jax.Array):  # `bad` involves a JAX value (e.g. a bound)
         return error_if(jnp.asarray(value), jnp.any(flag), msg)
     if np.any(flag):
-        raise ValueError(msg)
+        # a JAX array's failed check raises as `error_if` raises it
+        raise (InvalidArgumentError if isinstance(value, jax.Array) else ValueError)(
+            msg
+        )
     return value
 
 
