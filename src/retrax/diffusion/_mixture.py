@@ -64,8 +64,9 @@ class GaussianMixtureEps(AbstractExactPredictor):
                 f"component, got shape {scales.shape}."
             )
         if weights is None:
-            # built on the host: `jnp.full` would compile a program for it
-            weights = jnp.asarray(np.full((m,), 1.0 / m, dtype=means.dtype))
+            # built on the host and moved with `device_put`: `jnp.full` (and
+            # `jnp.asarray` of a host array) would compile a program for it
+            weights = jax.device_put(np.full((m,), 1.0 / m, dtype=means.dtype))
         weights = jnp.asarray(weights)
         if not jnp.issubdtype(weights.dtype, jnp.floating):
             weights = weights.astype(means.dtype)
