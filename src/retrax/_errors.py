@@ -56,13 +56,21 @@ def error_if(x: PyTree, pred: Bool[ArrayLike, "..."], msg: str) -> PyTree:
     to a new buffer: a copy of every checked array on every call, which for
     a batch of signals costs as much as the recursion that produced it. Here
     the check is made on a scalar flag instead (the same `eqx.error_if`,
-    message and `EQX_ON_ERROR` modes) and the flag, zero unless the check
-    failed, is subtracted from each floating leaf of `x`: exact (`v - 0` is
-    `v`, signed zeros and NaN included), and fused by XLA into whatever
-    reads the result next. `EQX_ON_ERROR=nan` makes the flag NaN, so `x`
-    becomes NaN as it would with `eqx.error_if`; other leaves (integers,
-    booleans, and weakly typed scalars, whose type the subtraction would
-    make strong) take the error value through `jnp.where`.
+    message and `EQX_ON_ERROR` modes) and each floating leaf of `x` is
+    multiplied by `1 - flag`, one unless the check failed (a complex leaf
+    part by part): exact (`v * 1` is `v`, signed zeros, infinities and NaN
+    included), and fused by XLA into whatever reads the result next.
+    `EQX_ON_ERROR=nan` makes the flag NaN, so `x` becomes NaN as it would
+    with `eqx.error_if`; other leaves (integers, booleans, and weakly typed
+    scalars, whose type the product would make strong) take the error value
+    through `jnp.where`.
+
+    A product, not a difference, so that the check also survives `jax.grad`
+    when nothing reads the checked value's primal: the derivative of the
+    result with respect to `x` is `1 - flag`, which the backward pass
+    reads. With `v - flag`, a gradient that needs only the cotangent of `x`
+    (a loss linear in an op's output, a gradient with respect to FIR taps)
+    would let XLA drop the check with the unused forward value.
 
     Inside `shard_map`, when `pred` differs per device, it is first combined
     over the devices (`lax.pmax`), so that every device raises, not only the
@@ -129,12 +137,18 @@ def errors_if(
     if flag is zero:  # `pred` was known to be false when tracing
         return x
     bad = jnp.isnan(flag)  # only when EQX_ON_ERROR turned the flag to NaN
+    one = 1 - flag  # 1 unless the check failed (see the docstring)
 
     def apply(v):
         if not eqx.is_array(v):
             return v
-        if jnp.issubdtype(v.dtype, jnp.inexact) and not jax.typeof(v).weak_type:
-            return v - flag.astype(v.dtype)
+        if jnp.issubdtype(v.dtype, jnp.floating) and not jax.typeof(v).weak_type:
+            return v * one.astype(v.dtype)
+        if jnp.issubdtype(v.dtype, jnp.complexfloating) and not jax.typeof(v).weak_type:
+            # each part by the real factor: a complex product by `1 + 0j`
+            # would make `inf * 0` a NaN in the other part
+            s = one.astype(v.real.dtype)
+            return lax.complex(v.real * s, v.imag * s)
         return jnp.where(bad, _nan_like(v), v)  # keeps a weak type weak
 
     return jax.tree.map(apply, x)

@@ -723,8 +723,9 @@ def _adjoint_cases(length=100):
         # along a leading axis of the 2 sections
         ("sosfilt", sosfilt, (sos, x), 2, 2,
          {(n,), (n, 2), (2,), (), (2, n), (2, n, 2), (2, 2)}),
+        # (`()`: the maps' checks, whose factor the backward pass reads)
         ("diag_state_space", _diag_state_space, (decay, B, C, D, xm), 1, 3,
-         {(n, 2), (n, 3), (1, 3), (3,), (2, 3), (3, 2), (2, 2)}),
+         {(n, 2), (n, 3), (1, 3), (3,), (2, 3), (3, 2), (2, 2), ()}),
         ("ballistics", ballistics, (xb, jnp.asarray(0.4), jnp.asarray(0.1)), 1, 1,
          {(n,), (n, 1), (1,), ()}),
     ]  # fmt: skip
