@@ -1,11 +1,14 @@
 """retrax.ops under JAX's transformations: checks that hold under
-`jit(grad(...))` whatever the loss."""
+`jit(grad(...))` whatever the loss, and ahead-of-time lowering of every op."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import assert_close
 from retrax import ops
 
 
@@ -125,3 +128,109 @@ def test_nonfinite_coefficient_raises_under_grad_as_eagerly(case):
     for loss in (lambda y: jnp.sum(W * y), lambda y: jnp.sum(y**2)):
         with pytest.raises(ValueError, match=match):
             jax.grad(lambda c, loss=loss: loss(op(c)))(bad)
+
+
+def _scalar(v):
+    return jnp.asarray(v, X.dtype)  # not weakly typed, as a spec is not
+
+
+LINES = jnp.array([[0.6, -0.3], [0.3, 0.6]])
+HALF = jnp.array([0.5, 0.5])
+# Every public op as a user calls it on one signal (the op itself, statics
+# bound by `functools.partial`), with its array arguments, positional then
+# keyword.
+LOWER = {
+    "allpole": (ops.allpole, (X, A[1:]), {}),
+    "ballistics": (ops.ballistics, (X, _scalar(0.5), _scalar(0.9)), {}),
+    "comb": (functools.partial(ops.comb, delay=4), (X,), {"g": _scalar(0.5)}),
+    "delay": (
+        functools.partial(ops.delay, max_delay=8),
+        (X, _scalar(2.5)),
+        {},
+    ),
+    "diag_state_space": (
+        ops.diag_state_space,
+        (X,),
+        {"a": jnp.full(N, 0.5), "B": SS["B"], "C": SS["C"], "D": None},
+    ),
+    "fdn": (
+        functools.partial(ops.fdn, delays=(3, 5)),
+        (X,),
+        {"A": LINES, "b": HALF, "c": HALF},
+    ),
+    "fdn_frequency_response": (
+        functools.partial(ops.fdn_frequency_response, (3, 5), n_fft=16),
+        (LINES, HALF, HALF),
+        {},
+    ),
+    "fdn_impulse_response": (
+        functools.partial(ops.fdn_impulse_response, (3, 5), length=16),
+        (LINES, HALF, HALF),
+        {},
+    ),
+    "filtfilt": (ops.filtfilt, (B, A, X), {}),
+    "fir": (ops.fir, (X,), {"b": B}),
+    "freqz": (ops.freqz, (B, A), {}),
+    "freqz_sos": (ops.freqz_sos, (SOS,), {}),
+    "lfilter": (ops.lfilter, (B, A, X), {}),
+    "lfilter_tv": (ops.lfilter_tv, (X,), {"b": B, "a": A[1:]}),
+    "lfilter_tv_zi": (ops.lfilter_tv_zi, (B, A[1:]), {}),
+    "lfilter_zi": (ops.lfilter_zi, (B, A), {}),
+    "lfiltic": (ops.lfiltic, (B, A, X[:2]), {}),
+    "linear_recurrence": (ops.linear_recurrence, (X,), {"decay": _scalar(0.5)}),
+    "schroeder_allpass": (
+        functools.partial(ops.schroeder_allpass, delay=4),
+        (X,),
+        {"g": _scalar(0.5)},
+    ),
+    "sosfilt": (ops.sosfilt, (SOS, X), {}),
+    "sosfilt_zi": (ops.sosfilt_zi, (SOS,), {}),
+    "sosfiltfilt": (ops.sosfiltfilt, (SOS, X), {}),
+    "sosfreqz": (ops.sosfreqz, (SOS,), {}),
+    "state_space": (ops.state_space, (X,), {**SS, "D": None}),
+}
+
+
+def test_every_public_op_has_a_lowering_case():
+    public = {
+        name
+        for name in dir(ops)
+        if not name.startswith("_") and not isinstance(getattr(ops, name), type(ops))
+    }
+    assert public == set(LOWER)
+
+
+def _batched(tree, size=3):
+    return jax.tree.map(lambda v: jnp.stack([v] * size), tree)
+
+
+def _specs(tree):
+    return jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), tree)
+
+
+@pytest.mark.parametrize("name", sorted(LOWER))
+def test_jitted_and_vmapped_op_lowers_ahead_of_time(name):
+    # `jax.jit(jax.vmap(ops.allpole)).lower(x, a)` lowered the unbatched
+    # function ("`x` must be one signal") while calling it worked: a
+    # `lower` attribute of the compiled op was copied onto `vmap`'s wrapper.
+    # Ahead-of-time compilation takes arrays or `jax.ShapeDtypeStruct`s.
+    op, args, kwargs = LOWER[name]
+    one = jax.eval_shape(op, *args, **kwargs)
+    batched = _batched((args, kwargs))
+    for f, (a, k), size in (
+        (jax.jit(op), (args, kwargs), ()),
+        (jax.jit(jax.vmap(op)), batched, (3,)),
+    ):
+        want = jax.tree.map(lambda s, size=size: (size + s.shape, s.dtype), one)
+        for lowered in (f.lower(*a, **k), f.lower(*_specs(a), **_specs(k))):
+            got = jax.tree.map(lambda s: (s.shape, s.dtype), lowered.out_info)
+            assert got == want
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("name", sorted(LOWER))
+def test_op_compiled_ahead_of_time_from_specs_runs(name):
+    op, args, kwargs = LOWER[name]
+    a, k = _batched((args, kwargs))
+    compiled = jax.jit(jax.vmap(op)).lower(*_specs(a), **_specs(k)).compile()
+    jax.tree.map(assert_close, compiled(*a, **k), jax.vmap(op)(*a, **k))
