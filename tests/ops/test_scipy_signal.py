@@ -785,6 +785,52 @@ def test_float64_input_without_x64_warns_once(monkeypatch):
         ops.sosfiltfilt(sos.astype(np.float32), x.astype(np.float32))
 
 
+def _scipy_named_calls(b, a, sos, x):
+    """Every op of `retrax.ops` named after a `scipy.signal` function, called
+    on `b`, `a`, `sos` and the signal `x`."""
+    return {
+        "lfilter": lambda: ops.lfilter(b, a, x),
+        "lfilter_zi": lambda: ops.lfilter_zi(b, a),
+        "lfiltic": lambda: ops.lfiltic(b, a, x[..., :3].ravel()),
+        "filtfilt": lambda: ops.filtfilt(b, a, x),
+        "sosfilt": lambda: ops.sosfilt(sos, x),
+        "sosfilt_zi": lambda: ops.sosfilt_zi(sos),
+        "sosfiltfilt": lambda: ops.sosfiltfilt(sos, x),
+        "freqz": lambda: ops.freqz(b, a, 64)[1],
+        "freqz_sos": lambda: ops.freqz_sos(sos, 64)[1],
+        "sosfreqz": lambda: ops.sosfreqz(sos, 64)[1],
+    }
+
+
+def test_every_scipy_name_has_a_float64_warning_case():
+    public = {n for n in dir(ops) if not n.startswith("_") and hasattr(ss, n)}
+    assert public == set(_scipy_named_calls(None, None, None, None))
+
+
+@pytest.mark.float32
+@pytest.mark.parametrize("name", list(_scipy_named_calls(None, None, None, None)))
+def test_every_scipy_name_warns_of_float64_input_without_x64(monkeypatch, name):
+    import warnings
+
+    from retrax.ops import _scipy_args
+
+    b, a = ss.butter(4, 0.2)
+    sos = ss.butter(4, 0.2, output="sos")
+    x = np.random.default_rng(0).standard_normal(128)
+    monkeypatch.setattr(_scipy_args, "_NARROWED", [False])
+    with pytest.warns(UserWarning, match="x64 mode is off") as record:
+        y = _scipy_named_calls(b, a, sos, x)[name]()
+    (warning,) = [w for w in record if "x64 mode is off" in str(w.message)]
+    assert warning.filename == __file__
+    narrow = _scipy_named_calls(*(v.astype(np.float32) for v in (b, a, sos, x)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        want = narrow[name]()
+        assert y.dtype == want.dtype
+        assert_close(y, want)
+        _scipy_named_calls(b, a, sos, x)[name]()  # once a process
+
+
 def test_float64_input_with_x64_does_not_warn(monkeypatch):
     import warnings
 
