@@ -269,7 +269,8 @@ def sosfiltfilt(
     r"""Zero-phase filtering with second-order sections, as `scipy.signal.sosfiltfilt`.
 
     **Convention: scipy's.** The rows are `[b0, b1, b2, a0, a1, a2]` with
-    `a0 == 1` (an error otherwise, see below). The method of
+    `a0 == 1` (an error otherwise, see below; differentiated as in
+    [`sosfilt`][retrax.ops.sosfilt]). The method of
     [`filtfilt`][retrax.ops.filtfilt] (`method="pad"`) on the cascade, started
     from [`sosfilt_zi`][retrax.ops.sosfilt_zi] scaled by the edge samples.
 
@@ -348,10 +349,9 @@ def _sosfiltfilt(sos, x, *, axis, padtype, padlen, dtype):
                 "n_sections + 1), less 3 per first-order section) along `axis`; "
                 "pass a smaller `padlen` (or `padtype=None`).",
             )
-    # a0 = 1 is a constraint of scipy's sections, not a parameter: the
-    # cascade never reads it, and neither does the steady state here (its
-    # normalisation by a0 would give a0 a derivative the cascade denies)
-    zi = sos_steady_state(sos.at[:, 3].set(1))
+    # `checked_sos` normalised the rows by their a0 (the derivative of a0 is
+    # that normalisation's): the steady state's own division by a0 is by 1
+    zi = sos_steady_state(sos)
 
     def run(signal, state):
         return sos_cascade(sos, signal, state, False)[0]

@@ -36,14 +36,23 @@ def sos_array(sos: ArrayLike | list | tuple, dtype) -> Array:
 
 def checked_sos(sos: Array) -> Array:
     """`sos`, checked: finite, and every `a0` is 1; `ValueError` at once on
-    concrete `sos`, a run-time error under `jit`."""
+    concrete `sos`, a run-time error under `jit`.
+
+    Returns each row divided by its `a0`: the same values (`a0` is 1), and
+    the derivative of scipy's definition of a section, the biquad
+    $(b_0 + b_1 z^{-1} + b_2 z^{-2}) / (a_0 + a_1 z^{-1} + a_2 z^{-2})$,
+    whose coefficients are normalised by `a0` (as `lfilter` normalises by
+    `a[0]`): the `a0` column's gradient is minus the row's other gradients
+    weighted by the row, where the cascade, which never reads `a0`, would
+    give it none."""
     sos = check_finite("sos", sos)
-    return error_if(
+    sos = error_if(
         sos,
         jnp.any(sos[:, 3] != 1),
         "`sos` rows must have a0 = sos[:, 3] = 1, as scipy.signal requires "
         "(normalise each section by its a0).",
     )
+    return sos / sos[:, 3:4]
 
 
 def sos_cascade(
@@ -84,7 +93,9 @@ def sosfilt(
     high-order IIR filters (e.g. `scipy.signal.butter(..., output="sos")`).
 
     **Convention: scipy's.** The rows include `a0`, which must be 1 (a
-    `ValueError` otherwise, as in scipy; under `jax.jit` a run-time error);
+    `ValueError` otherwise, as in scipy; under `jax.jit` a run-time error),
+    and whose derivative is that of the section normalised by it, as the
+    biquad above defines it (and `sosfreqz` and `lfilter` differentiate);
     `zi` and `zf` are scipy's layout, each section's transposed-direct-form-II
     state. The cascade runs on retrax's recurrence core: on the CPU one
     compiled pass over the signal takes every sample through every section,
