@@ -1332,3 +1332,76 @@ def test_loud_errors_at_the_users_default_precision():
     edc[100] = np.nan
     with pytest.raises(Exception, match=r"`edc` holds NaN"):
         jax.jit(lambda e: t60_from_edc(e, 8000))(edc).block_until_ready()
+
+
+# The gradient of a mean loss w.r.t. a replicated equaliser, 16 signals split
+# over 8 devices, against one device, under both of JAX's meshes: automatic
+# axes (`Mesh`, no mesh set) and explicit ones (`jax.make_mesh` and
+# `jax.set_mesh`, the docs' recipe). Run in a subprocess: the device count
+# is fixed when JAX starts.
+_SHARDED_EQ = """
+import json
+import jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_enable_x64", True)
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from retrax.effects import ParametricEQ
+
+eq = ParametricEQ([100.0, 1000.0, 8000.0], [3.0, -4.0, 2.0], [0.7, 1.2, 0.7])
+x = jnp.asarray(np.random.default_rng(0).standard_normal((16, 256)))
+
+def loss(eq, x):
+    return jnp.mean(jax.vmap(eq)(x) ** 2)
+
+grad = jax.jit(jax.grad(loss))
+want = grad(eq, x)
+
+def error(got):
+    return max(
+        float(jnp.max(jnp.abs(g - w)) / jnp.max(jnp.abs(w)))
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want))
+    )
+
+errors = {}
+mesh = Mesh(np.array(jax.devices()), ("batch",))
+put = lambda v, spec: jax.device_put(v, NamedSharding(mesh, spec))
+errors["auto"] = error(grad(put(eq, P()), put(x, P("batch"))))
+mesh = jax.make_mesh((8,), ("batch",))
+with jax.set_mesh(mesh):
+    eq_r, x_s = jax.device_put(eq, P()), jax.device_put(x, P("batch"))
+    errors["explicit"] = error(grad(eq_r, x_s))
+print("RESULT " + json.dumps({"devices": jax.device_count(), "errors": errors}))
+"""
+
+
+@pytest.mark.full
+def test_sharded_gradient_of_a_replicated_eq_equals_one_devices():
+    # Under an explicit mesh the sections' expansion `vmap`ped a broadcast
+    # (unsharded) coefficient batch against the sharded signals: "Mapped
+    # away dimension of inputs passed to vmap should be sharded the same".
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).parents[2]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env["XLA_FLAGS"] = " ".join(
+        [env.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8"]
+    ).strip()
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(root / "src"), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _SHARDED_EQ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    result = json.loads(line.removeprefix("RESULT "))
+    assert result["devices"] == 8
+    for mesh, err in result["errors"].items():
+        assert err <= 1e-12, (mesh, err)

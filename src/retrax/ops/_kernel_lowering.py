@@ -82,9 +82,17 @@ def batch_in_front(bind, args, dims, *, signal: int, signal_rank: int):
     the operands had already (nested maps give the kernel one batch), then
     `bind(*args)`. Operand `signal` has `signal_rank` axes per signal."""
     size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not None)
-    args = [
-        jnp.broadcast_to(x, (size, *x.shape)) if d is None else jnp.moveaxis(x, d, 0)
+    moved = [
+        None if d is None else jnp.moveaxis(x, d, 0)
         for x, d in zip(args, dims, strict=True)
+    ]
+    # Under an explicit mesh the structures' own `vmap`s need every operand's
+    # batch axis sharded alike: a broadcast one takes the signal's sharding
+    # (or that of the first mapped operand, where the signal is unmapped).
+    like = next(m for m in [moved[signal], *moved] if m is not None)
+    args = [
+        sharded_like(jnp.broadcast_to(x, (size, *x.shape)), like) if m is None else m
+        for x, m in zip(args, moved, strict=True)
     ]
     inner = args[signal].shape[1 : args[signal].ndim - signal_rank]
     if inner:
