@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from example_support import (  # noqa: F401  (standard_promotion: autouse fixture)
+    EXAMPLES,
     load_example,
     run_example_as_users_do,
     standard_promotion,
@@ -87,3 +88,19 @@ def test_controller_full_run(capsys):
     # of predicting the middle of every range
     result = run_example_as_users_do("controller.py")
     assert result["ratio"] <= 0.5
+
+
+@pytest.mark.slow
+def test_pose2_learned_odometry_full_run(monkeypatch):
+    """docs/tutorials/pose2-graph.md: on every one of the ten tracks the
+    learned odometry factor's answer is closer to the truth than that of one
+    Gaussian fitted to the same calibration data (a mean position RMSE about
+    a quarter of it), and within about 10% of a Gaussian per bin of the turn
+    reading, which is told what the learned relation finds by itself."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    result = load_example("pose2_learned_odometry.py").main()
+    assert result["learned results"] == ["successful"]
+    assert result["learned better than one Gaussian"] == result["tracks"] == 10
+    rmse = {n: r["position_rmse"] for n, r in result["mean over tracks"].items()}
+    assert rmse["learned"] < 0.35 * rmse["one Gaussian"]
+    assert rmse["learned"] < 1.25 * rmse["Gaussian per turn"]
