@@ -228,6 +228,42 @@ def test_arm_pose_graph_smoke():
 
 
 @pytest.mark.slow
+def test_pose2_graph_smoke():
+    result = load_example("pose2_graph.py").main(smoke=True)
+    assert result["result"] == "successful"
+    assert result["steps_accepted"] <= result["steps"] <= 20
+    # the loop closures pull the answer far closer to the truth than dead
+    # reckoning
+    solved, start = result["solve_graph"], result["dead_reckoning"]
+    assert solved["position_rmse"] < 0.5 * start["position_rmse"]
+    # the Hessian's and the Gauss-Newton marginals differ by the residuals'
+    # curvature only
+    assert 0 < result["hessian_vs_gauss_newton_marginals"] < 1e-2
+    assert all(np.isfinite(result["last_pose_sd"]))
+    if "gtsam" in result:  # an optional peer: GTSAM's answer and Marginals
+        peer = result["gtsam"]
+        assert peer["max_dx_vs_lm_tight"] <= 1e-6
+        assert peer["marginals_max_relative_difference"] <= 1e-6
+
+
+@pytest.mark.slow
+def test_pose2_learned_odometry_smoke(monkeypatch):
+    # it imports the Pose2 errors from pose2_graph.py, next to it
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    result = load_example("pose2_learned_odometry.py").main(smoke=True)
+    assert result["learned results"] == ["successful"]
+    means = result["mean over tracks"]
+    rmse = {name: r["position_rmse"] for name, r in means.items()}
+    # even a short training beats one Gaussian for every step, which spreads
+    # the turns' over-reading over the straights; so does a Gaussian per bin
+    # of the turn reading
+    assert rmse["learned"] < rmse["one Gaussian"] < rmse["dead reckoning"]
+    assert rmse["Gaussian per turn"] < rmse["one Gaussian"]
+    for name in ("one Gaussian", "Gaussian per turn", "learned"):
+        assert 0 <= means[name]["coverage_99"] <= 1
+
+
+@pytest.mark.slow
 def test_arm_beliefs_smoke(monkeypatch):
     # it imports the arm from arm_pose_graph.py, next to it (as a script does)
     monkeypatch.syspath_prepend(str(EXAMPLES))
