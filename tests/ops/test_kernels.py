@@ -37,9 +37,9 @@ def _allpole_uses_kernel(dtype=jnp.float64) -> bool:
 
 def _sections_use_kernel(dtype=jnp.float64) -> bool:
     """Whether the CPU program of a 3-section `sosfilt` makes one pass (one
-    call of the cascade kernel) and its gradient runs each section's
-    all-pole kernel forward and adjoint (in scans over the sections: one
-    call of each in the program)."""
+    call of the cascade kernel) and its gradient one pass forward (the
+    cascade kernel keeping every section's output) and one backward (the
+    cascade's adjoint kernel), with no section-by-section all-pole filter."""
     x = jnp.linspace(0.0, 1.0, 8, dtype=dtype)
     sos = jnp.asarray([[1.0, 0.5, 0.25, 1.0, -0.5, 0.1]] * 3, dtype)
     text = jax.jit(sosfilt).lower(sos, x).as_text()
@@ -48,8 +48,9 @@ def _sections_use_kernel(dtype=jnp.float64) -> bool:
     return (
         text.count(f"@{_native.SECTIONS}(") == 1
         and f"@{_native.ALLPOLE}(" not in text
-        and grad_text.count(f"@{_native.ALLPOLE}(") == 2
-        and f"@{_native.SECTIONS}(" not in grad_text
+        and grad_text.count(f"@{_native.SECTIONS_SAVED}(") == 1
+        and grad_text.count(f"@{_native.SECTIONS_ADJOINT}(") == 1
+        and f"@{_native.ALLPOLE}(" not in grad_text
     )
 
 

@@ -70,6 +70,7 @@ from retrax.ops._linear_primitive import (
     state_recurrence,
 )
 from retrax.ops._recurrence import _recurrence, recurrence
+from retrax.ops._sections_gradient import cotangent_p, saved_p
 from retrax.ops._state_space import chunk_length
 from retrax.ops._state_structures import scan_linear
 from retrax.synth import phase
@@ -668,6 +669,8 @@ def _recurrences(jaxpr):
             found.append(False)
         elif eqn.primitive.name == "ffi_call":
             found.append(False)
+        elif eqn.primitive in (saved_p, cotangent_p):  # the sections' kernels
+            found.append(eqn.primitive is cotangent_p)
         subs = [
             _recurrences(sub) for sub in jax.extend.core.jaxprs_in_params(eqn.params)
         ]
@@ -719,10 +722,15 @@ def _adjoint_cases(length=100):
          {(n,), (n, 2), (2,), ()}),
         ("lfilter", lfilter, (jnp.asarray(b), jnp.asarray(a), x), 1, 2,
          {(n,), (n, 2), (2,), (3,), ()}),
-        # the sections run as a scan over them: a residual of each is stacked
-        # along a leading axis of the 2 sections
-        ("sosfilt", sosfilt, (sos, x), 2, 2,
-         {(n,), (n, 2), (2,), (), (2, n), (2, n, 2), (2, 2)}),
+        # the sections' kernels: one pass each way, every section's output
+        # kept (2, n); elsewhere the sections run as a scan over them, a
+        # residual of each stacked along a leading axis of the 2 sections
+        ("sosfilt", sosfilt, (sos, x), 1, 2,
+         {(n,), (2, n), (2, 1), (2, 5), (2, 6), (4,), ()})
+        if _native.available("allpole")
+        else ("sosfilt", sosfilt, (sos, x), 2, 2,
+              {(n,), (n, 2), (2,), (), (2, n), (2, n, 2), (2, 2), (2, 1),
+               (2, 6)}),
         # (`()`: the maps' checks, whose factor the backward pass reads)
         ("diag_state_space", _diag_state_space, (decay, B, C, D, xm), 1, 3,
          {(n, 2), (n, 3), (1, 3), (3,), (2, 3), (3, 2), (2, 2), ()}),

@@ -18,11 +18,13 @@ from helpers import (
     assert_close,
     check_float32,
     check_grads,
+    primitive_eqns_in,
     scans_in,
     stable_poly,
     unchecked,
 )
-from retrax import ops
+from retrax import _native, ops
+from retrax.ops._sections_gradient import cotangent_p, saved_p
 
 
 # Rerun by CI with the compiled kernels disabled (RETRAX_DISABLE_KERNELS=1).
@@ -343,6 +345,14 @@ def test_gradients_run_the_adjoint_filter():
     grad = jax.grad(lambda sos, x: jnp.sum(ops.sosfilt(sos, x) ** 2), argnums=(0, 1))
     jaxpr = jax.make_jaxpr(grad)(sos, x).jaxpr
     eqns = allpole_eqns_in(jaxpr)
+    if _native.available("allpole"):
+        # the sections' kernels: one pass forward keeping every section's
+        # output, one backward through every section (the batch of 3 signals
+        # in one call each)
+        assert len(primitive_eqns_in(jaxpr, saved_p)) == 1
+        assert len(primitive_eqns_in(jaxpr, cotangent_p)) == 1
+        assert not eqns and not scans_in(jaxpr)
+        return
     # the sections run as one scan over them (forward, then its transpose
     # backwards over the sections), each step one section's recursion
     assert sorted(eqn.params["adjoint"] for eqn in eqns) == [False, True]

@@ -36,8 +36,11 @@ LIBRARY = pathlib.Path(__file__).with_name("_kernels.so")
 BALLISTICS = "retrax_ballistics"
 ALLPOLE = "retrax_allpole"
 ALLPOLE_LAGS = "retrax_allpole_lags"
+ALLPOLE_LAG_DOT = "retrax_allpole_lag_dot"
 LINEAR = "retrax_linear"
 SECTIONS = "retrax_sections"
+SECTIONS_SAVED = "retrax_sections_saved"
+SECTIONS_ADJOINT = "retrax_sections_adjoint"
 _DISABLE = "RETRAX_DISABLE_KERNELS"
 
 # Public kernel name -> its (XLA FFI target name, symbol of the handler)s.
@@ -46,7 +49,10 @@ _KERNELS = {
     "allpole": (
         (ALLPOLE, "RetraxAllpole"),
         (ALLPOLE_LAGS, "RetraxAllpoleLags"),
+        (ALLPOLE_LAG_DOT, "RetraxAllpoleLagDot"),
         (SECTIONS, "RetraxSections"),
+        (SECTIONS_SAVED, "RetraxSectionsSaved"),
+        (SECTIONS_ADJOINT, "RetraxSectionsAdjoint"),
     ),
     "linear": ((LINEAR, "RetraxLinear"),),
 }

@@ -23,6 +23,7 @@
 // overlaps across samples; a batch advances W signals at once in SIMD lanes.
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "cpu.h"
@@ -63,12 +64,31 @@ inline __attribute__((always_inline)) void Step(
   }
 }
 
+// Sample t of W signals after `Step`: the output, and with kSave every
+// section's output (h[2 (s + 1)], newest first) into ys, (S, T) a signal.
+template <typename R, int S, int W, bool kSave>
+inline __attribute__((always_inline)) void Store(
+    const R (&h)[(S + 1) * 2][W], const R (&v)[W], R* __restrict__ y,
+    R* __restrict__ ys, int64_t out_length, int64_t samples, int64_t first,
+    int64_t t) {
+  for (int l = 0; l < W; ++l) {
+    y[(first + l) * out_length + t] = v[l];
+    if (kSave) {
+      for (int s = 0; s < S; ++s) {
+        ys[((first + l) * S + s) * samples + t] = h[2 * (s + 1)][l];
+      }
+    }
+  }
+}
+
 // W signals `first .. first + W - 1`, with S sections known at compile
-// time, so that the histories stay in registers.
-template <typename R, int S, int W>
+// time, so that the histories stay in registers. With kSave, also every
+// section's output into ys (S, T) a signal, for reverse mode.
+template <typename R, int S, int W, bool kSave>
 inline __attribute__((always_inline)) void Cascade(
     const R* __restrict__ a, const R* __restrict__ u, const R* __restrict__ zi,
-    R* __restrict__ y, int64_t samples, int64_t first, bool final_state) {
+    R* __restrict__ y, R* __restrict__ ys, int64_t samples, int64_t first,
+    bool final_state) {
   const int64_t out_length = samples + (final_state ? 2 * S : 0);
   R c[S * kCoefficients][W], z[S * 2][W], h[(S + 1) * 2][W];
   for (int l = 0; l < W; ++l) {
@@ -87,12 +107,12 @@ inline __attribute__((always_inline)) void Cascade(
   for (int64_t t = 0; t < head; ++t) {
     for (int l = 0; l < W; ++l) v[l] = u[(first + l) * samples + t];
     Step<R, S, W, true>(c, z, h, v, static_cast<int>(t));
-    for (int l = 0; l < W; ++l) y[(first + l) * out_length + t] = v[l];
+    Store<R, S, W, kSave>(h, v, y, ys, out_length, samples, first, t);
   }
   for (int64_t t = head; t < samples; ++t) {
     for (int l = 0; l < W; ++l) v[l] = u[(first + l) * samples + t];
     Step<R, S, W, false>(c, z, h, v, -1);
-    for (int l = 0; l < W; ++l) y[(first + l) * out_length + t] = v[l];
+    Store<R, S, W, kSave>(h, v, y, ys, out_length, samples, first, t);
   }
   if (!final_state) return;
   for (int l = 0; l < W; ++l) {
@@ -120,10 +140,13 @@ inline __attribute__((always_inline)) void Cascade(
 // W = 32 / sizeof(R) signals `first .. first + W - 1` at once, each value a
 // vector of their W lanes (GCC's vector extension: one AVX register), with
 // S sections known at compile time; the same arithmetic as `Cascade`.
-template <typename R, int S>
+// With kSave, also every section's output into the group's block of ys,
+// laid out (T, S, W): one vector store a section and sample.
+template <typename R, int S, bool kSave>
 inline __attribute__((always_inline)) void CascadeLanes(
     const R* __restrict__ a, const R* __restrict__ u, const R* __restrict__ zi,
-    R* __restrict__ y, int64_t samples, int64_t first, bool final_state) {
+    R* __restrict__ y, R* __restrict__ ys, int64_t samples, int64_t first,
+    bool final_state) {
   constexpr int W = 32 / sizeof(R);
   typedef R V __attribute__((vector_size(32)));
   const int64_t out_length = samples + (final_state ? 2 * S : 0);
@@ -161,6 +184,12 @@ inline __attribute__((always_inline)) void CascadeLanes(
     }
     h[2 * S + 1] = h[2 * S];
     h[2 * S] = v;
+    if (kSave) {
+      R* at = ys + first * S * samples + t * S * W;
+      for (int s = 0; s < S; ++s) {
+        std::memcpy(at + s * W, &h[2 * (s + 1)], sizeof(V));
+      }
+    }
     for (int l = 0; l < W; ++l) out[l][t] = v[l];
   }
   if (!final_state) return;
@@ -186,11 +215,11 @@ inline __attribute__((always_inline)) void CascadeLanes(
 
 // One signal with any number of sections `n` (past those compiled for): the
 // same recursion, section by section on a block of samples at a time.
-template <typename R>
+template <typename R, bool kSave>
 inline __attribute__((always_inline)) void CascadeAny(
     const R* __restrict__ a, const R* __restrict__ u, const R* __restrict__ zi,
-    R* __restrict__ y, int64_t samples, int64_t b, int64_t n,
-    bool final_state) {
+    R* __restrict__ y, R* __restrict__ ys, int64_t samples, int64_t b,
+    int64_t n, bool final_state) {
   const int64_t out_length = samples + (final_state ? 2 * n : 0);
   const R* ab = a + b * n * kCoefficients;
   const R* zb = zi + b * n * 2;
@@ -206,6 +235,7 @@ inline __attribute__((always_inline)) void CascadeAny(
       h[2 * s + 1] = h[2 * s];
       h[2 * s] = v;
       v = out;
+      if (kSave) ys[(b * n + s) * samples + t] = out;
     }
     h[2 * n + 1] = h[2 * n];
     h[2 * n] = v;
@@ -229,30 +259,320 @@ inline __attribute__((always_inline)) void CascadeAny(
   }
 }
 
-// Every signal of the batch: W at a time, then one at a time.
+// Reverse mode of the cascade for W signals `first .. first + W - 1` (each
+// value a vector of their W lanes), with S sections known at compile time:
+// one pass backwards in time that takes every sample's cotangent through
+// every section while it is in registers, from the last section to the
+// first. With lambda the cotangent of a section's all-pole input (its drive)
+// and g that of its output,
+//   lambda[t] = g[t] - a1 lambda[t+1] - a2 lambda[t+2]   (zero past the end)
+// is the adjoint recursion, and the section's input gets
+//   b0 lambda[t] + b1 lambda[t+1] + b2 lambda[t+2],
+// the next (earlier) section's g. The coefficients' cotangents are sums of
+// products with the section's saved input x and output y, summed here as
+// they pass: b_k gets lambda[t+k] x[t] and a_k gets -lambda[t+k] y[t] (the
+// sums over t of lambda[t] x[t-k] and -lambda[t] y[t-k], re-indexed), and
+// the initial state (z0, z1) gets (lambda[0], lambda[1]).
+//
+// Operands: a (B, S, 5), u (B, T) the input, ys (B, S, T) every section's
+// output (the forward kernel's `save`), ct (B, T) the output's cotangent;
+// result (B, T + 7 S): u's cotangent, then a's (S rows of 5), then zi's
+// (2 S, in zi's layout).
+// Lane l of a vector of W signals' values, or the value of one signal.
+template <typename V, typename R>
+inline __attribute__((always_inline)) void SetLane(V& v, int l, R x) {
+  v[l] = x;
+}
+template <typename R>
+inline __attribute__((always_inline)) void SetLane(R& v, int, R x) {
+  v = x;
+}
+template <typename V>
+inline __attribute__((always_inline)) auto GetLane(const V& v, int l) {
+  return v[l];
+}
+inline __attribute__((always_inline)) float GetLane(float v, int) { return v; }
+inline __attribute__((always_inline)) double GetLane(double v, int) {
+  return v;
+}
+
+// Reverse mode for a group of W = 32 / sizeof(R) signals in vector lanes,
+// their saved outputs in the group's (T, S, W) block of ys. The recursion
+// is written so that the cotangent g reaches the next section through one
+// add and one multiply-add, the terms of the later samples (p, q) computed
+// off that path, as the forward kernel does.
 template <typename R, int S>
-inline __attribute__((always_inline)) void CascadeAll(
-    const R* a, const R* u, const R* zi, R* y, int64_t samples, int64_t batch,
-    bool final_state) {
-  // one vector register of lanes (AVX2: 4 doubles or 8 floats)
+inline __attribute__((always_inline)) void AdjointLanes(
+    const R* __restrict__ a, const R* __restrict__ u, const R* __restrict__ ys,
+    const R* __restrict__ ct, R* __restrict__ out, int64_t samples,
+    int64_t first) {
+  constexpr int W = 32 / sizeof(R);
+  typedef R V __attribute__((vector_size(32)));
+  const int64_t out_length = samples + 7 * S;
+  V c[S * kCoefficients], acc[S * kCoefficients], l1[S], l2[S], p[S], q[S];
+  const V zero = V{} * R(0);
+  for (int l = 0; l < W; ++l) {
+    const int64_t b = first + l;
+    for (int s = 0; s < S; ++s) {
+      for (int k = 0; k < kCoefficients; ++k) {
+        c[s * kCoefficients + k][l] = a[(b * S + s) * kCoefficients + k];
+      }
+    }
+  }
+  for (int k = 0; k < S * kCoefficients; ++k) acc[k] = zero;
+  for (int s = 0; s < S; ++s) l1[s] = l2[s] = p[s] = q[s] = zero;
+  const R* group = ys + first * S * samples;
+  for (int64_t t = samples - 1; t >= 0; --t) {
+    const R* at = group + t * S * W;
+    V g, y;
+    for (int l = 0; l < W; ++l) g[l] = ct[(first + l) * samples + t];
+    std::memcpy(&y, at + (S - 1) * W, sizeof(V));
+    for (int s = S - 1; s >= 0; --s) {
+      V x;
+      if (s == 0) {
+        for (int l = 0; l < W; ++l) x[l] = u[(first + l) * samples + t];
+      } else {
+        std::memcpy(&x, at + (s - 1) * W, sizeof(V));
+      }
+      const V* cs = c + s * kCoefficients;
+      V* as = acc + s * kCoefficients;
+      const V lam = g + p[s];  // g - a1 lambda[t+1] - a2 lambda[t+2]
+      g = cs[0] * lam + q[s];  // + b1 lambda[t+1] + b2 lambda[t+2]
+      as[0] += lam * x;
+      as[1] += l1[s] * x;
+      as[2] += l2[s] * x;
+      as[3] -= l1[s] * y;
+      as[4] -= l2[s] * y;
+      p[s] = -(cs[3] * lam + cs[4] * l1[s]);
+      q[s] = cs[1] * lam + cs[2] * l1[s];
+      l2[s] = l1[s];
+      l1[s] = lam;
+      y = x;
+    }
+    for (int l = 0; l < W; ++l) out[(first + l) * out_length + t] = g[l];
+  }
+  for (int l = 0; l < W; ++l) {
+    R* res = out + (first + l) * out_length + samples;
+    for (int s = 0; s < S; ++s) {
+      for (int k = 0; k < kCoefficients; ++k) {
+        res[s * kCoefficients + k] = acc[s * kCoefficients + k][l];
+      }
+      res[kCoefficients * S + 2 * s] = l1[s][l];
+      res[kCoefficients * S + 2 * s + 1] = l2[s][l];
+    }
+  }
+}
+
+// The sums over time of a block of one signal's cotangents lambda[i] (time
+// t0 + i) with a section's input x and output y: acc[k] += lambda[i] x[t-k]
+// (k = 0, 1, 2) and acc[3 + j] -= lambda[i] y[t-1-j], zero before the
+// start, in vector registers.
+template <typename R>
+inline __attribute__((always_inline)) void BlockSums(
+    const R* __restrict__ lam, const R* __restrict__ x,
+    const R* __restrict__ y, int64_t t0, int64_t n, R (&acc)[kCoefficients]) {
+  typedef R V __attribute__((vector_size(32)));
+  constexpr int64_t W = 32 / sizeof(R);
+  int64_t i = 0;
+  // the first two samples of the signal read nothing before it
+  for (; i < n && t0 + i < 2; ++i) {
+    const int64_t t = t0 + i;
+    acc[0] += lam[i] * x[t];
+    if (t >= 1) {
+      acc[1] += lam[i] * x[t - 1];
+      acc[3] -= lam[i] * y[t - 1];
+    }
+  }
+  V s0 = {}, s1 = {}, s2 = {}, s3 = {}, s4 = {};
+  for (; i + W <= n; i += W) {
+    const int64_t t = t0 + i;
+    V l, x0, x1, x2, y1, y2;
+    std::memcpy(&l, lam + i, sizeof(V));
+    std::memcpy(&x0, x + t, sizeof(V));
+    std::memcpy(&x1, x + t - 1, sizeof(V));
+    std::memcpy(&x2, x + t - 2, sizeof(V));
+    std::memcpy(&y1, y + t - 1, sizeof(V));
+    std::memcpy(&y2, y + t - 2, sizeof(V));
+    s0 += l * x0;
+    s1 += l * x1;
+    s2 += l * x2;
+    s3 += l * y1;
+    s4 += l * y2;
+  }
+  for (int64_t w = 0; w < W; ++w) {
+    acc[0] += s0[w];
+    acc[1] += s1[w];
+    acc[2] += s2[w];
+    acc[3] -= s3[w];
+    acc[4] -= s4[w];
+  }
+  for (; i < n; ++i) {
+    const int64_t t = t0 + i;
+    acc[0] += lam[i] * x[t];
+    acc[1] += lam[i] * x[t - 1];
+    acc[2] += lam[i] * x[t - 2];
+    acc[3] -= lam[i] * y[t - 1];
+    acc[4] -= lam[i] * y[t - 2];
+  }
+}
+
+// Reverse mode of the cascade for one signal `b` (the arithmetic of
+// `AdjointLanes`): blocks of samples backwards in time, each first through
+// the recursions alone (each section's lambda kept for the block), then
+// summed into the coefficients' cotangents by `BlockSums`, so that the
+// sequential loop does about the forward pass's work and the sums run in
+// vector registers.
+template <typename R, int S>
+inline __attribute__((always_inline)) void AdjointOne(
+    const R* __restrict__ a, const R* __restrict__ u, const R* __restrict__ ys,
+    const R* __restrict__ ct, R* __restrict__ out, int64_t samples,
+    int64_t b) {
+  constexpr int64_t kBlock = 256;
+  const int64_t out_length = samples + 7 * S;
+  R c[S * kCoefficients], acc[S][kCoefficients], l1[S], l2[S], p[S], q[S];
+  for (int s = 0; s < S; ++s) {
+    for (int k = 0; k < kCoefficients; ++k) {
+      c[s * kCoefficients + k] = a[(b * S + s) * kCoefficients + k];
+      acc[s][k] = R(0);
+    }
+    l1[s] = l2[s] = p[s] = q[s] = R(0);
+  }
+  const R* xb = u + b * samples;
+  const R* yb = ys + b * S * samples;
+  const R* cb = ct + b * samples;
+  R* rb = out + b * out_length;
+  alignas(32) R lam[S][kBlock];
+  for (int64_t t1 = samples; t1 > 0; t1 -= kBlock) {
+    const int64_t t0 = t1 > kBlock ? t1 - kBlock : 0;
+    for (int64_t t = t1 - 1; t >= t0; --t) {
+      R g = cb[t];
+      for (int s = S - 1; s >= 0; --s) {
+        const R* cs = c + s * kCoefficients;
+        const R now = g + p[s];
+        g = cs[0] * now + q[s];
+        p[s] = -(cs[3] * now + cs[4] * l1[s]);
+        q[s] = cs[1] * now + cs[2] * l1[s];
+        l2[s] = l1[s];
+        l1[s] = now;
+        lam[s][t - t0] = now;
+      }
+      rb[t] = g;
+    }
+    for (int s = 0; s < S; ++s) {
+      const R* x = s == 0 ? xb : yb + (s - 1) * samples;
+      BlockSums<R>(lam[s], x, yb + s * samples, t0, t1 - t0, acc[s]);
+    }
+  }
+  for (int s = 0; s < S; ++s) {
+    for (int k = 0; k < kCoefficients; ++k) {
+      rb[samples + s * kCoefficients + k] = acc[s][k];
+    }
+    rb[samples + kCoefficients * S + 2 * s] = l1[s];
+    rb[samples + kCoefficients * S + 2 * s + 1] = l2[s];
+  }
+}
+
+// The same for one signal with any number of sections `n`.
+template <typename R>
+void AdjointAny(const R* __restrict__ a, const R* __restrict__ u,
+                const R* __restrict__ ys, const R* __restrict__ ct,
+                R* __restrict__ out, int64_t samples, int64_t b, int64_t n) {
+  const int64_t out_length = samples + 7 * n;
+  const R* ab = a + b * n * kCoefficients;
+  const R* xb = u + b * samples;
+  const R* yb = ys + b * n * samples;
+  R* rb = out + b * out_length;
+  std::vector<R> acc(n * kCoefficients, R(0)), l1(n, R(0)), l2(n, R(0));
+  for (int64_t t = samples - 1; t >= 0; --t) {
+    R g = ct[b * samples + t];
+    R y = yb[(n - 1) * samples + t];
+    for (int64_t s = n - 1; s >= 0; --s) {
+      const R x = s == 0 ? xb[t] : yb[(s - 1) * samples + t];
+      const R* cs = ab + s * kCoefficients;
+      R* as = acc.data() + s * kCoefficients;
+      const R lam = (g - cs[3] * l1[s]) - cs[4] * l2[s];
+      g = (cs[0] * lam + cs[1] * l1[s]) + cs[2] * l2[s];
+      as[0] += lam * x;
+      as[1] += l1[s] * x;
+      as[2] += l2[s] * x;
+      as[3] -= l1[s] * y;
+      as[4] -= l2[s] * y;
+      l2[s] = l1[s];
+      l1[s] = lam;
+      y = x;
+    }
+    rb[t] = g;
+  }
+  for (int64_t s = 0; s < n; ++s) {
+    for (int k = 0; k < kCoefficients; ++k) {
+      rb[samples + s * kCoefficients + k] = acc[s * kCoefficients + k];
+    }
+    rb[samples + kCoefficients * n + 2 * s] = l1[s];
+    rb[samples + kCoefficients * n + 2 * s + 1] = l2[s];
+  }
+}
+
+// The operands of one call: the forward cascade (`ct` null; with `ys`,
+// every section's output saved for reverse mode) or its reverse mode (`ct`
+// the output's cotangent, `ys` the saved outputs, `y` the cotangents).
+template <typename R>
+struct Operands {
+  const R* a;
+  const R* u;
+  const R* zi;
+  const R* ct;
+  R* ys;
+  R* y;
+  int64_t samples;
+  int64_t batch;
+  int64_t n;
+  bool final_state;
+};
+
+// Every signal of the batch: W at a time in vector lanes, then one at a
+// time. Saved outputs: a group of W signals keeps its block of ys as
+// (T, S, W), a signal on its own as (S, T); the reverse mode reads the
+// layout the forward pass wrote (both split a batch alike).
+template <typename R, int S>
+inline __attribute__((always_inline)) void All(const Operands<R>& o) {
   constexpr int W = 32 / sizeof(R);
   int64_t first = 0;
-  for (; batch - first >= W; first += W) {
-    CascadeLanes<R, S>(a, u, zi, y, samples, first, final_state);
+  if (o.ct != nullptr) {
+    for (; o.batch - first >= W; first += W) {
+      AdjointLanes<R, S>(o.a, o.u, o.ys, o.ct, o.y, o.samples, first);
+    }
+    for (; first < o.batch; ++first) {
+      AdjointOne<R, S>(o.a, o.u, o.ys, o.ct, o.y, o.samples, first);
+    }
+    return;
   }
-  for (; first < batch; ++first) {
-    Cascade<R, S, 1>(a, u, zi, y, samples, first, final_state);
+  const bool save = o.ys != nullptr;
+  for (; o.batch - first >= W; first += W) {
+    if (save) {
+      CascadeLanes<R, S, true>(o.a, o.u, o.zi, o.y, o.ys, o.samples, first,
+                               false);
+    } else {
+      CascadeLanes<R, S, false>(o.a, o.u, o.zi, o.y, nullptr, o.samples,
+                                first, o.final_state);
+    }
+  }
+  for (; first < o.batch; ++first) {
+    if (save) {
+      Cascade<R, S, 1, true>(o.a, o.u, o.zi, o.y, o.ys, o.samples, first,
+                             false);
+    } else {
+      Cascade<R, S, 1, false>(o.a, o.u, o.zi, o.y, nullptr, o.samples, first,
+                              o.final_state);
+    }
   }
 }
 
 template <typename R>
-inline __attribute__((always_inline)) void Dispatch(
-    const R* a, const R* u, const R* zi, R* y, int64_t samples, int64_t batch,
-    int64_t n, bool final_state) {
-  switch (n) {
-#define RETRAX_SECTIONS_CASE(K)                                           \
-  case K:                                                                 \
-    return CascadeAll<R, K>(a, u, zi, y, samples, batch, final_state);
+inline __attribute__((always_inline)) void Dispatch(const Operands<R>& o) {
+  switch (o.n) {
+#define RETRAX_SECTIONS_CASE(K) \
+  case K:                       \
+    return All<R, K>(o);
     RETRAX_SECTIONS_CASE(1)
     RETRAX_SECTIONS_CASE(2)
     RETRAX_SECTIONS_CASE(3)
@@ -263,8 +583,16 @@ inline __attribute__((always_inline)) void Dispatch(
     RETRAX_SECTIONS_CASE(8)
 #undef RETRAX_SECTIONS_CASE
     default:
-      for (int64_t b = 0; b < batch; ++b) {
-        CascadeAny<R>(a, u, zi, y, samples, b, n, final_state);
+      for (int64_t b = 0; b < o.batch; ++b) {
+        if (o.ct != nullptr) {
+          AdjointAny<R>(o.a, o.u, o.ys, o.ct, o.y, o.samples, b, o.n);
+        } else if (o.ys != nullptr) {
+          CascadeAny<R, true>(o.a, o.u, o.zi, o.y, o.ys, o.samples, b, o.n,
+                              false);
+        } else {
+          CascadeAny<R, false>(o.a, o.u, o.zi, o.y, nullptr, o.samples, b,
+                               o.n, o.final_state);
+        }
       }
       return;
   }
@@ -275,51 +603,80 @@ inline __attribute__((always_inline)) void Dispatch(
 #if defined(__x86_64__) && defined(__GNUC__)
 #define RETRAX_SECTIONS_X86 1
 template <typename R>
-__attribute__((target("avx2,fma"))) void RunAvx2(
-    const R* a, const R* u, const R* zi, R* y, int64_t samples, int64_t batch,
-    int64_t n, bool final_state) {
-  Dispatch<R>(a, u, zi, y, samples, batch, n, final_state);
+__attribute__((target("avx2,fma"))) void RunAvx2(const Operands<R>& o) {
+  Dispatch<R>(o);
 }
-
 #endif
 
 template <typename R>
-void RunPortable(const R* a, const R* u, const R* zi, R* y, int64_t samples,
-                 int64_t batch, int64_t n, bool final_state) {
-  Dispatch<R>(a, u, zi, y, samples, batch, n, final_state);
+void RunPortable(const Operands<R>& o) {
+  Dispatch<R>(o);
 }
 
-// A batch of more than retrax::kChunk signals is split into chunks of
-// signals that the calling thread and XLA's intra-op pool run together.
+// A batch of more than retrax::kChunk signals (a multiple of every W) is
+// split into chunks of signals that the calling thread and XLA's intra-op
+// pool run together.
 template <typename R>
-void Run(ffi::ThreadPool& pool, const ffi::AnyBuffer& a,
-         const ffi::AnyBuffer& u, const ffi::AnyBuffer& zi,
-         ffi::Result<ffi::AnyBuffer>& y, int64_t samples, int64_t batch,
-         int64_t n, bool final_state) {
+void Run(ffi::ThreadPool& pool, const Operands<R>& whole,
+         std::size_t out_bytes) {
   auto run = RunPortable<R>;
 #ifdef RETRAX_SECTIONS_X86
   if (retrax::HasAvx2Fma()) run = RunAvx2<R>;
 #endif
-  retrax::AdviseHugePages(y->untyped_data(), y->size_bytes());
-  const R* a_ = static_cast<const R*>(a.untyped_data());
-  const R* u_ = static_cast<const R*>(u.untyped_data());
-  const R* zi_ = static_cast<const R*>(zi.untyped_data());
-  R* y_ = static_cast<R*>(y->untyped_data());
-  const int64_t out_length = samples + (final_state ? 2 * n : 0);
-  retrax::ParallelChunks(pool, batch, [&](int64_t first, int64_t count) {
-    run(a_ + first * n * kCoefficients, u_ + first * samples,
-        zi_ + first * 2 * n, y_ + first * out_length, samples, count, n,
-        final_state);
+  retrax::AdviseHugePages(whole.y, out_bytes);
+  const int64_t samples = whole.samples, n = whole.n;
+  const bool adjoint = whole.ct != nullptr;
+  const int64_t out_length =
+      adjoint ? samples + 7 * n : samples + (whole.final_state ? 2 * n : 0);
+  retrax::ParallelChunks(pool, whole.batch, [&](int64_t first, int64_t count) {
+    Operands<R> o = whole;
+    o.a += first * n * kCoefficients;
+    o.u += first * samples;
+    if (o.zi != nullptr) o.zi += first * 2 * n;
+    if (o.ct != nullptr) o.ct += first * samples;
+    if (o.ys != nullptr) o.ys += first * n * samples;
+    o.y += first * out_length;
+    o.batch = count;
+    run(o);
   });
 }
 
-ffi::Error Sections(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer u,
-                    ffi::AnyBuffer zi, ffi::Result<ffi::AnyBuffer> y,
-                    bool final_state) {
+template <typename R>
+Operands<R> Pointers(const ffi::AnyBuffer& a, const ffi::AnyBuffer& u,
+                     const R* zi, const R* ct, R* ys, R* y, int64_t samples,
+                     int64_t batch, int64_t n, bool final_state) {
+  return Operands<R>{static_cast<const R*>(a.untyped_data()),
+                     static_cast<const R*>(u.untyped_data()),
+                     zi,
+                     ct,
+                     ys,
+                     y,
+                     samples,
+                     batch,
+                     n,
+                     final_state};
+}
+
+// The cascade, or with `ys` its forward pass for reverse mode.
+template <typename R>
+void Forward(ffi::ThreadPool& pool, const ffi::AnyBuffer& a,
+             const ffi::AnyBuffer& u, const ffi::AnyBuffer& zi,
+             ffi::Result<ffi::AnyBuffer>& y, R* ys, int64_t samples,
+             int64_t batch, int64_t n, bool final_state) {
+  Run<R>(pool,
+         Pointers<R>(a, u, static_cast<const R*>(zi.untyped_data()), nullptr,
+                     ys, static_cast<R*>(y->untyped_data()), samples, batch, n,
+                     final_state),
+         y->size_bytes());
+}
+
+ffi::Error CheckForward(const ffi::AnyBuffer& a, const ffi::AnyBuffer& u,
+                        const ffi::AnyBuffer& zi, const ffi::AnyBuffer& y,
+                        bool final_state) {
   const auto dims = u.dimensions();
   const auto a_dims = a.dimensions();
   const auto zi_dims = zi.dimensions();
-  const auto y_dims = y->dimensions();
+  const auto y_dims = y.dimensions();
   if (dims.size() != 2 || a_dims.size() != 3 || zi_dims.size() != 2 ||
       y_dims.size() != 2) {
     return ffi::Error::InvalidArgument(
@@ -334,19 +691,112 @@ ffi::Error Sections(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer u,
   }
   const auto type = u.element_type();
   if (a.element_type() != type || zi.element_type() != type ||
-      y->element_type() != type) {
+      y.element_type() != type) {
     return ffi::Error::InvalidArgument("sections: mixed dtypes");
   }
-  if (batch == 0 || y_dims[1] == 0) return ffi::Error::Success();
+  if (type != ffi::DataType::F32 && type != ffi::DataType::F64) {
+    return ffi::Error::InvalidArgument("sections: float32 or float64 only");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error Sections(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer u,
+                    ffi::AnyBuffer zi, ffi::Result<ffi::AnyBuffer> y,
+                    bool final_state) {
+  ffi::Error error = CheckForward(a, u, zi, *y, final_state);
+  if (error.failure()) return error;
+  const int64_t batch = u.dimensions()[0], samples = u.dimensions()[1];
+  const int64_t n = a.dimensions()[1];
+  if (batch == 0 || y->element_count() == 0) return ffi::Error::Success();
+  if (u.element_type() == ffi::DataType::F32) {
+    Forward<float>(pool, a, u, zi, y, nullptr, samples, batch, n, final_state);
+  } else {
+    Forward<double>(pool, a, u, zi, y, nullptr, samples, batch, n, final_state);
+  }
+  return ffi::Error::Success();
+}
+
+// The forward pass of reverse mode: the output y (B, T) and every
+// section's output ys (B, S, T) in the kernels' own layout (see `All`),
+// which only `SectionsAdjoint` reads.
+ffi::Error SectionsSaved(ffi::ThreadPool pool, ffi::AnyBuffer a,
+                         ffi::AnyBuffer u, ffi::AnyBuffer zi,
+                         ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::AnyBuffer> ys) {
+  ffi::Error error = CheckForward(a, u, zi, *y, false);
+  if (error.failure()) return error;
+  const int64_t batch = u.dimensions()[0], samples = u.dimensions()[1];
+  const int64_t n = a.dimensions()[1];
+  const auto ys_dims = ys->dimensions();
+  if (ys_dims.size() != 3 || ys_dims[0] != batch || ys_dims[1] != n ||
+      ys_dims[2] != samples || ys->element_type() != u.element_type()) {
+    return ffi::Error::InvalidArgument(
+        "sections saved: ys needs shape (batch, sections, time)");
+  }
+  if (batch == 0 || y->element_count() == 0) return ffi::Error::Success();
+  retrax::AdviseHugePages(ys->untyped_data(), ys->size_bytes());
+  if (u.element_type() == ffi::DataType::F32) {
+    Forward<float>(pool, a, u, zi, y, static_cast<float*>(ys->untyped_data()),
+                   samples, batch, n, false);
+  } else {
+    Forward<double>(pool, a, u, zi, y,
+                    static_cast<double*>(ys->untyped_data()), samples, batch,
+                    n, false);
+  }
+  return ffi::Error::Success();
+}
+
+template <typename R>
+void Backward(ffi::ThreadPool& pool, const ffi::AnyBuffer& a,
+              const ffi::AnyBuffer& u, const ffi::AnyBuffer& ys,
+              const ffi::AnyBuffer& ct, ffi::Result<ffi::AnyBuffer>& out,
+              int64_t samples, int64_t batch, int64_t n) {
+  Run<R>(pool,
+         Pointers<R>(a, u, nullptr, static_cast<const R*>(ct.untyped_data()),
+                     const_cast<R*>(static_cast<const R*>(ys.untyped_data())),
+                     static_cast<R*>(out->untyped_data()), samples, batch, n,
+                     false),
+         out->size_bytes());
+}
+
+ffi::Error SectionsAdjoint(ffi::ThreadPool pool, ffi::AnyBuffer a,
+                           ffi::AnyBuffer u, ffi::AnyBuffer ys,
+                           ffi::AnyBuffer ct, ffi::Result<ffi::AnyBuffer> out) {
+  const auto dims = u.dimensions();
+  const auto a_dims = a.dimensions();
+  const auto ys_dims = ys.dimensions();
+  const auto ct_dims = ct.dimensions();
+  const auto out_dims = out->dimensions();
+  if (dims.size() != 2 || a_dims.size() != 3 || ys_dims.size() != 3 ||
+      ct_dims.size() != 2 || out_dims.size() != 2) {
+    return ffi::Error::InvalidArgument(
+        "sections adjoint: u and ct need shape (batch, time), a (batch, "
+        "sections, 5), ys (batch, sections, time)");
+  }
+  const int64_t batch = dims[0], samples = dims[1], n = a_dims[1];
+  if (a_dims[0] != batch || a_dims[2] != kCoefficients ||
+      ys_dims[0] != batch || ys_dims[1] != n || ys_dims[2] != samples ||
+      ct_dims[0] != batch || ct_dims[1] != samples || out_dims[0] != batch ||
+      out_dims[1] != samples + 7 * n) {
+    return ffi::Error::InvalidArgument(
+        "sections adjoint: operand shapes disagree");
+  }
+  const auto type = u.element_type();
+  if (a.element_type() != type || ys.element_type() != type ||
+      ct.element_type() != type || out->element_type() != type) {
+    return ffi::Error::InvalidArgument("sections adjoint: mixed dtypes");
+  }
+  if (batch == 0 || out->element_count() == 0) return ffi::Error::Success();
   switch (type) {
     case ffi::DataType::F32:
-      Run<float>(pool, a, u, zi, y, samples, batch, n, final_state);
+      Backward<float>(pool, a, u, ys, ct, out, samples, batch, n);
       return ffi::Error::Success();
     case ffi::DataType::F64:
-      Run<double>(pool, a, u, zi, y, samples, batch, n, final_state);
+      Backward<double>(pool, a, u, ys, ct, out, samples, batch, n);
       return ffi::Error::Success();
     default:
-      return ffi::Error::InvalidArgument("sections: float32 or float64 only");
+      return ffi::Error::InvalidArgument(
+          "sections adjoint: float32 or float64 only");
   }
 }
 
@@ -360,3 +810,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RetraxSections, Sections,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<bool>("final_state"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RetraxSectionsSaved, SectionsSaved,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RetraxSectionsAdjoint, SectionsAdjoint,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());

@@ -76,7 +76,9 @@ def sharded_like(x, u):
     return x + zeros.reshape(zeros.shape[:1] + (1,) * (x.ndim - 1))
 
 
-def batch_in_front(bind, args, dims, *, signal: int, signal_rank: int):
+def batch_in_front(
+    bind, args, dims, *, signal: int, signal_rank: int, multiple_results=False
+):
     """A batching rule: the mapped axis of every operand in front (unmapped
     operands broadcast), whichever axis `vmap` maps, merged with a batch axis
     the operands had already (nested maps give the kernel one batch), then
@@ -97,8 +99,12 @@ def batch_in_front(bind, args, dims, *, signal: int, signal_rank: int):
     inner = args[signal].shape[1 : args[signal].ndim - signal_rank]
     if inner:
         args = [x.reshape(size * inner[0], *x.shape[2:]) for x in args]
-    out = bind(*args)
-    return out.reshape(size, *inner, *out.shape[1:]), 0
+    outs = bind(*args)
+    outs = [
+        out.reshape(size, *inner, *out.shape[1:])
+        for out in (outs if multiple_results else [outs])
+    ]
+    return (outs, [0] * len(outs)) if multiple_results else (outs[0], 0)
 
 
 def batch_partitioned(call, rule, signal: int = 1):
@@ -127,10 +133,10 @@ def batch_partitioned(call, rule, signal: int = 1):
 
     def partition(mesh, arg_shapes, result_shape):
         sharding, args = shardings(mesh, arg_shapes)
-        return mesh, call, sharding(result_shape), args
+        return mesh, call, jax.tree.map(sharding, result_shape), args
 
     def infer(mesh, arg_shapes, result_shape):
-        return shardings(mesh, arg_shapes)[0](result_shape)
+        return jax.tree.map(shardings(mesh, arg_shapes)[0], result_shape)
 
     wrapped = custom_partitioning(call)
     wrapped.def_partition(
@@ -191,7 +197,9 @@ class Kernel:
     signal_rank: int
 
 
-def register_lowerings(prim, *, scan, kernel, signal: int, cpu_scan=None) -> None:
+def register_lowerings(
+    prim, *, scan, kernel, signal: int, cpu_scan=None, multiple_results=False
+) -> None:
     """Register `prim`'s impl (`register_impl`) and lowerings.
 
     **Arguments:**
@@ -204,6 +212,8 @@ def register_lowerings(prim, *, scan, kernel, signal: int, cpu_scan=None) -> Non
     - `signal`: the operand whose dtype picks the kernel and whose batch
       sharding the partitioned kernel keeps.
     - `cpu_scan`: the CPU's fallback where it differs from `scan`.
+    - `multiple_results`: the primitive returns a list of arrays (each with
+      the batch axis in front).
     """
     register_impl(prim)
 
@@ -219,16 +229,17 @@ def register_lowerings(prim, *, scan, kernel, signal: int, cpu_scan=None) -> Non
     def run_kernel(*args, partitioned_over, **params):
         pieces = kernel(**params)
         if args[signal].ndim == pieces.signal_rank:  # one signal: nothing to shard
-            return pieces.call(*(x[None] for x in args), **params)[0]
+            out = pieces.call(*(x[None] for x in args), **params)
+            return [o[0] for o in out] if multiple_results else out[0]
         if partitioned_over:
             return partitioned(**params)(*args)
         return pieces.call(*args, **params)
 
-    scan_lowering = mlir.lower_fun(scan, multiple_results=False)
+    scan_lowering = mlir.lower_fun(scan, multiple_results=multiple_results)
     cpu_scan_lowering = (
         scan_lowering
         if cpu_scan is None
-        else mlir.lower_fun(cpu_scan, multiple_results=False)
+        else mlir.lower_fun(cpu_scan, multiple_results=multiple_results)
     )
 
     def cpu_lowering(ctx, *args, **params):
@@ -238,7 +249,8 @@ def register_lowerings(prim, *, scan, kernel, signal: int, cpu_scan=None) -> Non
                 run = functools.partial(
                     run_kernel, partitioned_over=partitioned_program(ctx), **params
                 )
-                return mlir.lower_fun(run, multiple_results=False)(ctx, *args)
+                lowering = mlir.lower_fun(run, multiple_results=multiple_results)
+                return lowering(ctx, *args)
             _native.warn_if_missing()
         return cpu_scan_lowering(ctx, *args, **params)
 

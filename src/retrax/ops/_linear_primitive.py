@@ -208,6 +208,12 @@ def _expanded_jvp(pieces, primals, tangents, *, adjoint, unroll):
 
 def _jvp(primals, tangents, *, structure, adjoint, unroll):
     pieces = STRUCTURES[structure]
+    if structure == "sections":
+        # the cascade's reverse mode in one pass, where its kernel runs
+        from . import _sections_gradient
+
+        if _sections_gradient.fused(primals[0], primals[1]):
+            return _sections_gradient.jvp(primals, tangents)
     if pieces.expand is not None:
         return _expanded_jvp(pieces, primals, tangents, adjoint=adjoint, unroll=unroll)
     a, u, zi = primals

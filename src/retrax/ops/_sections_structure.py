@@ -100,6 +100,28 @@ def _expand(final_state, bind, a, u, zi, *, unroll):
     return jnp.concatenate([y, finals.reshape(-1)])
 
 
+def section_outputs(bind, a, u, zi, *, unroll):
+    """Every section's output, shape `(S, T)` (or `(B, S, T)`): the expansion,
+    keeping what reverse mode reads (`_sections_gradient`)."""
+    if u.ndim == 2:
+        run = functools.partial(section_outputs, bind, unroll=unroll)
+        return jax.vmap(run)(a, u, zi)
+
+    def step(y, row_and_state):
+        y, _ = _section(
+            bind,
+            row_and_state[0],
+            y,
+            row_and_state[1],
+            unroll=unroll,
+            final_state=False,
+        )
+        return y, y
+
+    _, ys = jax.lax.scan(step, u, (a, zi.reshape(a.shape[0], 2)))
+    return ys
+
+
 def _kernel_call(a, u, zi, *, structure, adjoint, unroll):
     """The compiled kernel on operands with a batch axis in front, in their
     own (batch-major) layout."""
