@@ -25,6 +25,7 @@
 // CPUs, the blocked and grouped loops.
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -924,6 +925,140 @@ ffi::Error AllpoleLags(ffi::ThreadPool pool, ffi::AnyBuffer p,
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RetraxAllpoleLags, AllpoleLags,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+// The coefficients' cotangent of the all-pole recursion with constant
+// coefficients: one value per lag,
+//   g[b, k] = -sum_t p[b, t] q[b, t - k - 1],   q[b, -j - 1] = s[b, j],
+// the sums over time of the lagged products `RetraxAllpoleLags` writes one
+// per sample. Each lag is a dot product of two signals, summed in vector
+// registers (two accumulators of a vector's lanes each) where XLA's CPU
+// reductions of shifted operands run a scalar loop, a pass per lag.
+//
+// Operands: p, q (B, T), s (B, K); result g (B, K). Real dtypes.
+
+namespace {
+
+template <typename T>
+inline __attribute__((always_inline)) T Dot(const T* __restrict__ x,
+                                            const T* __restrict__ y,
+                                            int64_t n) {
+  typedef T V __attribute__((vector_size(32)));
+  constexpr int64_t W = 32 / sizeof(T);
+  V a0 = {}, a1 = {};
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    V x0, x1, y0, y1;
+    std::memcpy(&x0, x + i, sizeof(V));
+    std::memcpy(&x1, x + i + W, sizeof(V));
+    std::memcpy(&y0, y + i, sizeof(V));
+    std::memcpy(&y1, y + i + W, sizeof(V));
+    a0 += x0 * y0;
+    a1 += x1 * y1;
+  }
+  a0 += a1;
+  T r = T(0);
+  for (int64_t l = 0; l < W; ++l) r += a0[l];
+  for (; i < n; ++i) r += x[i] * y[i];
+  return r;
+}
+
+template <typename T>
+inline __attribute__((always_inline)) void LagDotBatch(
+    const T* p, const T* q, const T* s, T* g, int64_t length, int64_t batch,
+    int64_t order) {
+  for (int64_t b = 0; b < batch; ++b) {
+    const T* pb = p + b * length;
+    const T* qb = q + b * length;
+    const T* sb = s + b * order;
+    for (int64_t k = 0; k < order; ++k) {
+      // t >= k + 1 reads the signal, t <= k the state
+      T sum = length > k + 1 ? Dot<T>(pb + k + 1, qb, length - k - 1) : T(0);
+      for (int64_t t = 0; t <= k && t < length; ++t) sum += pb[t] * sb[k - t];
+      g[b * order + k] = -sum;
+    }
+  }
+}
+
+#ifdef RETRAX_X86
+template <typename T>
+__attribute__((target("avx2,fma"))) void LagDotAvx2(const T* p, const T* q,
+                                                    const T* s, T* g,
+                                                    int64_t length,
+                                                    int64_t batch,
+                                                    int64_t order) {
+  LagDotBatch<T>(p, q, s, g, length, batch, order);
+}
+#endif
+
+template <typename T>
+void LagDotPortable(const T* p, const T* q, const T* s, T* g, int64_t length,
+                    int64_t batch, int64_t order) {
+  LagDotBatch<T>(p, q, s, g, length, batch, order);
+}
+
+template <typename T>
+void RunLagDot(ffi::ThreadPool& pool, const ffi::AnyBuffer& p,
+               const ffi::AnyBuffer& q, const ffi::AnyBuffer& s,
+               ffi::Result<ffi::AnyBuffer>& g, int64_t length, int64_t batch,
+               int64_t order) {
+  auto run = LagDotPortable<T>;
+#ifdef RETRAX_X86
+  if (retrax::HasAvx2Fma()) run = LagDotAvx2<T>;
+#endif
+  const T* p_ = static_cast<const T*>(p.untyped_data());
+  const T* q_ = static_cast<const T*>(q.untyped_data());
+  const T* s_ = static_cast<const T*>(s.untyped_data());
+  T* g_ = static_cast<T*>(g->untyped_data());
+  retrax::ParallelChunks(pool, batch, [&](int64_t first, int64_t count) {
+    run(p_ + first * length, q_ + first * length, s_ + first * order,
+        g_ + first * order, length, count, order);
+  });
+}
+
+ffi::Error AllpoleLagDot(ffi::ThreadPool pool, ffi::AnyBuffer p,
+                         ffi::AnyBuffer q, ffi::AnyBuffer s,
+                         ffi::Result<ffi::AnyBuffer> g) {
+  const auto dims = p.dimensions();
+  const auto s_dims = s.dimensions();
+  if (dims.size() != 2 || s_dims.size() != 2) {
+    return ffi::Error::InvalidArgument(
+        "allpole lag dot: p, q need shape (B, T), s (B, K)");
+  }
+  const int64_t batch = dims[0], length = dims[1], order = s_dims[1];
+  if (s_dims[0] != batch ||
+      static_cast<int64_t>(q.element_count()) != batch * length ||
+      static_cast<int64_t>(g->element_count()) != batch * order) {
+    return ffi::Error::InvalidArgument(
+        "allpole lag dot: p, q (B, T), s (B, K) and g (B, K) disagree");
+  }
+  const auto type = p.element_type();
+  if (q.element_type() != type || s.element_type() != type ||
+      g->element_type() != type) {
+    return ffi::Error::InvalidArgument("allpole lag dot: mixed dtypes");
+  }
+  if (batch == 0 || order == 0) return ffi::Error::Success();
+  switch (type) {
+    case ffi::DataType::F32:
+      RunLagDot<float>(pool, p, q, s, g, length, batch, order);
+      return ffi::Error::Success();
+    case ffi::DataType::F64:
+      RunLagDot<double>(pool, p, q, s, g, length, batch, order);
+      return ffi::Error::Success();
+    default:
+      return ffi::Error::InvalidArgument(
+          "allpole lag dot: float32 or float64 only");
+  }
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RetraxAllpoleLagDot, AllpoleLagDot,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()

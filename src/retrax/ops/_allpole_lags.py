@@ -33,6 +33,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
@@ -224,3 +225,84 @@ _OUTER_KERNEL = Kernel(
 register_lowerings(
     lag_outer_p, scan=_outer, kernel=lambda **params: _OUTER_KERNEL, signal=1
 )
+
+
+# ---------------------------------------------------------------- constant coefficients
+#
+# With constant coefficients (`da` of shape `(K,)`, or `(B, K)`), the drive
+# is $-\sum_k \dot a_k\, y_{t-k-1}$ (`lag_drive_const_p`) and its transpose
+# the coefficients' cotangent $\bar a_k = -\sum_t \bar d_t\, y_{t-k-1}$, one
+# value per lag (`lag_dot_p`; adjoint: $-\sum_s \bar d_s\, w_{s+k+1}$). As
+# XLA operations each lag is a reduction of shifted operands, which XLA's CPU
+# backend runs as a scalar loop, a pass per lag (order 32, T = 44,100,
+# float64: 1.6 ms, more than the adjoint filter; 30-60 ms for a batch of 8);
+# on the CPU `lag_dot_p` is a compiled loop of vectorised dot products.
+
+
+def _drive_const(da, out, zi, *, adjoint):
+    """$-\\sum_k \\dot a_k y_{t-k-1}$ (forward) or $-\\sum_k \\dot a_k
+    w_{s+k+1}$ (adjoint), as XLA operations."""
+    drive = jnp.zeros_like(out)
+    for k in range(zi.shape[-1]):
+        drive = drive - da[..., k, None] * lagged(out, zi, k, adjoint)
+    return drive
+
+
+def _dot(ct, out, zi, *, adjoint):
+    """The transpose of `_drive_const` in `da`, as XLA operations."""
+    cols = [
+        -jnp.sum(ct * lagged(out, zi, k, adjoint), axis=-1) for k in range(zi.shape[-1])
+    ]
+    return jnp.stack(cols, axis=-1)
+
+
+def _dot_abstract_eval(ct, out, zi, *, adjoint):
+    del out, adjoint
+    return ct.update(shape=ct.shape[:-1] + zi.shape[-1:], weak_type=False)
+
+
+lag_drive_const_p = _primitive(
+    "allpole_lag_drive_const", _drive_const, _drive_abstract_eval
+)
+lag_dot_p = _primitive("allpole_lag_dot", _dot, _dot_abstract_eval)
+register_impl(lag_drive_const_p)
+mlir.register_lowering(
+    lag_drive_const_p, mlir.lower_fun(_drive_const, multiple_results=False)
+)
+
+
+def lag_drive_const(da, out, zi, *, adjoint: bool):
+    """Bind `lag_drive_const_p` (see above)."""
+    da, out, zi = (varying_like(v, da, out, zi) for v in (da, out, zi))
+    return lag_drive_const_p.bind(da, out, zi, adjoint=bool(adjoint))
+
+
+def lag_dot(ct, out, zi, *, adjoint: bool):
+    """Bind `lag_dot_p` (see above)."""
+    ct, out, zi = (varying_like(v, ct, out, zi) for v in (ct, out, zi))
+    return lag_dot_p.bind(ct, out, zi, adjoint=bool(adjoint))
+
+
+_transpose_rule(lag_drive_const_p, lag_dot)
+_transpose_rule(lag_dot_p, lag_drive_const)
+
+
+def _dot_kernel_call(ct, out, zi, *, adjoint):
+    """`lag_dot_p` on the compiled kernel, for a batch `(B, T)`: it computes
+    $g_k = -\\sum_t p_t\\, q_{t-k-1}$ with $q_{-j-1} = s_j$; the adjoint's
+    sums are the same, time-reversed (the state past the end)."""
+    p, q = (ct[:, ::-1], out[:, ::-1]) if adjoint else (ct, out)
+    call = jax.ffi.ffi_call(
+        _native.ALLPOLE_LAG_DOT, jax.ShapeDtypeStruct(zi.shape, ct.dtype)
+    )
+    return call(p, q, zi)
+
+
+_DOT_KERNEL = Kernel(
+    name="allpole",
+    dtypes=(np.dtype(np.float32), np.dtype(np.float64)),
+    call=_dot_kernel_call,
+    rule=lambda ranks: "b t, b t, b k -> b k",
+    signal_rank=1,
+)
+register_lowerings(lag_dot_p, scan=_dot, kernel=lambda **params: _DOT_KERNEL, signal=1)

@@ -40,7 +40,7 @@ import numpy as np
 from jax import lax
 
 from .. import _native
-from ._allpole_lags import lag_drive, lagged
+from ._allpole_lags import lag_drive, lag_drive_const
 from ._kernel_lowering import KERNEL_DTYPES, Kernel, sharded_like, varying_like
 from ._structure import Structure
 
@@ -196,10 +196,7 @@ def _coefficient_drive(da, out, zi, adjoint):
     $-\\sum_k \\dot a_{s+k+1,k} w_{s+k+1}$ (adjoint)."""
     if da.ndim == out.ndim + 1:  # per sample: see `_allpole_lags`
         return lag_drive(da, out, zi, adjoint=adjoint)
-    drive = jnp.zeros_like(out)
-    for k in range(zi.shape[-1]):
-        drive = drive - da[..., k, None] * lagged(out, zi, k, adjoint)
-    return drive
+    return lag_drive_const(da, out, zi, adjoint=adjoint)
 
 
 def _readout(a, ct, order, per_sample):

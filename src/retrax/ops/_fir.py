@@ -12,10 +12,18 @@ from .._validate import (
     check_zi,
     inexact,
 )
+from ._allpole_lags import lag_drive_const
 
 
 def fir_apply(b: Array, x: Array, zi: Array) -> Array:
-    """$y_t = \\sum_k b_{t,k} x_{t-k}$ with `zi[k] = x[-k-1]`; inputs share a dtype."""
+    """$y_t = \\sum_k b_{t,k} x_{t-k}$ with `zi[k] = x[-k-1]`; inputs share a dtype.
+
+    Constant taps past the first are the all-pole core's lagged drive
+    (`_allpole_lags.lag_drive_const`): the same sum of shifted products, whose
+    transpose in the taps (their gradient, a sum over time per tap) runs as
+    vectorised dot products on the CPU instead of a reduction per tap."""
+    if b.ndim == 1 and b.shape[0] > 1:
+        return b[0] * x + lag_drive_const(-b[1:], x, zi, adjoint=False)
     n_taps = b.shape[-1]
     order = n_taps - 1
     length = x.shape[0]
