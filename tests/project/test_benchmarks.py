@@ -301,3 +301,18 @@ def test_bench_revisions_smoke(tmp_path):
         assert base > 0 and head > 0 and ratio > 0
         assert row[4:] == ["-", "-"]  # no spread from one round
     assert worktrees() == before
+
+
+def test_bench_gradients_smoke(tmp_path):
+    report = tmp_path / "bench_gradients.md"
+    args = ["--length", "64", "--repeats", "1", "--number", "1", "--budget", "0.001"]
+    _run("bench_gradients.py", *args, "--markdown", str(report))
+    text = report.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
+    # sosfilt and lfilter at three orders, allpole constant and per sample
+    # at four, in both dtypes: forward and both gradients timed
+    assert len(rows) == (3 + 3 + 4 + 4) * 2, text
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert float(cells[1]) > 0
+        assert all(cell.endswith("x)") for cell in cells[2:])
