@@ -32,7 +32,11 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from ._graph import FactorGraph
-from ._graph_system import AbstractGraphSystem, graph_system
+from ._graph_system import (
+    AbstractGraphSystem,
+    gauss_newton_step,
+    gauss_newton_system,
+)
 from ._solution import RESULTS
 
 
@@ -72,10 +76,7 @@ def _scaling(diag: Float[Array, " n"]) -> Float[Array, " n"]:
 def _linearise(graph: FactorGraph, x, kind, jacobian_dtype):
     """The gradient and the Gauss–Newton matrix at `x` (the matrix evaluated
     in `jacobian_dtype` when given, and not yet factorised)."""
-    system = graph_system(
-        graph, x, kind, jacobian_dtype, rows="precision", factorise=False
-    )
-    return graph.gradient(x), system
+    return graph.gradient(x), gauss_newton_system(graph, x, kind, jacobian_dtype)
 
 
 def _next_damping(damping, growth, accept, ratio):
@@ -104,7 +105,7 @@ def _step(graph, state: LeastSquaresState, tol, kind, damped, jacobian_dtype):
     scale = _scaling(system.diagonal())
     # one factorisation a trial (lambda = 0 factorises H itself)
     trial = system.add_diagonal(lam * scale)
-    delta, linear_result = trial.solve_with_result(-g)
+    delta, linear_result = gauss_newton_step(trial, g)
     finite = jnp.all(jnp.isfinite(delta))
     delta = jnp.where(finite, delta, jnp.zeros_like(delta))
     size = jnp.max(jnp.abs(delta))

@@ -15,10 +15,11 @@ import jax
 import jax.numpy as jnp
 import lineax as lx
 import numpy as np
-from jax.scipy.linalg import cho_solve, lu_factor, lu_solve
+from jax.scipy.linalg import cho_solve, lu_factor, lu_solve, solve_triangular
 from jaxtyping import Array, Bool, Float, Int
 
 from ._graph import FactorGraph
+from ._graph_factor import GaussianFactor, ResidualFactor
 from ._solution import RESULTS
 
 
@@ -359,3 +360,587 @@ def graph_system(
     bands = graph.banded_jacobian(at, rows).astype(x.dtype)
     padded = graph.banded.padded
     return BandedSystem(bands, padded, lay.var_start, lay.var_dim, symmetric, factorise)
+
+
+# -- square-root (QR) Gauss-Newton systems ------------------------------------
+#
+# The Gauss-Newton matrix H = J^T J of a long chain is as ill-conditioned as
+# the square of its whitened Jacobian J (a chain of n poses anchored at one
+# end: cond(H) ~ n^2), and so is the gradient J^T r as the step's right-hand
+# side. In float32, a 40,000-pose odometry chain (cond(H) ~ 1e9 > 1/eps)
+# gets steps from block Cholesky of H that are wrong by their own size: every
+# Schur complement cancels (two numbers of the size of a link's precision
+# whose difference is the information carried along the chain), and so does
+# the gradient's rounding. QR of the rows [J | -r], block by block (the
+# square-root information form of the same elimination), passes each block's
+# information on as a triangular factor, never as a difference, and solves
+# min ||J delta + r|| without forming J^T r: the step's errors are of the
+# order of cond(J) ~ n times the rounding.
+
+
+def _whitened_rows(factor, rows, xs) -> Float[Array, "m k e"]:
+    """Per row, the Jacobian $W$ of the factor's whitened residual $r$ with
+    respect to the row's slots (concatenated), $W^\\top W$ its Gauss–Newton
+    precision, and $-r$ as one more column: $P^{1/2}[A \\mid b - Ax]$ for a
+    `GaussianFactor` (the precision's square root by its eigendecomposition:
+    a zero precision gives zero rows), the residual's Jacobian and value for a
+    `ResidualFactor`."""
+    if isinstance(factor, GaussianFactor):
+        a, b, p = rows
+        vals, vecs = jnp.linalg.eigh(p)
+        root = jnp.sqrt(jnp.maximum(vals, 0))[..., :, None] * jnp.swapaxes(vecs, -1, -2)
+        x = jnp.concatenate(xs, axis=-1)
+        minus_r = b - jnp.einsum("mkd,md->mk", a, x)
+        return root @ jnp.concatenate([a, minus_r[..., None]], axis=-1)
+    if isinstance(factor, ResidualFactor):
+
+        def one(row, *values):
+            def r(ys):
+                out = jnp.ravel(factor.residual(factor.params, row, *ys))
+                return out, out
+
+            jac, out = jax.jacfwd(r, has_aux=True)(values)
+            return jnp.concatenate([*jac, -out[:, None]], axis=1)
+
+        return jax.vmap(one)(rows, *xs)
+    raise TypeError(  # the least-squares methods take residual graphs only
+        f"{type(factor).__name__} has no residual: the least-squares methods "
+        "need GaussianFactor or ResidualFactor rows."
+    )
+
+
+def _graph_rows(graph: FactorGraph, x, jacobian_dtype):
+    """Per factor, its rows' `[W | -r]` (`(m, k, d + 1)`, cast to `x`'s
+    dtype) and their `(m, d)` flat coordinates."""
+    lay = graph.layout
+    at = x
+    if jacobian_dtype is not None and jnp.dtype(jacobian_dtype) != x.dtype:
+        graph = jax.tree.map(
+            lambda v: v.astype(jacobian_dtype) if eqx.is_inexact_array(v) else v,
+            graph,
+        )
+        at = x.astype(jacobian_dtype)
+    out = []
+    for k, f in enumerate(graph.factors):
+        xs = tuple(at[idx] for idx in lay.coords[k])
+        w = _whitened_rows(f, f.rows(), xs).astype(x.dtype)
+        out.append((w, np.concatenate(lay.coords[k], axis=1)))
+    return out
+
+
+def _ranks(groups: np.ndarray) -> np.ndarray:
+    """Each entry's rank among the entries of its group (in order)."""
+    order = np.argsort(groups, kind="stable")
+    ordered = groups[order]
+    rank = np.empty_like(groups)
+    rank[order] = np.arange(len(groups)) - np.searchsorted(ordered, ordered)
+    return rank
+
+
+_UNROLLED_COLUMNS = 16  # a triangle with more columns loops over them
+
+
+def _triangle(a: Float[Array, "m w"]) -> Float[Array, "w w"]:
+    """The upper triangle `R` of `a = Q R` (`m >= w`) by Householder
+    reflections with row pivoting (Powell and Reid's row-wise stable QR):
+    each column's reflector takes the row of largest magnitude there as its
+    pivot. Without it, a small pivot (a block's carried information, weak
+    against a link to the next block) gets the link's coefficient on the next
+    block as `x (1 - tau v^2)`, a difference of two nearly equal numbers, and
+    the information carried along a chain loses digits at every link.
+
+    With the column `x` (pivot `alpha`, norm `|beta|`, computed as `|alpha|`
+    plus a correction so that no rounding of `1 + t` biases it), the pivot
+    row becomes
+    `x^T a / beta` (the reflector's `1 - tau = alpha / beta` written out:
+    one rounding per product, as a Givens rotation's) and every other row
+    `a_i + (x_i / beta) v^T a`, where pivoting keeps `tau v_i^2 <= 1/2`."""
+    m, w = a.shape
+    rows = jnp.arange(m)
+    cols = jnp.arange(w)
+
+    def column(j, a):
+        below = rows >= j
+        pivot = rows == jnp.argmax(jnp.where(below, jnp.abs(a[:, j]), -1))
+        row_j = a[j]
+        row_p = jnp.sum(jnp.where(pivot[:, None], a, 0), axis=0)
+        a = jnp.where(pivot[:, None], row_j[None, :], a)
+        a = jnp.where((rows == j)[:, None], row_p[None, :], a)
+        x = jnp.where(below, a[:, j], 0)
+        alpha = x[j]  # the column's largest magnitude
+        zero = alpha == 0  # nothing to reflect
+        alpha = jnp.where(zero, 1, alpha)
+        others = jnp.where(rows > j, x, 0)
+        # |beta| = |alpha| sqrt(1 + t) as |alpha| + |alpha| t / (1 + sqrt(1 + t)):
+        # rounding 1 + t itself (t small) is biased, and a chain's links
+        # would add that bias up
+        t = jnp.sum((others / alpha) ** 2)
+        size = jnp.abs(alpha)
+        beta = -jnp.sign(alpha) * (size + size * t / (1 + jnp.sqrt(1 + t)))
+        rest = others @ a  # sum over the other rows of x_i a_i
+        top = (alpha * a[j] + rest) / beta
+        vta = a[j] + rest / (alpha - beta)
+        reflected = a + (others / beta)[:, None] * vta[None, :]
+        reflected = jnp.where((rows == j)[:, None], top[None, :], reflected)
+        later = jnp.where(zero, False, cols[None, :] > j)
+        a = jnp.where(later, reflected, a)
+        diagonal = jnp.where(zero, 0, beta)
+        column_j = jnp.where(rows == j, diagonal, 0)
+        return a.at[:, j].set(jnp.where(below, column_j, a[:, j]))
+
+    if w <= _UNROLLED_COLUMNS:
+        for j in range(w):
+            a = column(j, a)
+    else:
+        a = jax.lax.fori_loop(0, w, column, a)
+    return jnp.triu(a[:w])
+
+
+def _rotate_in(tri, row, start: int, stop: int):
+    """Givens rotations of `row` into the rows `start`..`stop - 1` of the
+    upper triangle `tri` (`row` zero before column `start`): the triangle of
+    `[tri; row]`, and what remains of `row` (zero before column `stop`).
+    Each rotation's cosine and sine are one division each and its norm is
+    computed as in `_triangle`, so a small entry against a large one keeps
+    its digits."""
+    for j in range(start, stop):
+        a, b = tri[j, j], row[j]
+        big = jnp.maximum(jnp.abs(a), jnp.abs(b))
+        small = jnp.minimum(jnp.abs(a), jnp.abs(b))
+        zero = big == 0
+        big = jnp.where(zero, 1, big)
+        t = (small / big) ** 2
+        r = big + big * t / (1 + jnp.sqrt(1 + t))
+        c = jnp.where(zero, 1, a / r)
+        s = jnp.where(zero, 0, b / r)
+        pivot = tri[j]
+        tri = tri.at[j].set(c * pivot + s * row)
+        row = (c * row - s * pivot).at[j].set(0)
+    return tri, row
+
+
+def _triangles(chunks: Float[Array, "q m w"]) -> Float[Array, "q w w"]:
+    """`_triangle` of each `(rows, width)` chunk (zero rows added below
+    where there are fewer rows than columns)."""
+    rows, width = chunks.shape[1:]
+    if rows < width:
+        pad = jnp.zeros((chunks.shape[0], width - rows, width), chunks.dtype)
+        chunks = jnp.concatenate([chunks, pad], axis=1)
+    return jax.vmap(_triangle)(chunks)
+
+
+def _reduce_rows(chunks, chunk_block: np.ndarray, count: int):
+    """One `(width, width)` triangle per block from its rows by QR, in
+    chunks of at most `2 width` rows (batched, off any sequential path):
+    `chunks` `(q, cap, width)`, chunk `j` a part of block `chunk_block[j]`
+    (each block has at least one)."""
+    width = chunks.shape[-1]
+    cap = 2 * width
+    tri = _triangles(chunks)
+    while len(chunk_block) > count:
+        # the next level: each block's triangles, stacked, in chunks of `cap`
+        slot = _ranks(chunk_block)[:, None] * width + np.arange(width)
+        parts = np.maximum(1, -(-np.bincount(chunk_block, minlength=count) // 2))
+        start = np.concatenate([[0], np.cumsum(parts)[:-1]])
+        target = start[chunk_block][:, None] + slot // cap
+        chunks = (
+            jnp.zeros((int(parts.sum()), cap, width), tri.dtype)
+            .at[target, slot % cap]
+            .set(tri, unique_indices=True)
+        )
+        chunk_block = np.repeat(np.arange(count), parts)
+        tri = _triangles(chunks)
+    return tri
+
+
+def _banded_rows(graph: FactorGraph, x, jacobian_dtype):
+    """The graph's rows `[W | -r]` QR-reduced to one `(2s + 1, 2s + 1)` upper
+    triangle per super-block of the banded order: block `c`'s rows are those
+    whose first coordinate lies in it (they reach into block `c + 1` at
+    most), over its and the next block's padded coordinates and the
+    right-hand side; each padding coordinate gets a unit row."""
+    band = graph.banded
+    s, count = band.size, band.count
+    width = 2 * s + 1
+    rows = _graph_rows(graph, x, jacobian_dtype)
+    # each row's block, its rows' slots among the block's, its local columns
+    used = np.zeros(count, np.int64)
+    placed = []
+    for w, idx in rows:
+        k = w.shape[1]
+        padded = band.padded[idx]
+        block = padded.min(axis=1) // s
+        local = np.concatenate(
+            [padded - block[:, None] * s, np.full((len(block), 1), 2 * s)], axis=1
+        )
+        slot = used[block][:, None] + _ranks(block)[:, None] * k + np.arange(k)
+        used += np.bincount(block, minlength=count) * k
+        placed.append((block, slot, local))
+    pad_block = band.pads // s
+    pad_slot = used[pad_block] + _ranks(pad_block)
+    used += np.bincount(pad_block, minlength=count)
+    # chunks of at most 2 (2s + 1) rows (one per block when they fit)
+    cap = int(min(2 * width, max(1, used.max())))
+    parts = np.maximum(1, -(-used // cap))
+    start = np.concatenate([[0], np.cumsum(parts)[:-1]])
+    chunks = jnp.zeros((int(parts.sum()), cap, width), x.dtype)
+    for (w, _), (block, slot, local) in zip(rows, placed, strict=True):
+        chunk = start[block][:, None] + slot // cap  # (m, k)
+        chunks = chunks.at[
+            chunk[:, :, None], (slot % cap)[:, :, None], local[:, None, :]
+        ].add(w)
+    chunk = start[pad_block] + pad_slot // cap
+    chunks = chunks.at[chunk, pad_slot % cap, band.pads % s].set(1)
+    return _reduce_rows(chunks, np.repeat(np.arange(count), parts), count)
+
+
+def _dense_rows(graph: FactorGraph, x, jacobian_dtype):
+    """The graph's rows `[W | -r]` stacked densely and QR-reduced to one
+    `(n + 1, n + 1)` triangle (in chunks, as `_banded_rows`)."""
+    n = graph.size
+    parts = []
+    for w, idx in _graph_rows(graph, x, jacobian_dtype):
+        m, k, _ = w.shape
+        cols = np.concatenate([idx, np.full((m, 1), n)], axis=1)
+        dense = jnp.zeros((m, k, n + 1), x.dtype)
+        dense = dense.at[
+            np.arange(m)[:, None, None], np.arange(k)[None, :, None], cols[:, None, :]
+        ].add(w)
+        parts.append(dense.reshape(m * k, n + 1))
+    stacked = jnp.concatenate(parts)
+    cap = min(2 * (n + 1), stacked.shape[0])
+    count = -(-stacked.shape[0] // cap)
+    pad = jnp.zeros((count * cap - stacked.shape[0], n + 1), x.dtype)
+    chunks = jnp.concatenate([stacked, pad]).reshape(count, cap, n + 1)
+    return _reduce_rows(chunks, np.zeros(count, np.int64), 1)[0]
+
+
+def _nonsingular(diagonals: Float[Array, "..."]) -> Bool[Array, ""]:
+    """Whether triangular factors with these diagonals are finite and
+    nonsingular (`R^T R` positive definite)."""
+    return jnp.all(jnp.isfinite(diagonals)) & jnp.all(diagonals != 0)
+
+
+class AbstractSquareRootSystem(AbstractGraphSystem):
+    r"""A Gauss–Newton matrix $J^\top J$ plus a nonnegative diagonal $D^2$,
+    held as QR-reduced rows $[J \mid -r]$ of the graph's whitened residuals
+    $r$ at a point and $D$, and factorised as $R^\top R$ by QR (the
+    square-root information form; see the comment above `_whitened_rows`).
+    `step` is the damped Gauss–Newton step from the residuals themselves,
+    $\arg\min_\delta \lVert J\delta + r\rVert^2 + \lVert D\delta\rVert^2$;
+    `solve` takes any right-hand side through $R^\top R$. Positive definite
+    when $R$'s diagonal is nonzero."""
+
+    @abc.abstractmethod
+    def step(self) -> tuple[Float[Array, " n"], RESULTS]:
+        r"""The damped Gauss–Newton step and the solve's result (`singular`
+        where it is not finite)."""
+
+
+class BandedSquareRootSystem(AbstractSquareRootSystem):
+    """The banded square-root system: one reduced `(2s + 1, 2s + 1)`
+    triangle of rows per super-block (`rows`), the damping's square root
+    per padded coordinate (`damping`), and once factorised by block QR from
+    the first super-block, $R$'s diagonal blocks, $W_c = R_{cc}^{-1}
+    R_{c,c+1}$ and $R_{cc}^{-1}$ times the reduced right-hand side."""
+
+    rows: Float[Array, "c w w"]
+    damping: Float[Array, "c s"]
+    diag_blocks: Float[Array, "c s s"] | None
+    right: Float[Array, "c s s"] | None
+    shifts: Float[Array, "c s"] | None
+    padded: tuple[int, ...] = eqx.field(static=True)
+    var_start: tuple[int, ...] = eqx.field(static=True)
+    var_dim: tuple[int, ...] = eqx.field(static=True)
+
+    def __init__(
+        self,
+        rows: Float[Array, "c w w"],
+        damping: Float[Array, "c s"],
+        padded,
+        var_start,
+        var_dim,
+        factorise: bool = True,
+    ):
+        self.rows = rows
+        self.damping = damping
+        if factorise:
+            self.diag_blocks, self.right, self.shifts = _square_root_eliminate(
+                rows, damping
+            )
+        else:
+            self.diag_blocks = self.right = self.shifts = None
+        self.padded = tuple(int(v) for v in padded)
+        self.var_start = tuple(int(v) for v in var_start)
+        self.var_dim = tuple(int(v) for v in var_dim)
+
+    def _rebuilt(self, rows, damping):
+        return BandedSquareRootSystem(
+            rows, damping, self.padded, self.var_start, self.var_dim
+        )
+
+    def _factorised(self) -> "BandedSquareRootSystem":
+        if self.diag_blocks is not None:
+            return self
+        return self._rebuilt(self.rows, self.damping)
+
+    def _back_substitute(self, zs):
+        """`x` from `R x = y` given `z_c = R_cc^{-1} y_c`:
+        `x_c = z_c - W_c x_{c+1}`, in the graph's flat order."""
+
+        def backward(x_next, blocks):
+            w_i, z_i = blocks
+            x = z_i - w_i @ x_next
+            return x, x
+
+        _, xs = jax.lax.scan(
+            backward, zs[-1], (self.right[:-1], zs[:-1]), reverse=True, unroll=_UNROLL
+        )
+        x = jnp.concatenate([xs, zs[-1:]]).reshape(-1)[np.asarray(self.padded)]
+        return x, _finite_result(x)
+
+    def step(self):
+        sys = self._factorised()
+        return sys._back_substitute(sys.shifts)
+
+    def solve(self, rhs):
+        return self.solve_with_result(rhs)[0]
+
+    def solve_with_result(self, rhs):
+        sys = self._factorised()
+        count, s = sys.damping.shape
+        r = (
+            jnp.zeros(count * s, rhs.dtype)
+            .at[np.asarray(self.padded)]
+            .set(rhs, unique_indices=True)
+            .reshape(count, s)
+        )
+
+        # R^T y = r, as u_c = R_cc^T y_c = r_c - W_{c-1}^T u_{c-1}
+        def forward(u_prev, blocks):
+            w_prev, r_i = blocks
+            u = r_i - w_prev.T @ u_prev
+            return u, u
+
+        _, us = jax.lax.scan(forward, r[0], (sys.right[:-1], r[1:]), unroll=_UNROLL)
+        us = jnp.concatenate([r[:1], us])
+        ys = jax.vmap(lambda a, b: solve_triangular(a, b, trans=1))(sys.diag_blocks, us)
+        zs = jax.vmap(solve_triangular)(sys.diag_blocks, ys)
+        return sys._back_substitute(zs)
+
+    def diagonal(self):
+        # J^T J's diagonal: its columns' squared norms, which QR keeps
+        count, s = self.damping.shape
+        sq = jnp.sum(self.rows * self.rows, axis=1)[:, : 2 * s]
+        before = jnp.concatenate([jnp.zeros_like(sq[:1, s:]), sq[:-1, s:]])
+        diag = sq[:, :s] + before + self.damping**2
+        return diag.reshape(-1)[np.asarray(self.padded)]
+
+    def add_diagonal(self, d):
+        """The system of `J^T J + diag(d)`, factorised; `d` must be
+        nonnegative (negative entries count as 0)."""
+        count, s = self.damping.shape
+        extra = (
+            jnp.zeros(count * s, self.rows.dtype)
+            .at[np.asarray(self.padded)]
+            .set(jnp.maximum(d, 0).astype(self.rows.dtype), unique_indices=True)
+        )
+        damping = jnp.sqrt(self.damping**2 + extra.reshape(count, s))
+        return self._rebuilt(self.rows, damping)
+
+    def or_identity(self, ok):
+        s = self.damping.shape[1]
+        eye = jnp.zeros_like(self.rows).at[:, np.arange(s), np.arange(s)].set(1)
+        rows = jnp.where(ok, self.rows, eye)
+        damping = jnp.where(ok, self.damping, jnp.zeros_like(self.damping))
+        return self._rebuilt(rows, damping)
+
+    def _diagonals(self):
+        return jnp.diagonal(self._factorised().diag_blocks, axis1=-2, axis2=-1)
+
+    def positive_definite(self):
+        return _nonsingular(self._diagonals())
+
+    def symmetric_logdet(self):
+        diagonals = self._diagonals()
+        return _nonsingular(diagonals), 2 * jnp.sum(jnp.log(jnp.abs(diagonals)))
+
+
+_GIVENS_BLOCK = 6  # super-blocks up to this size are merged by rotations
+
+
+def _with_damping(rows, damping):
+    """Each block's triangle of rows with its damping rows (`damping` on
+    the block's own coordinates) merged in, batched over the blocks; the
+    rows themselves when there is no damping."""
+    count, s = damping.shape
+    width = rows.shape[-1]
+
+    def by_rotations(tri, d):
+        for k in range(s):
+            row = jnp.zeros(width, tri.dtype).at[k].set(d[k])
+            tri, _ = _rotate_in(tri, row, k, 2 * s)
+        return tri
+
+    def merge(rows, damping):
+        if s <= _GIVENS_BLOCK:
+            return jax.vmap(by_rotations)(rows, damping)
+        diag = jnp.zeros((count, s, width), rows.dtype)
+        diag = diag.at[:, np.arange(s), np.arange(s)].set(damping)
+        return _triangles(jnp.concatenate([rows, diag], axis=1))
+
+    return jax.lax.cond(
+        jnp.any(damping != 0), merge, lambda rows, _: rows, rows, damping
+    )
+
+
+def _square_root_eliminate(rows, damping):
+    r"""Block QR from the first super-block: block `c`'s reduced rows (its
+    damping rows merged in) and the carried rows $[Z_c \mid z_c]$ (the
+    earlier blocks' information on it), QR-factorised over its and the next
+    block's coordinates and the right-hand side, give $R_{cc}$,
+    $R_{c,c+1}$, the reduced right-hand side $d_c$ and the next carry: by
+    Givens rotations of the carried rows into the block's triangle for small
+    blocks, by `_triangle` otherwise. Returns $R_{cc}$,
+    $W_c = R_{cc}^{-1}R_{c,c+1}$ and $R_{cc}^{-1}d_c$ (the triangular
+    solves batched, off the sequential path)."""
+    s = damping.shape[1]
+    dtype = rows.dtype
+    rows = _with_damping(rows, damping)
+    zero = jnp.zeros((s, s), dtype)
+
+    def step(carry, tri):
+        if s <= _GIVENS_BLOCK:
+            for k in range(s):
+                row = jnp.concatenate([carry[k, :s], zero[k], carry[k, s:]])
+                tri, _ = _rotate_in(tri, row, k, 2 * s)
+        else:
+            carried = jnp.concatenate([carry[:, :s], zero, carry[:, s:]], axis=1)
+            tri = _triangle(jnp.concatenate([carried, tri]))
+        return tri[s : 2 * s, s:], (tri[:s, :s], tri[:s, s : 2 * s], tri[:s, 2 * s])
+
+    first = jnp.zeros((s, s + 1), dtype)
+    _, (diag_blocks, upper, rhs) = jax.lax.scan(step, first, rows, unroll=1)
+    solve = jax.vmap(solve_triangular)
+    return diag_blocks, solve(diag_blocks, upper), solve(diag_blocks, rhs)
+
+
+class DenseSquareRootSystem(AbstractSquareRootSystem):
+    """The dense square-root system: the rows `[J | -r]` reduced to one
+    `(n + 1, n + 1)` triangle, the damping's square root per coordinate,
+    and once factorised, $R$ with its reduced right-hand side."""
+
+    rows: Float[Array, "n1 n1"]
+    damping: Float[Array, " n"]
+    upper: Float[Array, "n1 n1"] | None
+    var_start: tuple[int, ...] = eqx.field(static=True)
+    var_dim: tuple[int, ...] = eqx.field(static=True)
+
+    def __init__(
+        self,
+        rows: Float[Array, "n1 n1"],
+        damping: Float[Array, " n"],
+        var_start,
+        var_dim,
+        factorise: bool = True,
+    ):
+        self.rows = rows
+        self.damping = damping
+        if factorise:
+            n = damping.shape[0]
+            diag = jnp.zeros((n, n + 1), rows.dtype).at[:, :n].set(jnp.diag(damping))
+            self.upper = _triangles(jnp.concatenate([rows, diag])[None])[0]
+        else:
+            self.upper = None
+        self.var_start = tuple(int(v) for v in var_start)
+        self.var_dim = tuple(int(v) for v in var_dim)
+
+    def _rebuilt(self, rows, damping):
+        return DenseSquareRootSystem(rows, damping, self.var_start, self.var_dim)
+
+    def _factor(self):
+        """`R` and the reduced right-hand side."""
+        upper = self.upper
+        if upper is None:
+            upper = self._rebuilt(self.rows, self.damping).upper
+        return upper[:-1, :-1], upper[:-1, -1]
+
+    def step(self):
+        upper, rhs = self._factor()
+        x = solve_triangular(upper, rhs)
+        return x, _finite_result(x)
+
+    def solve(self, rhs):
+        return self.solve_with_result(rhs)[0]
+
+    def solve_with_result(self, rhs):
+        upper, _ = self._factor()
+        x = solve_triangular(upper, solve_triangular(upper, rhs, trans=1))
+        return x, _finite_result(x)
+
+    def diagonal(self):
+        return jnp.sum(self.rows[:, :-1] ** 2, axis=0) + self.damping**2
+
+    def add_diagonal(self, d):
+        """The system of `J^T J + diag(d)`, factorised; `d` must be
+        nonnegative (negative entries count as 0)."""
+        extra = jnp.maximum(d, 0).astype(self.rows.dtype)
+        return self._rebuilt(self.rows, jnp.sqrt(self.damping**2 + extra))
+
+    def or_identity(self, ok):
+        eye = jnp.eye(self.rows.shape[0], dtype=self.rows.dtype).at[-1, -1].set(0)
+        damping = jnp.where(ok, self.damping, jnp.zeros_like(self.damping))
+        return self._rebuilt(jnp.where(ok, self.rows, eye), damping)
+
+    def _diagonals(self):
+        return jnp.diagonal(self._factor()[0])
+
+    def positive_definite(self):
+        return _nonsingular(self._diagonals())
+
+    def symmetric_logdet(self):
+        diagonals = self._diagonals()
+        return _nonsingular(diagonals), 2 * jnp.sum(jnp.log(jnp.abs(diagonals)))
+
+
+def square_root_wanted(dtype) -> bool:
+    """Whether the least-squares steps of a solve in `dtype` take the
+    square-root (QR) form: below float64, where forming $J^\\top J$ and
+    $J^\\top r$ loses what the step needs."""
+    return jnp.finfo(dtype).bits < 64
+
+
+def gauss_newton_system(
+    graph: FactorGraph, x: Float[Array, " n"], kind: str, jacobian_dtype=None
+) -> AbstractGraphSystem:
+    r"""The graph's Gauss–Newton matrix $J^\top J$ at `x` as a `kind` system,
+    not yet factorised (`add_diagonal` factorises): in float64 the matrix
+    itself (block Cholesky when damped); below float64 the rows $[J \mid -r]$
+    reduced by QR (an `AbstractSquareRootSystem`), whose factorisation and
+    step do not square $J$'s condition number."""
+    if not square_root_wanted(x.dtype):
+        return graph_system(
+            graph, x, kind, jacobian_dtype, rows="precision", factorise=False
+        )
+    lay = graph.layout
+    if kind == "dense":
+        rows = _dense_rows(graph, x, jacobian_dtype)
+        damping = jnp.zeros(graph.size, x.dtype)
+        return DenseSquareRootSystem(rows, damping, lay.var_start, lay.var_dim, False)
+    band = graph.banded
+    rows = _banded_rows(graph, x, jacobian_dtype)
+    damping = jnp.zeros((band.count, band.size), x.dtype)
+    return BandedSquareRootSystem(
+        rows, damping, band.padded, lay.var_start, lay.var_dim, False
+    )
+
+
+def gauss_newton_step(
+    system: AbstractGraphSystem, gradient: Float[Array, " n"]
+) -> tuple[Float[Array, " n"], RESULTS]:
+    r"""The (damped) Gauss–Newton step of a factorised system and its
+    solve's result: from the residuals for a square-root system, else
+    $-$`system`$^{-1}\nabla E$."""
+    if isinstance(system, AbstractSquareRootSystem):
+        return system.step()
+    return system.solve_with_result(-gradient)
