@@ -98,6 +98,34 @@ def test_between_a_variable_and_itself_is_refused():
     GF.between(("x", [0, 1]), ("x", [1, 2]), 1.0, dim=2)
 
 
+@pytest.mark.parametrize(
+    "linear_solver", [pytest.param("dense", marks=pytest.mark.full), "banded"]
+)
+def test_float32_graphs_that_do_not_determine_their_answer_are_singular(
+    linear_solver,
+):
+    # float32 least-squares steps go by QR of the residual rows: a variable
+    # no factor touches, a zero precision, or a chain with no prior (a free
+    # translation) leaves a zero on R's diagonal, as on Cholesky's
+    f = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
+    moves = f(np.ones((7, 2)))
+    graphs = [
+        FG({"a": 1, "b": 1}, [GF.prior("a", f([1.0]), f(2.0))]),
+        FG({"a": 1}, [GF.prior("a", f([1.0]), f(0.0))]),
+        FG(
+            {"x": (8, 2)},
+            [GF.between(("x", range(7)), ("x", range(1, 8)), f(1e4), moves)],
+        ),
+    ]
+    for graph in graphs:
+        sol = rr.solve_graph(
+            graph, linear_solver=linear_solver, dtype=jnp.float32, throw=False
+        )
+        assert sol.x.dtype == jnp.float32
+        assert sol.result == rr.RESULTS.singular
+        assert bool(jnp.all(jnp.isnan(sol.x)))
+
+
 @pytest.mark.full
 def test_a_failed_solve_names_the_graph_and_the_variable():
     graph = FG({"a": 1, "b": 1}, [GF.prior("a", [1.0], 2.0)])
@@ -120,18 +148,22 @@ def test_a_nan_target_under_jit_raises_a_graph_message():
     assert sol.result == rr.RESULTS.nonfinite_iterate
 
 
+@pytest.mark.parametrize("method", ["auto", "newton"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
-def test_a_prior_near_the_dtype_limit_is_solved(dtype):
-    # its energy overflows at the start; the solve still finds the answer
+def test_a_prior_near_the_dtype_limit_is_solved(dtype, method):
+    # its energy overflows at the start, and so did half the squared
+    # gradient in Newton's line search (every trial rejected, max_steps in
+    # float32); the solve still finds the answer
     prior = GF.prior("a", jnp.array([1e30], dtype), jnp.asarray(1.0, dtype))
     graph = FG({"a": 1}, [prior])
-    sol = rr.solve_graph(graph, dtype=dtype)
+    sol = rr.solve_graph(graph, dtype=dtype, method=method)
     assert sol.result == rr.RESULTS.successful
     np.testing.assert_allclose(sol.x, [1e30], rtol=1e-6)
 
 
+@pytest.mark.parametrize("method", ["auto", "newton"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
-def test_precisions_far_apart_are_solved(dtype):
+def test_precisions_far_apart_are_solved(dtype, method):
     f = lambda v: jnp.asarray(v, dtype)  # noqa: E731
     graph = FG(
         {"a": 1, "b": 1},
@@ -141,7 +173,7 @@ def test_precisions_far_apart_are_solved(dtype):
             GF.between("a", "b", f(1.0), f([0.5])),
         ],
     )
-    sol = rr.solve_graph(graph, dtype=dtype)
+    sol = rr.solve_graph(graph, dtype=dtype, method=method)
     assert sol.result == rr.RESULTS.successful
     # b's own prior is 30 orders weaker than the link to a: b = a + 0.5
     np.testing.assert_allclose(sol.x, [1.0, 1.5], rtol=1e-6)

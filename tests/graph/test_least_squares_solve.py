@@ -1,7 +1,8 @@
 """Gauss–Newton and Levenberg–Marquardt solves of graphs of residual factors:
 answers against scipy's least squares and closed forms, the step counts of
-a Pose2 pose graph, derivatives against central differences, and the
-`method` argument."""
+a Pose2 pose graph, derivatives against central differences, the `method`
+argument, and float32 chains beyond float32's normal equations (the steps by
+QR of the residual rows against the normal equations' solution)."""
 
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import scipy.optimize
 
 import retrax.relations as rr
+from retrax.relations._graph_system import gauss_newton_system
 
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "examples"))
@@ -227,3 +229,141 @@ def test_least_squares_methods_need_residual_factors():
     for method in ("gauss_newton", "levenberg_marquardt"):
         with pytest.raises(ValueError, match="RelationFactor"):
             rr.solve_graph(graph, method=method)
+
+
+def _odometry_chain(poses, link, prior, dtype, seed=0):
+    """Dead reckoning as a graph: planar poses, a prior on the first and an
+    odometry link between neighbours; its answer is the running sum of the
+    moves (exactly, in float64, from the moves as stored)."""
+    rng = np.random.default_rng(seed)
+    heading = np.cumsum(0.05 * rng.standard_normal(poses - 1))
+    moves = (0.1 * np.stack([np.cos(heading), np.sin(heading)], -1)).astype(dtype)
+    graph = rr.FactorGraph(
+        {"p": (poses, 2)},
+        [
+            rr.GaussianFactor.prior(("p", [0]), np.zeros(2, dtype), dtype(prior)),
+            rr.GaussianFactor.between(
+                ("p", range(poses - 1)), ("p", range(1, poses)), dtype(link), moves
+            ),
+        ],
+    )
+    answer = np.concatenate([np.zeros((1, 2)), np.cumsum(moves.astype(np.float64), 0)])
+    return graph, answer.reshape(-1)
+
+
+@pytest.mark.parametrize(
+    "linear_solver", [pytest.param("dense", marks=pytest.mark.full), "banded"]
+)
+def test_float32_chain_beyond_float32_normal_equations(linear_solver):
+    # the Gauss-Newton matrix's condition number (~1e12) is far beyond
+    # 1/eps of float32: block Cholesky of it gave NaN steps (12 steps, then
+    # a failed linear solve); the steps by QR of the residual rows solve the
+    # chain in float32 as float64 does, in two steps
+    graph, answer = _odometry_chain(100, 1e6, 1e-2, np.float32)
+    sol = rr.solve_graph(graph, linear_solver=linear_solver, dtype=jnp.float32)
+    assert sol.x.dtype == jnp.float32
+    assert sol.result == rr.RESULTS.successful
+    assert int(sol.stats["num_steps"]) <= 2
+    scale = float(np.max(np.abs(answer)))
+    np.testing.assert_allclose(sol.x, answer, rtol=0, atol=1e-6 * scale)
+
+
+@pytest.mark.full
+def test_float32_chain_of_40000_poses_in_three_steps():
+    # an odometry chain of 40,000 poses: cond(J^T J) ~ 1e9 in float32 (it
+    # reached max_steps); float64 takes two steps, float32 at most three
+    graph, answer = _odometry_chain(40_000, 1e4, 1e4, np.float32)
+    sol = rr.solve_graph(graph, dtype=jnp.float32)
+    assert sol.x.dtype == jnp.float32
+    assert sol.result == rr.RESULTS.successful
+    assert int(sol.stats["num_steps"]) <= 3
+    scale = float(np.max(np.abs(answer)))
+    np.testing.assert_allclose(sol.x, answer, rtol=0, atol=1e-6 * scale)
+    graph64, _ = _odometry_chain(40_000, 1e4, 1e4, np.float64)
+    assert int(rr.solve_graph(graph64).stats["num_steps"]) == 2
+
+
+def _residual_graph(closures):
+    """3-d poses in a chain (`closures` links from pose 0 further on widen
+    the band), 2-d landmarks (padded to 3 in the banded layout) seen through
+    random linear maps with full precisions (one of them 0), 30 rows on one
+    landmark (several chunks of rows in its block) and a nonlinear residual
+    on every pose."""
+    rng = np.random.default_rng(4)
+    n, k = 12, 4
+    seen = np.arange(n) * k // n
+    a = rng.normal(size=(n, 3, 3))
+    precision = a @ np.swapaxes(a, -1, -2) / 3 + 0.1 * np.eye(3)
+    observed = rng.normal(size=(n, 2, 2))
+    observed = observed @ np.swapaxes(observed, -1, -2) + np.eye(2)
+    observed[5] = 0.0
+
+    def residual(_, data, p):
+        return jnp.stack([jnp.sin(p[0]) - data[0], p[1] * p[2] - data[1]])
+
+    factors = [
+        rr.GaussianFactor.prior(("p", [0]), jnp.zeros(3), 4.0),
+        rr.GaussianFactor.between(
+            ("p", range(n - 1)),
+            ("p", range(1, n)),
+            precision[:-1],
+            rng.normal(size=(n - 1, 3)),
+        ),
+        rr.GaussianFactor(
+            [("p", range(n)), ("l", seen)],
+            rng.normal(size=(n, 2, 5)),
+            rng.normal(size=(n, 2)),
+            observed,
+        ),
+        rr.GaussianFactor(
+            [("l", np.zeros(30, int))],
+            rng.normal(size=(30, 1, 2)),
+            rng.normal(size=(30, 1)),
+            1.0,
+        ),
+        rr.GaussianFactor.prior(("l", range(1, k)), jnp.zeros(2), 0.5),
+        rr.ResidualFactor([("p", range(n))], residual, None, rng.normal(size=(n, 2))),
+    ]
+    for far in range(2, 2 + closures):
+        factors.append(rr.GaussianFactor.between(("p", [0]), ("p", [far]), 1.0, dim=3))
+    return rr.FactorGraph({"p": (n, 3), "l": (k, 2)}, factors)
+
+
+@pytest.mark.parametrize(
+    ("closures", "linear_solver"),
+    [
+        (0, "banded"),
+        (3, "dense"),
+        pytest.param(3, "banded", marks=pytest.mark.full),
+        pytest.param(0, "dense", marks=pytest.mark.full),
+    ],
+)
+def test_square_root_steps_solve_the_normal_equations(closures, linear_solver):
+    # in float64 the QR steps equal the damped normal equations' solution,
+    # for narrow blocks (Givens rotations) and wide ones (Householder)
+    graph = _residual_graph(closures)
+    assert (graph.banded.size > 6) == (closures > 0)
+    assert len(graph.banded.pads) > 0
+    x = jnp.asarray(np.random.default_rng(5).normal(size=graph.size))
+    gn = np.asarray(graph.dense_jacobian(x, "precision"))
+    g = np.asarray(graph.gradient(x))
+    d = np.random.default_rng(6).uniform(0.5, 2.0, size=graph.size)
+    rhs = np.random.default_rng(7).normal(size=graph.size)
+
+    @jax.jit
+    def factorised(damping):
+        system = gauss_newton_system(graph, x, linear_solver, square_root=True)
+        trial = system.add_diagonal(damping)
+        step, result = trial.step()
+        positive, logdet = trial.symmetric_logdet()
+        solved = trial.solve(jnp.asarray(rhs))
+        return system.diagonal(), step, result, solved, positive, logdet
+
+    for damping in (np.zeros_like(d), d):
+        diagonal, step, result, solved, positive, logdet = factorised(damping)
+        matrix = gn + np.diag(damping)
+        np.testing.assert_allclose(diagonal, np.diag(gn), rtol=1e-12)
+        assert result == rr.RESULTS.successful and bool(positive)
+        np.testing.assert_allclose(step, np.linalg.solve(matrix, -g), rtol=1e-9)
+        np.testing.assert_allclose(solved, np.linalg.solve(matrix, rhs), rtol=1e-9)
+        np.testing.assert_allclose(logdet, np.linalg.slogdet(matrix)[1], rtol=1e-10)

@@ -101,12 +101,22 @@ def _newton_step(graph, state: _NewtonState, tol, kind, jacobian_dtype):
     size = jnp.max(jnp.abs(delta))
     finite = jnp.all(jnp.isfinite(delta))
     small = size <= tol * (1 + jnp.max(jnp.abs(x)))
-    phi0 = 0.5 * jnp.sum(g * g)
+    # the merit function in units of the largest |gradient| entry: half the
+    # squared gradient itself overflows for a gradient beyond ~1e19 (float32;
+    # a target of 1e30, a precision of 1e30), and every trial would fail
+    unit = jnp.max(jnp.abs(g))
+    unit = jnp.where(jnp.isfinite(unit) & (unit > 0), unit, jnp.ones_like(unit))
+
+    def merit(v):
+        v = v / unit
+        return 0.5 * jnp.sum(v * v)
+
+    phi0 = merit(g)
 
     def search(carry):
         alpha = carry[0] * 0.5
         g_new = graph.gradient(x + alpha * delta)
-        return alpha, 0.5 * jnp.sum(g_new * g_new), g_new
+        return alpha, merit(g_new), g_new
 
     def keep_halving(carry):
         alpha, phi, _ = carry

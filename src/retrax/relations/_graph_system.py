@@ -769,58 +769,38 @@ class BandedSquareRootSystem(AbstractSquareRootSystem):
 _GIVENS_BLOCK = 6  # super-blocks up to this size are merged by rotations
 
 
-def _with_damping(rows, damping):
-    """Each block's triangle of rows with its damping rows (`damping` on
-    the block's own coordinates) merged in, batched over the blocks; the
-    rows themselves when there is no damping."""
-    count, s = damping.shape
-    width = rows.shape[-1]
-
-    def by_rotations(tri, d):
-        for k in range(s):
-            row = jnp.zeros(width, tri.dtype).at[k].set(d[k])
-            tri, _ = _rotate_in(tri, row, k, 2 * s)
-        return tri
-
-    def merge(rows, damping):
-        if s <= _GIVENS_BLOCK:
-            return jax.vmap(by_rotations)(rows, damping)
-        diag = jnp.zeros((count, s, width), rows.dtype)
-        diag = diag.at[:, np.arange(s), np.arange(s)].set(damping)
-        return _triangles(jnp.concatenate([rows, diag], axis=1))
-
-    return jax.lax.cond(
-        jnp.any(damping != 0), merge, lambda rows, _: rows, rows, damping
-    )
-
-
 def _square_root_eliminate(rows, damping):
-    r"""Block QR from the first super-block: block `c`'s reduced rows (its
-    damping rows merged in) and the carried rows $[Z_c \mid z_c]$ (the
-    earlier blocks' information on it), QR-factorised over its and the next
-    block's coordinates and the right-hand side, give $R_{cc}$,
-    $R_{c,c+1}$, the reduced right-hand side $d_c$ and the next carry: by
-    Givens rotations of the carried rows into the block's triangle for small
-    blocks, by `_triangle` otherwise. Returns $R_{cc}$,
-    $W_c = R_{cc}^{-1}R_{c,c+1}$ and $R_{cc}^{-1}d_c$ (the triangular
-    solves batched, off the sequential path)."""
+    r"""Block QR from the first super-block: block `c`'s reduced rows, the
+    carried rows $[Z_c \mid z_c]$ (the earlier blocks' information on it)
+    and its damping rows, QR-factorised over its and the next block's
+    coordinates and the right-hand side, give $R_{cc}$, $R_{c,c+1}$, the
+    reduced right-hand side $d_c$ and the next carry. For small blocks the
+    damping rows are rotated into the carried triangle and that into the
+    block's (Givens rotations); larger blocks stack all three for
+    `_triangle`. Returns $R_{cc}$, $W_c = R_{cc}^{-1}R_{c,c+1}$ and
+    $R_{cc}^{-1}d_c$ (the triangular solves batched, off the sequential
+    path)."""
     s = damping.shape[1]
     dtype = rows.dtype
-    rows = _with_damping(rows, damping)
     zero = jnp.zeros((s, s), dtype)
 
-    def step(carry, tri):
+    def step(carry, blocks):
+        tri, d = blocks
         if s <= _GIVENS_BLOCK:
+            for k in range(s):
+                row = jnp.zeros(s + 1, dtype).at[k].set(d[k])
+                carry, _ = _rotate_in(carry, row, k, s)
             for k in range(s):
                 row = jnp.concatenate([carry[k, :s], zero[k], carry[k, s:]])
                 tri, _ = _rotate_in(tri, row, k, 2 * s)
         else:
             carried = jnp.concatenate([carry[:, :s], zero, carry[:, s:]], axis=1)
-            tri = _triangle(jnp.concatenate([carried, tri]))
+            diag = jnp.zeros((s, 2 * s + 1), dtype).at[:, :s].set(jnp.diag(d))
+            tri = _triangle(jnp.concatenate([carried, diag, tri]))
         return tri[s : 2 * s, s:], (tri[:s, :s], tri[:s, s : 2 * s], tri[:s, 2 * s])
 
     first = jnp.zeros((s, s + 1), dtype)
-    _, (diag_blocks, upper, rhs) = jax.lax.scan(step, first, rows, unroll=1)
+    _, (diag_blocks, upper, rhs) = jax.lax.scan(step, first, (rows, damping))
     solve = jax.vmap(solve_triangular)
     return diag_blocks, solve(diag_blocks, upper), solve(diag_blocks, rhs)
 
@@ -911,14 +891,21 @@ def square_root_wanted(dtype) -> bool:
 
 
 def gauss_newton_system(
-    graph: FactorGraph, x: Float[Array, " n"], kind: str, jacobian_dtype=None
+    graph: FactorGraph,
+    x: Float[Array, " n"],
+    kind: str,
+    jacobian_dtype=None,
+    square_root: bool | None = None,
 ) -> AbstractGraphSystem:
     r"""The graph's Gauss–Newton matrix $J^\top J$ at `x` as a `kind` system,
-    not yet factorised (`add_diagonal` factorises): in float64 the matrix
-    itself (block Cholesky when damped); below float64 the rows $[J \mid -r]$
+    not yet factorised (`add_diagonal` factorises): the matrix itself (block
+    Cholesky when damped), or with `square_root` the rows $[J \mid -r]$
     reduced by QR (an `AbstractSquareRootSystem`), whose factorisation and
-    step do not square $J$'s condition number."""
-    if not square_root_wanted(x.dtype):
+    step do not square $J$'s condition number; `square_root` is
+    `square_root_wanted(x.dtype)` by default (below float64)."""
+    if square_root is None:
+        square_root = square_root_wanted(x.dtype)
+    if not square_root:
         return graph_system(
             graph, x, kind, jacobian_dtype, rows="precision", factorise=False
         )
