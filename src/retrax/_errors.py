@@ -48,7 +48,9 @@ def _raising() -> bool:
     return os.environ.get("EQX_ON_ERROR", "raise") == "raise"
 
 
-def error_if(x: PyTree, pred: Bool[ArrayLike, "..."], msg: str) -> PyTree:
+def error_if(
+    x: PyTree, pred: Bool[ArrayLike, "..."], msg: str, *, in_gradient: bool = False
+) -> PyTree:
     """`eqx.error_if(x, pred, msg)`, without copying `x`, and also inside
     `shard_map`.
 
@@ -57,20 +59,24 @@ def error_if(x: PyTree, pred: Bool[ArrayLike, "..."], msg: str) -> PyTree:
     a batch of signals costs as much as the recursion that produced it. Here
     the check is made on a scalar flag instead (the same `eqx.error_if`,
     message and `EQX_ON_ERROR` modes) and each floating leaf of `x` is
-    multiplied by `1 - flag`, one unless the check failed (a complex leaf
-    part by part): exact (`v * 1` is `v`, signed zeros, infinities and NaN
-    included), and fused by XLA into whatever reads the result next.
+    offset by the flag, zero unless the check failed: exact (`v - 0` is `v`),
+    and fused by XLA into whatever reads the result next.
     `EQX_ON_ERROR=nan` makes the flag NaN, so `x` becomes NaN as it would
     with `eqx.error_if`; other leaves (integers, booleans, and weakly typed
     scalars, whose type the product would make strong) take the error value
     through `jnp.where`.
 
-    A product, not a difference, so that the check also survives `jax.grad`
-    when nothing reads the checked value's primal: the derivative of the
-    result with respect to `x` is `1 - flag`, which the backward pass
-    reads. With `v - flag`, a gradient that needs only the cotangent of `x`
-    (a loss linear in an op's output, a gradient with respect to FIR taps)
-    would let XLA drop the check with the unused forward value.
+    With `in_gradient`, each floating leaf is multiplied by `1 - flag`
+    instead (a complex leaf part by part; exact too), so that the check
+    also survives `jax.grad` when nothing reads the checked value's primal:
+    the derivative with respect to `x` is `1 - flag`, which the backward
+    pass reads. With `v - flag`, a gradient that needs only the cotangent of
+    `x` (a loss linear in an op's output, a gradient with respect to FIR
+    taps) lets XLA drop the check with the unused forward value. Only for
+    checks that must survive such gradients (coefficients): a product
+    changes how XLA compiles what reads the value, and two signals checked
+    this way no longer compile alike (the STFT losses' gradient at equal
+    signals was then not exactly zero).
 
     Inside `shard_map`, when `pred` differs per device, it is first combined
     over the devices (`lax.pmax`), so that every device raises, not only the
@@ -84,11 +90,15 @@ def error_if(x: PyTree, pred: Bool[ArrayLike, "..."], msg: str) -> PyTree:
 
     As with `eqx.error_if`, only the returned value carries the check.
     """
-    return errors_if(x, (pred,), (msg,))
+    return errors_if(x, (pred,), (msg,), in_gradient=in_gradient)
 
 
 def errors_if(
-    x: PyTree, preds: Sequence[Bool[ArrayLike, "..."]], msgs: Sequence[str]
+    x: PyTree,
+    preds: Sequence[Bool[ArrayLike, "..."]],
+    msgs: Sequence[str],
+    *,
+    in_gradient: bool = False,
 ) -> PyTree:
     """`error_if` for several checks of one value, staged as one: it raises
     `msgs[i]` for the first `preds[i]` (in order) that holds.
@@ -137,14 +147,17 @@ def errors_if(
     if flag is zero:  # `pred` was known to be false when tracing
         return x
     bad = jnp.isnan(flag)  # only when EQX_ON_ERROR turned the flag to NaN
-    one = 1 - flag  # 1 unless the check failed (see the docstring)
+    one = 1 - flag  # 1 unless the check failed (see `error_if`)
 
     def apply(v):
         if not eqx.is_array(v):
             return v
-        if jnp.issubdtype(v.dtype, jnp.floating) and not jax.typeof(v).weak_type:
+        strong = not jax.typeof(v).weak_type
+        if jnp.issubdtype(v.dtype, jnp.inexact) and strong and not in_gradient:
+            return v - flag.astype(v.dtype)
+        if jnp.issubdtype(v.dtype, jnp.floating) and strong:
             return v * one.astype(v.dtype)
-        if jnp.issubdtype(v.dtype, jnp.complexfloating) and not jax.typeof(v).weak_type:
+        if jnp.issubdtype(v.dtype, jnp.complexfloating) and strong:
             # each part by the real factor: a complex product by `1 + 0j`
             # would make `inf * 0` a NaN in the other part
             s = one.astype(v.real.dtype)

@@ -74,13 +74,15 @@ def check_finite(name: str, value: Array) -> Array:
     """Raise at run time (also under `jit`) if `value` has a `nan` or `inf`.
 
     A concrete `value` raises `ValueError` at once. The check is only kept by
-    JAX if the returned array is used. It also holds inside `shard_map` (see
-    `retrax._errors.error_if`).
+    JAX if the returned array is used; a gradient that reads only the
+    returned array's cotangent keeps it too (`in_gradient`, see
+    `retrax._errors.error_if`). It also holds inside `shard_map`.
     """
     return error_if(
         value,
         ~jnp.all(jnp.isfinite(value)),
         f"`{name}` has non-finite (nan or inf) entries.",
+        in_gradient=True,
     )
 
 
@@ -108,7 +110,8 @@ def check_finite_by_output(name: str, coeffs: Array, y: Array) -> Array:
         return jnp.isnan(c.ravel()[0].real) & False
 
     bad = lax.cond(suspect, scan, skip, coeffs)
-    return error_if(y, bad, f"`{name}` has non-finite (nan or inf) entries.")
+    msg = f"`{name}` has non-finite (nan or inf) entries."
+    return error_if(y, bad, msg, in_gradient=True)
 
 
 def check_coeff_rank(name: str, c: Array, length: int, what: str) -> None:

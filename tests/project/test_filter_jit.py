@@ -1,6 +1,7 @@
 """Failed run-time checks lead with the check's message, which names the
 argument; where the check sits comes after it."""
 
+import itertools
 import os
 import subprocess
 import sys
@@ -228,9 +229,15 @@ def test_check_keeps_every_value_bit_for_bit():
     from retrax._errors import error_if
 
     v = jnp.asarray([-0.0, 0.0, np.nan, np.inf, -np.inf, -1.5e-45, 3.0])
-    for dtype in (jnp.float32, jnp.complex64):
+    for dtype, in_gradient in itertools.product(
+        (jnp.float32, jnp.complex64), (False, True)
+    ):
         w = v.astype(dtype)
-        out = eqx.filter_jit(lambda w: error_if(w, jnp.real(w[-1]) > 5, "m"))(w)
+
+        def check(w, in_gradient=in_gradient):
+            return error_if(w, jnp.real(w[-1]) > 5, "m", in_gradient=in_gradient)
+
+        out = eqx.filter_jit(check)(w)
         assert out.dtype == w.dtype
         np.testing.assert_array_equal(
             np.asarray(out).view(np.uint8), np.asarray(w).view(np.uint8)
