@@ -22,8 +22,9 @@ confirms it), and $\lambda$ returns to 0 once it falls below $10^{-7}$.
 With `damped=False` (Gauss–Newton) every finite step is taken whole.
 
 The loop's state is a module with named fields; the linear solves go
-through the systems of `_graph_system` (lineax's LU for a dense system),
-whose result is carried in the state.
+through the systems of `_graph_system` (block Cholesky of $H$ in float64;
+below it, QR of the whitened rows $[J \mid -r]$, whose step never forms $H$
+or $g$: `gauss_newton_system`), whose result is carried in the state.
 """
 
 import equinox as eqx

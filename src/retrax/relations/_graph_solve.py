@@ -430,7 +430,14 @@ def solve_graph(
     follows the ratio of the actual to the predicted decrease of $E$
     (Nielsen's rule); it starts at 0, so a linear-Gaussian graph is solved
     in one step. `method="gauss_newton"` takes every Gauss–Newton step
-    whole. A graph with learned relations
+    whole. Below float64 the least-squares steps never form $H$ or $\nabla
+    E = \sum_i J_i^\top r_i$: they come from a QR factorisation of the
+    whitened residual rows $[J_i \mid -r_i]$, block by block (the
+    square-root form of the same elimination), whose errors grow with the
+    condition number of $J$ rather than that of $H$, its square; a float32
+    odometry chain of 40,000 poses ($\kappa(H) \approx 10^9$, beyond
+    float32's $1/\epsilon$) converges in three steps, where float64 takes
+    two. A graph with learned relations
     ([`retrax.relations.RelationFactor`][], whose field need not be the
     gradient of an energy) is solved by Newton's method on $\nabla E$
     with a backtracking line search on $\tfrac12\lVert\nabla

@@ -1,6 +1,8 @@
 r"""The linear systems of a factor graph: its Jacobian at a point, dense or
 block tridiagonal, with solves, the symmetric part's log-determinant and
-positive definiteness (the marginals are `_graph_selected_inverse`'s).
+positive definiteness (the marginals are `_graph_selected_inverse`'s); and
+the Gauss–Newton matrix of a residual graph in square-root form, its
+whitened rows reduced by QR, for the least-squares steps below float64.
 
 Every solve is linear in its right-hand side with the matrix held constant,
 so JAX transposes it: the adjoint (transposed) solve of the implicit
