@@ -64,16 +64,17 @@ inline __attribute__((always_inline)) void Step(
   }
 }
 
-// Sample t of W signals after `Step`: the output, and with kSave every
-// section's output (h[2 (s + 1)], newest first) into ys, (S, T) a signal.
-template <typename R, int S, int W, bool kSave>
+// Sample t of W signals after `Step`: the output, and with `ys` (not null)
+// every section's output (h[2 (s + 1)], newest first) into ys, (S, T) a
+// signal.
+template <typename R, int S, int W>
 inline __attribute__((always_inline)) void Store(
     const R (&h)[(S + 1) * 2][W], const R (&v)[W], R* __restrict__ y,
     R* __restrict__ ys, int64_t out_length, int64_t samples, int64_t first,
     int64_t t) {
   for (int l = 0; l < W; ++l) {
     y[(first + l) * out_length + t] = v[l];
-    if (kSave) {
+    if (ys != nullptr) {
       for (int s = 0; s < S; ++s) {
         ys[((first + l) * S + s) * samples + t] = h[2 * (s + 1)][l];
       }
@@ -82,9 +83,11 @@ inline __attribute__((always_inline)) void Store(
 }
 
 // W signals `first .. first + W - 1`, with S sections known at compile
-// time, so that the histories stay in registers. With kSave, also every
-// section's output into ys (S, T) a signal, for reverse mode.
-template <typename R, int S, int W, bool kSave>
+// time, so that the histories stay in registers. With `ys`, also every
+// section's output into ys (S, T) a signal, for reverse mode (a branch a
+// sample that the CPU predicts, where a copy of the loop for each would
+// double the library's compile time).
+template <typename R, int S, int W>
 inline __attribute__((always_inline)) void Cascade(
     const R* __restrict__ a, const R* __restrict__ u, const R* __restrict__ zi,
     R* __restrict__ y, R* __restrict__ ys, int64_t samples, int64_t first,
@@ -107,12 +110,12 @@ inline __attribute__((always_inline)) void Cascade(
   for (int64_t t = 0; t < head; ++t) {
     for (int l = 0; l < W; ++l) v[l] = u[(first + l) * samples + t];
     Step<R, S, W, true>(c, z, h, v, static_cast<int>(t));
-    Store<R, S, W, kSave>(h, v, y, ys, out_length, samples, first, t);
+    Store<R, S, W>(h, v, y, ys, out_length, samples, first, t);
   }
   for (int64_t t = head; t < samples; ++t) {
     for (int l = 0; l < W; ++l) v[l] = u[(first + l) * samples + t];
     Step<R, S, W, false>(c, z, h, v, -1);
-    Store<R, S, W, kSave>(h, v, y, ys, out_length, samples, first, t);
+    Store<R, S, W>(h, v, y, ys, out_length, samples, first, t);
   }
   if (!final_state) return;
   for (int l = 0; l < W; ++l) {
@@ -140,9 +143,9 @@ inline __attribute__((always_inline)) void Cascade(
 // W = 32 / sizeof(R) signals `first .. first + W - 1` at once, each value a
 // vector of their W lanes (GCC's vector extension: one AVX register), with
 // S sections known at compile time; the same arithmetic as `Cascade`.
-// With kSave, also every section's output into the group's block of ys,
+// With `ys`, also every section's output into the group's block of ys,
 // laid out (T, S, W): one vector store a section and sample.
-template <typename R, int S, bool kSave>
+template <typename R, int S>
 inline __attribute__((always_inline)) void CascadeLanes(
     const R* __restrict__ a, const R* __restrict__ u, const R* __restrict__ zi,
     R* __restrict__ y, R* __restrict__ ys, int64_t samples, int64_t first,
@@ -184,7 +187,7 @@ inline __attribute__((always_inline)) void CascadeLanes(
     }
     h[2 * S + 1] = h[2 * S];
     h[2 * S] = v;
-    if (kSave) {
+    if (ys != nullptr) {
       R* at = ys + first * S * samples + t * S * W;
       for (int s = 0; s < S; ++s) {
         std::memcpy(at + s * W, &h[2 * (s + 1)], sizeof(V));
@@ -533,46 +536,56 @@ struct Operands {
 // time. Saved outputs: a group of W signals keeps its block of ys as
 // (T, S, W), a signal on its own as (S, T); the reverse mode reads the
 // layout the forward pass wrote (both split a batch alike).
-template <typename R, int S>
+template <typename R, int S, bool kWide>
 inline __attribute__((always_inline)) void All(const Operands<R>& o) {
   constexpr int W = 32 / sizeof(R);
   int64_t first = 0;
-  if (o.ct != nullptr) {
-    for (; o.batch - first >= W; first += W) {
-      AdjointLanes<R, S>(o.a, o.u, o.ys, o.ct, o.y, o.samples, first);
+  if constexpr (kWide) {
+    if (o.ct != nullptr) {
+      for (; o.batch - first >= W; first += W) {
+        AdjointLanes<R, S>(o.a, o.u, o.ys, o.ct, o.y, o.samples, first);
+      }
+      for (; first < o.batch; ++first) {
+        AdjointOne<R, S>(o.a, o.u, o.ys, o.ct, o.y, o.samples, first);
+      }
+      return;
     }
-    for (; first < o.batch; ++first) {
-      AdjointOne<R, S>(o.a, o.u, o.ys, o.ct, o.y, o.samples, first);
-    }
-    return;
   }
-  const bool save = o.ys != nullptr;
   for (; o.batch - first >= W; first += W) {
-    if (save) {
-      CascadeLanes<R, S, true>(o.a, o.u, o.zi, o.y, o.ys, o.samples, first,
-                               false);
-    } else {
-      CascadeLanes<R, S, false>(o.a, o.u, o.zi, o.y, nullptr, o.samples,
-                                first, o.final_state);
-    }
+    CascadeLanes<R, S>(o.a, o.u, o.zi, o.y, o.ys, o.samples, first,
+                       o.final_state);
   }
   for (; first < o.batch; ++first) {
-    if (save) {
-      Cascade<R, S, 1, true>(o.a, o.u, o.zi, o.y, o.ys, o.samples, first,
-                             false);
-    } else {
-      Cascade<R, S, 1, false>(o.a, o.u, o.zi, o.y, nullptr, o.samples, first,
-                              o.final_state);
-    }
+    Cascade<R, S, 1>(o.a, o.u, o.zi, o.y, o.ys, o.samples, first,
+                     o.final_state);
   }
 }
 
-template <typename R>
+// kWide: the loops for AVX2 and FMA, one per number of sections up to 8.
+// Otherwise (a CPU without them) only the plain cascade has those; reverse
+// mode and its forward pass run the loops for any number of sections, so
+// that the library compiles each specialised loop once.
+template <typename R, bool kWide>
 inline __attribute__((always_inline)) void Dispatch(const Operands<R>& o) {
+  const bool generic = o.n > 8 || (!kWide && (o.ct != nullptr || o.ys != nullptr));
+  if (generic) {
+    for (int64_t b = 0; b < o.batch; ++b) {
+      if (o.ct != nullptr) {
+        AdjointAny<R>(o.a, o.u, o.ys, o.ct, o.y, o.samples, b, o.n);
+      } else if (o.ys != nullptr) {
+        CascadeAny<R, true>(o.a, o.u, o.zi, o.y, o.ys, o.samples, b, o.n,
+                            false);
+      } else {
+        CascadeAny<R, false>(o.a, o.u, o.zi, o.y, nullptr, o.samples, b, o.n,
+                             o.final_state);
+      }
+    }
+    return;
+  }
   switch (o.n) {
 #define RETRAX_SECTIONS_CASE(K) \
   case K:                       \
-    return All<R, K>(o);
+    return All<R, K, kWide>(o);
     RETRAX_SECTIONS_CASE(1)
     RETRAX_SECTIONS_CASE(2)
     RETRAX_SECTIONS_CASE(3)
@@ -582,19 +595,6 @@ inline __attribute__((always_inline)) void Dispatch(const Operands<R>& o) {
     RETRAX_SECTIONS_CASE(7)
     RETRAX_SECTIONS_CASE(8)
 #undef RETRAX_SECTIONS_CASE
-    default:
-      for (int64_t b = 0; b < o.batch; ++b) {
-        if (o.ct != nullptr) {
-          AdjointAny<R>(o.a, o.u, o.ys, o.ct, o.y, o.samples, b, o.n);
-        } else if (o.ys != nullptr) {
-          CascadeAny<R, true>(o.a, o.u, o.zi, o.y, o.ys, o.samples, b, o.n,
-                              false);
-        } else {
-          CascadeAny<R, false>(o.a, o.u, o.zi, o.y, nullptr, o.samples, b,
-                               o.n, o.final_state);
-        }
-      }
-      return;
   }
 }
 
@@ -604,13 +604,13 @@ inline __attribute__((always_inline)) void Dispatch(const Operands<R>& o) {
 #define RETRAX_SECTIONS_X86 1
 template <typename R>
 __attribute__((target("avx2,fma"))) void RunAvx2(const Operands<R>& o) {
-  Dispatch<R>(o);
+  Dispatch<R, true>(o);
 }
 #endif
 
 template <typename R>
 void RunPortable(const Operands<R>& o) {
-  Dispatch<R>(o);
+  Dispatch<R, false>(o);
 }
 
 // A batch of more than retrax::kChunk signals (a multiple of every W) is
