@@ -16,6 +16,7 @@ from retrax.ops._linear_primitive import sections_recurrence
 
 
 pytestmark = pytest.mark.kernels
+FULL = pytest.mark.full
 
 
 def _coefficients(n_sections, dtype, seed=0):
@@ -49,7 +50,10 @@ def _close(got, want, rtol):
         assert float(jnp.max(jnp.abs(g - r), initial=0.0)) <= rtol * scale
 
 
-@pytest.mark.parametrize("n_sections", [1, 3, 8, 9])
+# (the default set: one section and eight, the most the kernels unroll)
+@pytest.mark.parametrize(
+    "n_sections", [1, pytest.param(3, marks=FULL), 8, pytest.param(9, marks=FULL)]
+)
 @pytest.mark.parametrize("shape", [(0,), (1,), (2,), (300,), (3, 5), (11, 260)])
 def test_cascade_gradient_is_the_expansions(n_sections, shape):
     rng = np.random.default_rng(n_sections)
@@ -129,9 +133,9 @@ def test_sosfilt_coefficient_gradient_matches_finite_differences():
         assert abs(float(grad[i, j]) - fd) <= 1e-6 * max(1.0, abs(fd))
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
-@pytest.mark.parametrize("order", [1, 5, 32])
-@pytest.mark.parametrize("length", [0, 1, 40, 1001])
+@pytest.mark.parametrize("dtype", [pytest.param(jnp.float32, marks=FULL), jnp.float64])
+@pytest.mark.parametrize("order", [pytest.param(1, marks=FULL), 5, 32])
+@pytest.mark.parametrize("length", [0, pytest.param(1, marks=FULL), 40, 1001])
 @pytest.mark.parametrize("adjoint", [False, True])
 def test_lag_sums_are_the_reductions(dtype, order, length, adjoint):
     rng = np.random.default_rng(order + length)
