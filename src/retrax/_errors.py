@@ -63,7 +63,7 @@ def error_if(
     and fused by XLA into whatever reads the result next.
     `EQX_ON_ERROR=nan` makes the flag NaN, so `x` becomes NaN as it would
     with `eqx.error_if`; other leaves (integers, booleans, and weakly typed
-    scalars, whose type the product would make strong) take the error value
+    scalars, whose type the arithmetic would make strong) take the error value
     through `jnp.where`.
 
     With `in_gradient`, each floating leaf is multiplied by `1 - flag`

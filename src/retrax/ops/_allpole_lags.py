@@ -33,13 +33,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from .. import _native
 from ._kernel_lowering import (
     KERNEL_DTYPES,
+    REAL_KERNEL_DTYPES,
     Kernel,
     batch_in_front,
     register_impl,
@@ -300,7 +300,7 @@ def _dot_kernel_call(ct, out, zi, *, adjoint):
 
 _DOT_KERNEL = Kernel(
     name="allpole",
-    dtypes=(np.dtype(np.float32), np.dtype(np.float64)),
+    dtypes=REAL_KERNEL_DTYPES,
     call=_dot_kernel_call,
     rule=lambda ranks: "b t, b t, b k -> b k",
     signal_rank=1,

@@ -37,7 +37,6 @@ Its rules, as JAX's documentation on defining primitives describes:
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
@@ -45,6 +44,7 @@ from jax.interpreters import ad, batching
 from .. import _native
 from ._kernel_lowering import (
     DEFAULT_UNROLL,
+    REAL_KERNEL_DTYPES,
     Kernel,
     batch_in_front,
     register_lowerings,
@@ -135,7 +135,7 @@ def _sharding_rule(ranks):
 
 _KERNEL = Kernel(
     name="ballistics",
-    dtypes=(np.dtype(np.float32), np.dtype(np.float64)),
+    dtypes=REAL_KERNEL_DTYPES,
     call=_kernel_call,
     rule=_sharding_rule,
     signal_rank=1,

@@ -52,6 +52,9 @@ TANGENT_UNROLL = 1
 KERNEL_DTYPES = tuple(
     np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128)
 )
+# The real ones: those of the kernels whose loops compare or use vector lanes
+# of real numbers (the sections, the lag sums, `ballistics`).
+REAL_KERNEL_DTYPES = KERNEL_DTYPES[:2]
 
 
 def varying_like(init, *args):

@@ -47,6 +47,7 @@ from jax.interpreters import ad, batching, mlir
 from .. import _native
 from ._kernel_lowering import (
     DEFAULT_UNROLL,
+    REAL_KERNEL_DTYPES,
     Kernel,
     batch_in_front,
     register_impl,
@@ -57,14 +58,11 @@ from ._linear_primitive import _bind
 from ._sections_structure import SECTIONS, section_outputs
 
 
-_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
 def fused(a, u) -> bool:
     """Whether the cascade on `a`, `u` differentiates through the kernel."""
     return (
         a.ndim == u.ndim + 1
-        and np.dtype(u.dtype) in _KERNEL_DTYPES
+        and np.dtype(u.dtype) in REAL_KERNEL_DTYPES
         and jax.default_backend() == "cpu"
         and _native.available("allpole")
     )
@@ -185,7 +183,7 @@ def _cotangent_kernel_call(a, u, zi, ys, ct):
 
 def _register(prim, reference, call, rule):
     kernel = Kernel(
-        name="allpole", dtypes=_KERNEL_DTYPES, call=call, rule=rule, signal_rank=1
+        name="allpole", dtypes=REAL_KERNEL_DTYPES, call=call, rule=rule, signal_rank=1
     )
     register_lowerings(
         prim,

@@ -40,11 +40,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .. import _native
 from ._fir import fir_apply
-from ._kernel_lowering import Kernel
+from ._kernel_lowering import REAL_KERNEL_DTYPES, Kernel
 from ._structure import Structure
 
 
@@ -147,7 +146,7 @@ def _structure(final_state: bool) -> Structure:
         kernel=Kernel(
             # registered with the all-pole kernels (`retrax.kernels()["allpole"]`)
             name="allpole",
-            dtypes=(np.dtype(np.float32), np.dtype(np.float64)),
+            dtypes=REAL_KERNEL_DTYPES,
             call=_kernel_call,
             rule=functools.partial(_rule, final_state),
             signal_rank=1,
