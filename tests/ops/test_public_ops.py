@@ -1,4 +1,4 @@
-"""retrax.ops under JAX's transformations: checks that hold under
+"""Every public op of retrax.ops under JAX's transformations: checks that hold under
 `jit(grad(...))` whatever the loss, and ahead-of-time lowering of every op."""
 
 import functools
