@@ -6,8 +6,10 @@ of the last inputs and outputs (`lfiltic`), so the recursion runs on retrax's
 recurrence core and its derivatives are the adjoint filter's.
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 from jaxtyping import Array, ArrayLike, Inexact, Shaped
 
 from .._compiled import compiled
@@ -31,6 +33,42 @@ def allpole_apply(a: Array, x: Array, zi: Array) -> Array:
     if a.shape[-1] == 0:
         return x
     return recurrence("allpole", DEFAULT_UNROLL, a, x, zi)
+
+
+@jax.custom_jvp
+def fir_drive(b: Array, x: Array) -> Array:
+    """$\\sum_k b_k x_{t-k}$ of one signal `x`, zero before its start.
+
+    Each tap reads `x` through a pad of its own, which XLA fuses into the one
+    loop that sums the products: one pass over `x`. `fir_apply` reads every
+    tap from one zero-padded copy of `x`, which XLA writes out first, and
+    reads it in rows longer than the signal's; for a block of 64 channels of
+    a second (float64, a stream's step with `zi`) that made `lfilter` take
+    twice its time (61 against 31 ms on a 2-core x86 CPU). The derivatives
+    are `fir_apply`'s (`_fir_drive_jvp`), whose taps' transpose runs on the
+    compiled lag sums."""
+    length = x.shape[0]
+    y = b[0] * x
+    for k in range(1, min(b.shape[0], length + 1)):
+        y = y + b[k] * jnp.pad(x[: length - k], (k, 0))
+    return y
+
+
+def _fir_drive_jvp(primals, tangents):
+    """`fir_apply`'s tangent, with a symbolic zero's term left out."""
+    b, x = primals
+    db, dx = tangents
+    zeros = jnp.zeros(b.shape[0] - 1, x.dtype)
+    dy = None
+    if type(db) is not SymbolicZero:
+        dy = fir_apply(db, x, zeros)
+    if type(dx) is not SymbolicZero:
+        term = fir_apply(b, dx, zeros)
+        dy = term if dy is None else dy + term
+    return fir_drive(b, x), jnp.zeros_like(x) if dy is None else dy
+
+
+fir_drive.defjvp(_fir_drive_jvp, symbolic_zeros=True)
 
 
 def _padded(c: Array, length: int, lead: Array | None = None) -> Array:
@@ -72,7 +110,7 @@ def tdf2_apply(
     """
     n_state = max(a.shape[0], b.shape[0] - 1)
     length = x.shape[0]
-    drive = fir_apply(b, x, jnp.zeros(b.shape[0] - 1, x.dtype))
+    drive = fir_drive(b, x)
     if zi is not None and n_state > 0:
         head = min(n_state, length)
         drive = drive.at[:head].add(zi[:head])
