@@ -854,3 +854,119 @@ def test_float64_input_with_x64_does_not_warn(monkeypatch):
         y = ops.sosfiltfilt(sos, x)
     assert y.dtype == jnp.float64
     assert_close(y, ss.sosfiltfilt(sos, x), rtol=1e-9)
+
+
+# ---------------------------------------------------------------- layouts and streams
+
+
+def _small_chunks(monkeypatch):
+    """Filter time-first signals from 40 samples on in chunks of 16 (the
+    defaults take 65,536 samples), so that a short signal takes the chunked
+    route with a last chunk of its own length."""
+    from retrax.ops import _scipy_args
+
+    monkeypatch.setattr(_scipy_args, "TIME_CHUNK", 16)
+    monkeypatch.setattr(_scipy_args, "CHUNKED_FROM", 40)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_time_first_signals_match_scipy_in_chunks(monkeypatch, dtype):
+    """A long time-first signal (`axis=0`, as soundfile returns a
+    multichannel file) is filtered chunk by chunk along time; `y` and `zf`
+    are scipy's, with and without `zi`, for several channel axes."""
+    _small_chunks(monkeypatch)
+    rng = np.random.default_rng(5)
+    sos = ss.butter(4, 0.2, output="sos")
+    # lengths and channel shapes unique to this test: its programs compile here
+    for shape in [(53, 2), (57, 3, 2)]:
+        x = rng.standard_normal(shape).astype(dtype)
+        zi = rng.standard_normal((2, 2) + shape[1:]).astype(dtype)
+        y = ops.sosfilt(sos.astype(dtype), x, axis=0)
+        assert y.dtype == dtype
+        assert_close(y, ss.sosfilt(sos, x.astype(np.float64), axis=0), _tol(dtype))
+        y, zf = ops.sosfilt(sos.astype(dtype), x, axis=0, zi=zi)
+        want_y, want_zf = ss.sosfilt(sos, x.astype(np.float64), axis=0, zi=zi)
+        assert_close(y, want_y, _tol(dtype))
+        assert_close(zf, want_zf, _tol(dtype))
+
+
+def test_time_first_signals_move_chunks_not_the_signal(monkeypatch):
+    """The chunked route transposes chunks, never the whole signal (as
+    `axis=-1` of the same signal stored channels-first transposes nothing)."""
+    _small_chunks(monkeypatch)
+    sos = jnp.asarray(ss.butter(2, 0.3, output="sos"))
+    for axis, shape in [(0, (51, 2)), (0, (51, 1)), (-1, (2, 51))]:
+        x = jnp.zeros(shape)
+        f = functools.partial(ops.sosfilt, axis=axis)
+        jaxpr = jax.make_jaxpr(f)(sos, x).jaxpr
+        moved = [
+            eqn
+            for eqn in primitive_eqns_in(jaxpr, jax.lax.transpose_p)
+            if eqn.invars[0].aval.size >= x.size
+        ]
+        assert not moved, (axis, shape)
+        assert bool(scans_in(jaxpr)) == (axis == 0)  # the loop over chunks
+
+
+@pytest.mark.full
+def test_time_first_chunks_gradient(monkeypatch):
+    """The chunked route's gradient against finite differences."""
+    _small_chunks(monkeypatch)
+    sos = jnp.asarray(ss.butter(2, 0.3, output="sos"))
+    x = jnp.asarray(np.random.default_rng(6).standard_normal((51, 2)))
+    free = jnp.concatenate([sos[:, :3], sos[:, 4:]], axis=1)
+    sosfilt = lambda f, x: ops.sosfilt(_sos_with_free(f), x, axis=0)
+    check_grads(sosfilt, (free, x), eps=1e-6)
+
+
+def _stream(step, coefficients, x, zi, block):
+    """`x` (channels, T) through `step` in blocks of `block` samples."""
+    ys = []
+    for start in range(0, x.shape[-1], block):
+        y, zi = step(*coefficients, x[:, start : start + block], zi)
+        ys.append(y)
+    return np.concatenate([np.asarray(y) for y in ys], axis=-1), zi
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_streaming_with_zi_matches_one_call(dtype):
+    """A stream of blocks through a jitted step that donates its state, as a
+    user's loop `y, zi = step(b, a, block, zi)` runs it, gives scipy's output
+    and final state of the whole signal."""
+    rng = np.random.default_rng(7)
+    b, a = (v.astype(dtype) for v in ss.butter(4, 0.2))
+    sos = ss.butter(4, 0.2, output="sos").astype(dtype)
+    x = rng.standard_normal((3, 300)).astype(dtype)
+    steps = [
+        (
+            lambda b, a, x, zi: ops.lfilter(b, a, x, zi=zi),
+            (b, a),
+            rng.standard_normal((3, 4)).astype(dtype),
+            lambda zi: ss.lfilter(b, a, x.astype(np.float64), zi=zi),
+        ),
+        (
+            lambda sos, x, zi: ops.sosfilt(sos, x, zi=zi),
+            (sos,),
+            rng.standard_normal((2, 3, 2)).astype(dtype),
+            lambda zi: ss.sosfilt(sos, x.astype(np.float64), zi=zi),
+        ),
+    ]
+    for f, coefficients, zi, reference in steps:
+        want_y, want_zf = reference(zi)
+        donated = jax.jit(f, donate_argnums=len(coefficients) + 1)
+        for step in (f, jax.jit(f), donated):
+            y, zf = _stream(step, coefficients, x, jnp.asarray(zi), block=100)
+            assert y.dtype == zf.dtype == dtype
+            assert_close(y, want_y, _tol(dtype))
+            assert_close(zf, want_zf, _tol(dtype))
+
+
+def test_lfilter_drive_is_not_a_padded_copy():
+    """`lfilter` computes its FIR drive in one pass over `x`: each tap reads
+    `x` through its own pad, which XLA fuses, where a zero-padded copy of the
+    whole signal shared by the taps was written out first (and made a block
+    of 64 channels take three times its recursion)."""
+    b, a = (jnp.asarray(v) for v in ss.butter(4, 0.2))
+    x = jnp.zeros((8, 1000))
+    hlo = jax.jit(ops.lfilter).lower(b, a, x).compile().as_text()
+    assert "[8,1004]" not in hlo

@@ -13,6 +13,7 @@ from ._lfilter import steady_state
 from ._linear_primitive import sections_recurrence
 from ._scipy_args import (
     along_axis,
+    along_time,
     as_array,
     compute_dtype,
     host_arrays,
@@ -20,6 +21,7 @@ from ._scipy_args import (
     normalise,
     normalise_axis,
     scipy_dtype,
+    time_chunked,
 )
 
 
@@ -106,7 +108,10 @@ def sosfilt(
 
     - `sos`: the sections, shape `(n_sections, 6)`.
     - `x`: the signal, any number of dimensions.
-    - `axis`: the axis of `x` to filter along (default: the last).
+    - `axis`: the axis of `x` to filter along (default: the last). A long
+      time-first signal (`axis=0`, as soundfile returns a multichannel
+      file) is filtered chunk by chunk along time rather than transposed
+      whole, with the same result.
     - `zi`: the initial state, shape `(n_sections, *x.shape)` with 2 in place
       of the length of `axis` (e.g. from
       [`sosfilt_zi`][retrax.ops.sosfilt_zi]). When given, the final state is
@@ -143,10 +148,15 @@ def _sosfilt(sos, x, zi, *, axis: int, dtype: np.dtype):
                 f"axis={axis} of `x` with shape {x.shape}), got shape {zi.shape}."
             )
     sos = checked_sos(sos)
-    if zi is None:
+    if zi is None and not time_chunked(x, axis):
         y = along_axis(lambda s: sos_cascade(sos, s, None, False)[:1], x, axis)[0]
         return in_dtype(dtype, y)
-    y, zf = along_axis(lambda s, z: sos_cascade(sos, s, z), x, axis, zi)
+    if zi is None:  # a long time-first signal, in chunks from a zero state
+        shape = (n_sections,) + x.shape[:axis] + (2,) + x.shape[axis + 1 :]
+        zeros = jnp.zeros(shape, work)
+        y = along_time(lambda s, z: sos_cascade(sos, s, z), x, axis, zeros)[0]
+        return in_dtype(dtype, y)
+    y, zf = along_time(lambda s, z: sos_cascade(sos, s, z), x, axis, zi)
     return in_dtype(dtype, (y, zf))
 
 
