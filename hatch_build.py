@@ -1,8 +1,9 @@
 """Build hook: compile retrax's CPU kernels (`src/retrax/_native`).
 
 The kernels speed up loops that XLA runs slowly (see `ballistics.cc`,
-`allpole.cc`, `linear.cc` and `sections.cc`). They are compiled against the
-XLA FFI headers shipped with jaxlib, so jaxlib is a build requirement.
+`allpole.cc`, `linear.cc`, `sections.cc` and `graph.cc`). They are compiled
+against the XLA FFI headers shipped with jaxlib, so jaxlib is a build
+requirement.
 Without a C++ compiler, or if compilation fails, the build still succeeds:
 retrax then runs its pure-JAX loops, which give the same numbers. `CXX`
 selects the compiler (default `c++`).
@@ -27,7 +28,7 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 
 NATIVE = pathlib.Path("src", "retrax", "_native")
-SOURCES = ["ballistics.cc", "allpole.cc", "linear.cc", "sections.cc"]
+SOURCES = ["ballistics.cc", "allpole.cc", "linear.cc", "sections.cc", "graph.cc"]
 LIBRARY = "_kernels.so"
 
 

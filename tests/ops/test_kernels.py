@@ -79,13 +79,44 @@ def fresh_status():
     jax.clear_caches()
 
 
+def _graph_uses_kernel(dtype=jnp.float64) -> bool:
+    """Whether a banded least-squares graph solve's program calls the block
+    Cholesky kernels (factorisation and solve; float64: below it the steps
+    come from QR of the residual rows)."""
+    import retrax.relations as rr
+
+    graph = rr.FactorGraph(
+        {"x": (8, 1)},
+        [
+            rr.GaussianFactor.prior("x", jnp.zeros(1, dtype), 1.0),
+            rr.GaussianFactor(
+                [("x", range(7)), ("x", range(1, 8))],
+                jnp.asarray([[1.0, -1.0]], dtype),
+                jnp.zeros((1,), dtype),
+                1.0,
+            ),
+        ],
+    )
+    init = {"x": jnp.zeros((8, 1), dtype)}
+    text = (
+        jax.jit(lambda g, i: rr.solve_graph(g, i, linear_solver="banded").x)
+        .lower(graph, init)
+        .as_text()
+    )
+    return (
+        f"@{_native.BLOCK_CHOLESKY}(" in text
+        and f"@{_native.BLOCK_CHOLESKY_SOLVE}(" in text
+    )
+
+
 def test_status_says_whether_the_ops_use_the_kernels():
     status = retrax.kernels()
-    assert set(status) == {"ballistics", "allpole", "linear"}
+    assert set(status) == {"ballistics", "allpole", "linear", "graph"}
     uses = {
         "ballistics": _uses_kernel(),
         "allpole": _allpole_uses_kernel() and _sections_use_kernel(),
         "linear": _linear_uses_kernel(),
+        "graph": _graph_uses_kernel(),
     }
     for name, kernel in status.items():
         assert isinstance(kernel, retrax.KernelStatus)

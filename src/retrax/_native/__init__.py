@@ -2,10 +2,12 @@
 
 The package build compiles `ballistics.cc` (the attack/release smoother),
 `allpole.cc` (the all-pole recursion of the recurrence core, forward and
-adjoint), `sections.cc` (cascades of second-order sections, in one pass)
-and `linear.cc` (the core's diagonal and dense recursions, forward and
-adjoint, real and complex) into `_kernels.so` against the FFI headers of
-the jaxlib in the build environment (see `hatch_build.py`).
+adjoint), `sections.cc` (cascades of second-order sections, in one pass),
+`linear.cc` (the core's diagonal and dense recursions, forward and
+adjoint, real and complex) and `graph.cc` (block Cholesky of a factor
+graph's block-tridiagonal Gauss-Newton matrix, and its solve) into
+`_kernels.so` against the FFI headers of the jaxlib in the build environment
+(see `hatch_build.py`).
 The kernels are used if that library is present and XLA accepts its handlers;
 otherwise every op falls back to its pure-JAX loop, which computes the same
 numbers. Setting the environment variable `RETRAX_DISABLE_KERNELS=1` forces
@@ -41,6 +43,8 @@ LINEAR = "retrax_linear"
 SECTIONS = "retrax_sections"
 SECTIONS_SAVED = "retrax_sections_saved"
 SECTIONS_ADJOINT = "retrax_sections_adjoint"
+BLOCK_CHOLESKY = "retrax_block_cholesky"
+BLOCK_CHOLESKY_SOLVE = "retrax_block_cholesky_solve"
 _DISABLE = "RETRAX_DISABLE_KERNELS"
 
 # Public kernel name -> its (XLA FFI target name, symbol of the handler)s.
@@ -55,6 +59,10 @@ _KERNELS = {
         (SECTIONS_ADJOINT, "RetraxSectionsAdjoint"),
     ),
     "linear": ((LINEAR, "RetraxLinear"),),
+    "graph": (
+        (BLOCK_CHOLESKY, "RetraxBlockCholesky"),
+        (BLOCK_CHOLESKY_SOLVE, "RetraxBlockCholeskySolve"),
+    ),
 }
 # The dtypes each kernel computes (others run the pure-JAX loop).
 _DTYPES = {
@@ -62,6 +70,7 @@ _DTYPES = {
     "allpole": "float32, float64, complex64 and complex128 (cascades of "
     "second-order sections: float32 and float64)",
     "linear": "float32, float64, complex64 and complex128",
+    "graph": "float32 and float64",
 }
 
 
@@ -167,14 +176,18 @@ def kernels() -> dict[str, KernelStatus]:
     `retrax.ops.allpole`, `linear_recurrence`, `lfilter`, `lfilter_tv` and
     `sosfilt`, and the diagonal and dense recursions behind
     `retrax.ops.diag_state_space`, `state_space`, `comb`, the state-variable
-    filter and the derivatives of `ballistics` (values and derivatives) run
-    compiled loops on the CPU, built with the package when a C++ compiler is
-    available. Without them the ops run pure-JAX loops that give the same
-    numbers, more slowly; this function says which one is in use.
+    filter and the derivatives of `ballistics` (values and derivatives), and
+    the block Cholesky factorisation and solve of
+    `retrax.relations.solve_graph`'s least-squares steps on banded graphs
+    (`"graph"`) run compiled loops on the CPU, built with the package when a
+    C++ compiler is available. Without them the ops run pure-JAX loops that
+    give the same numbers, more slowly; this function says which one is in
+    use.
 
     **Returns:**
 
-    A dict from kernel name (`"ballistics"`, `"allpole"`, `"linear"`) to its
+    A dict from kernel name (`"ballistics"`, `"allpole"`, `"linear"`,
+    `"graph"`) to its
     [`retrax.KernelStatus`][]: `active` and a `reason` in words.
 
     !!! Example

@@ -17,9 +17,10 @@ import jax
 import jax.numpy as jnp
 import lineax as lx
 import numpy as np
-from jax.scipy.linalg import cho_solve, lu_factor, lu_solve, solve_triangular
+from jax.scipy.linalg import lu_factor, lu_solve, solve_triangular
 from jaxtyping import Array, Bool, Float, Int
 
+from ._block_cholesky import block_cholesky, block_cholesky_solve
 from ._graph import FactorGraph
 from ._graph_factor import GaussianFactor, ResidualFactor
 from ._solution import RESULTS
@@ -136,44 +137,30 @@ class DenseSystem(AbstractGraphSystem):
 _UNROLL = 4  # block-elimination steps per loop iteration: less loop overhead
 
 
-def _block_solve(factors, pivots, rhs, symmetric: bool):
-    """`S^{-1} rhs` from one block's factors: Cholesky's lower triangle
-    (`symmetric`) or packed LU with its pivots."""
-    if symmetric:
-        return cho_solve((factors, True), rhs)
-    return lu_solve((factors, pivots), rhs)
-
-
-def _block_factor(block, symmetric: bool):
-    """One block's factors: Cholesky (`symmetric`; NaN unless positive
-    definite) or LU with partial pivoting (pivots of zeros for Cholesky)."""
-    if symmetric:
-        chol = jnp.linalg.cholesky(block)
-        return chol, jnp.zeros(block.shape[:1], jnp.int32)
+def _block_factor(block):
+    """One block's packed LU with partial pivoting."""
     lu, pivots = lu_factor(block)
     return lu, pivots.astype(jnp.int32)
 
 
-def _eliminate(bands, symmetric: bool):
-    r"""Block elimination from the first block: the Schur complements $S_i =
-    D_i - L_i S_{i-1}^{-1} U_{i-1}$, each one's factors (see
-    `_block_factor`), and the products a solve needs, $W_i = S_i^{-1} U_i$
-    and $G_{i+1} = L_{i+1} S_i^{-1}$: a solve is then two recurrences of
-    matrix-vector products and one batch of independent block solves."""
+def _eliminate(bands):
+    r"""Block elimination from the first block by LU (a symmetric positive
+    definite matrix takes `block_cholesky` instead): the Schur complements
+    $S_i = D_i - L_i S_{i-1}^{-1} U_{i-1}$, each one's LU factors, and the
+    products a solve needs, $W_i = S_i^{-1} U_i$ and $G_{i+1} = L_{i+1}
+    S_i^{-1}$: a solve is then two recurrences of matrix-vector products and
+    one batch of independent block solves."""
 
     def step(prev, blocks):
         lower, diag, upper_prev = blocks
-        w = _block_solve(*prev, upper_prev, symmetric)
-        if symmetric:  # L_i = U_{i-1}^T and S symmetric: G_i = W_{i-1}^T
-            g = w.T
-        else:
-            g = lu_solve(prev, lower.T, trans=1).T
+        w = lu_solve(prev, upper_prev)
+        g = lu_solve(prev, lower.T, trans=1).T
         s = diag - lower @ w
-        factors = _block_factor(s, symmetric)
+        factors = _block_factor(s)
         return factors, (s, *factors, w, g)
 
     first = bands[0, 1]
-    factors = _block_factor(first, symmetric)
+    factors = _block_factor(first)
     _, (rest, lus, pivots, right, left) = jax.lax.scan(
         step,
         factors,
@@ -186,20 +173,15 @@ def _eliminate(bands, symmetric: bool):
     return schur, lus, pivots, right, left
 
 
-def _schur(bands, symmetric: bool = False):
-    """The Schur complements of block elimination and their factors."""
-    schur, factors, pivots, _, _ = _eliminate(bands, symmetric)
-    return schur, factors, pivots
-
-
 class BandedSystem(AbstractGraphSystem):
     """`J` block tridiagonal in the graph's bandwidth-reducing order (see
     `FactorGraph.banded`), solved by block elimination: linear in the number
     of variables for chains and trees. Each Schur complement is factorised
     once and every solve reuses the factors: by LU with partial pivoting
-    (`jax.scipy.linalg.lu_factor`: `J` need not be symmetric), or by
-    Cholesky when the system is `symmetric` (a Gauss–Newton matrix; its
-    factors then also say whether it is positive definite). With
+    (`jax.scipy.linalg.lu_factor`: `J` need not be symmetric), or by block
+    Cholesky (`block_cholesky`, a compiled loop on the CPU) when the system
+    is `symmetric` (a Gauss–Newton matrix; its factors then also say whether
+    it is positive definite). With
     `factorise=False` the system holds its bands alone (a matrix that
     `add_diagonal` damps and factorises)."""
 
@@ -224,8 +206,12 @@ class BandedSystem(AbstractGraphSystem):
     ):
         self.bands = bands
         self.symmetric = bool(symmetric)
-        if factorise:
-            out = _eliminate(bands, self.symmetric)
+        if factorise and self.symmetric:
+            self.factors, self.right = block_cholesky(bands)
+            self.pivots = jnp.zeros(bands.shape[:1] + bands.shape[-1:], jnp.int32)
+            self.left = None  # the solve needs the V_i of `right` alone
+        elif factorise:
+            out = _eliminate(bands)
             _, self.factors, self.pivots, self.right, self.left = out
         else:
             self.factors = self.pivots = self.right = self.left = None
@@ -252,6 +238,9 @@ class BandedSystem(AbstractGraphSystem):
             .set(rhs, unique_indices=True)
             .reshape(count, s)
         )
+        if self.symmetric:
+            x = block_cholesky_solve(self.factors, self.right, r).reshape(-1)[padded]
+            return x, _finite_result(x)
 
         def forward(y_prev, blocks):
             g_i, r_i = blocks
@@ -260,7 +249,7 @@ class BandedSystem(AbstractGraphSystem):
 
         _, ys = jax.lax.scan(forward, r[0], (self.left, r[1:]), unroll=_UNROLL)
         ys = jnp.concatenate([r[:1], ys])
-        zs = jax.vmap(lambda f, p, y: _block_solve(f, p, y, self.symmetric))(
+        zs = jax.vmap(lambda f, p, y: lu_solve((f, p), y))(
             self.factors, self.pivots, ys
         )
 
@@ -295,7 +284,7 @@ class BandedSystem(AbstractGraphSystem):
         if self.symmetric and self.factors is not None:
             chol = self.factors
         else:
-            _, chol, _ = _schur(self._sym_bands(), symmetric=True)
+            chol, _ = block_cholesky(self._sym_bands())
         return jnp.all(jnp.isfinite(chol)) & jnp.all(
             jnp.diagonal(chol, axis1=-2, axis2=-1) > 0
         )
@@ -310,7 +299,7 @@ class BandedSystem(AbstractGraphSystem):
         return jnp.stack([lower, diag, upper], axis=1)
 
     def symmetric_logdet(self):
-        schur, _, _ = _schur(self._sym_bands())
+        schur = _eliminate(self._sym_bands())[0]
         schur = 0.5 * (schur + jnp.swapaxes(schur, -1, -2))
         positive = jnp.all(jnp.linalg.eigvalsh(schur)[:, 0] > 0)
         return positive, jnp.sum(jnp.linalg.slogdet(schur)[1])
