@@ -352,9 +352,14 @@ class FactorGraph(eqx.Module):
     ) -> Float[Array, "n n"]:
         r"""The Jacobian of $\nabla E$ as a dense `(n, n)` matrix (with
         `kind="belief"`, the rows' Laplace precisions in its place)."""
+        return self.dense_matrix(self.row_blocks(x, kind), x.dtype)
+
+    def dense_matrix(self, row_blocks, dtype) -> Float[Array, "n n"]:
+        """The rows' `(m, d, d)` blocks at their `(m, d)` flat coordinates
+        (`row_blocks`' pairs) summed into a dense `(n, n)` matrix."""
         n = self.size
-        mat = jnp.zeros((n, n), x.dtype)
-        for blocks, idx in self.row_blocks(x, kind):
+        mat = jnp.zeros((n, n), dtype)
+        for blocks, idx in row_blocks:
             mat = mat.at[idx[:, :, None], idx[:, None, :]].add(blocks)
         return mat
 
@@ -365,10 +370,15 @@ class FactorGraph(eqx.Module):
         precisions) in the block-tridiagonal layout of `banded`:
         `(count, 3, size, size)`, band 0 the block left of the diagonal, 1 the
         diagonal, 2 the block right of it; padding is the identity."""
+        return self.banded_matrix(self.row_blocks(x, kind), x.dtype)
+
+    def banded_matrix(self, row_blocks, dtype) -> Float[Array, "c 3 s s"]:
+        """The rows' `(m, d, d)` blocks at their `(m, d)` flat coordinates
+        (`row_blocks`' pairs) summed into the bands of `banded_jacobian`."""
         band = self.banded
         s = band.size
-        mat = jnp.zeros((band.count, 3, s, s), x.dtype)
-        for blocks, idx in self.row_blocks(x, kind):
+        mat = jnp.zeros((band.count, 3, s, s), dtype)
+        for blocks, idx in row_blocks:
             p = band.padded[idx]
             pr, pc = p[:, :, None], p[:, None, :]
             br, bc = pr // s, pc // s

@@ -35,8 +35,10 @@ from jaxtyping import Array, Bool, Float, Int
 from ._graph import FactorGraph
 from ._graph_system import (
     AbstractGraphSystem,
+    gauss_newton_linearisation,
     gauss_newton_step,
     gauss_newton_system,
+    square_root_wanted,
 )
 from ._solution import RESULTS
 
@@ -76,7 +78,11 @@ def _scaling(diag: Float[Array, " n"]) -> Float[Array, " n"]:
 
 def _linearise(graph: FactorGraph, x, kind, jacobian_dtype):
     """The gradient and the Gauss–Newton matrix at `x` (the matrix evaluated
-    in `jacobian_dtype` when given, and not yet factorised)."""
+    in `jacobian_dtype` when given, and not yet factorised): from one
+    evaluation of the rows when both are in `x`'s dtype and the matrix is
+    formed (float64)."""
+    if jacobian_dtype is None and not square_root_wanted(x.dtype):
+        return gauss_newton_linearisation(graph, x, kind)
     return graph.gradient(x), gauss_newton_system(graph, x, kind, jacobian_dtype)
 
 

@@ -851,6 +851,55 @@ class DenseSquareRootSystem(AbstractSquareRootSystem):
         return _nonsingular(diagonals), 2 * jnp.sum(jnp.log(jnp.abs(diagonals)))
 
 
+def _gauss_newton_row(factor, row, *xs):
+    r"""One row's gradient $J^\top r$ and Gauss–Newton precision $J^\top J$
+    from one linearisation of its residual (a `GaussianFactor`'s in closed
+    form)."""
+    if isinstance(factor, GaussianFactor):
+        return factor.row_gradient(row, xs), factor.row_precision(row, xs)
+    if isinstance(factor, ResidualFactor):
+
+        def r(ys):
+            out = jnp.ravel(factor.residual(factor.params, row, *ys))
+            return out, out
+
+        blocks, out = jax.jacfwd(r, has_aux=True)(xs)
+        jac = jnp.concatenate(blocks, axis=1)
+        return jac.T @ out, jac.T @ jac
+    raise TypeError(  # the least-squares methods take residual graphs only
+        f"{type(factor).__name__} has no residual: the least-squares methods "
+        "need GaussianFactor or ResidualFactor rows."
+    )
+
+
+def gauss_newton_linearisation(
+    graph: FactorGraph, x: Float[Array, " n"], kind: str
+) -> tuple[Float[Array, " n"], AbstractGraphSystem]:
+    r"""The gradient $\nabla E = \sum_i J_i^\top r_i$ and the Gauss–Newton
+    matrix $\sum_i J_i^\top J_i$ (a `kind` system, not yet factorised) at
+    `x`, both from one evaluation of each factor's rows and their Jacobians
+    (`graph.gradient` and `gauss_newton_system` evaluate them twice, once in
+    reverse and once in forward mode)."""
+    lay = graph.layout
+    gradient = jnp.zeros_like(x)
+    blocks = []
+    for k, f in enumerate(graph.factors):
+        g, p = jax.vmap(lambda row, *xs, f=f: _gauss_newton_row(f, row, *xs))(
+            f.rows(), *graph._gather(k, x)
+        )
+        idx = graph._row_coords(k)
+        gradient = gradient.at[idx].add(g.astype(x.dtype))
+        blocks.append((p.astype(x.dtype), idx))
+    if kind == "dense":
+        matrix = graph.dense_matrix(blocks, x.dtype)
+        return gradient, DenseSystem(matrix, lay.var_start, lay.var_dim, True)
+    bands = graph.banded_matrix(blocks, x.dtype)
+    system = BandedSystem(
+        bands, graph.banded.padded, lay.var_start, lay.var_dim, True, False
+    )
+    return gradient, system
+
+
 def square_root_wanted(dtype) -> bool:
     """Whether the least-squares steps of a solve in `dtype` take the
     square-root (QR) form: below float64, where forming $J^\\top J$ and
