@@ -201,6 +201,23 @@ def test_bench_scipy_smoke(tmp_path):
         assert eager > 0 and jit > 0 and scipy > 0
 
 
+def test_bench_scipy_layouts_and_streams_smoke(tmp_path):
+    report = tmp_path / "bench_scipy_layouts.md"
+    args = ["--names", "", "--layouts", "--layout-seconds", "0.01", "--stream"]
+    args += ["--stream-channels", "4", "--stream-block", "100", "--stream-blocks", "3"]
+    args += ["--repeats", "1", "--budget", "0.001"]
+    _run("bench_scipy.py", *args, "--markdown", str(report))
+    text = report.read_text()
+    assert "differs from scipy" not in text
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    # four names in both layouts and both dtypes; two streams in both dtypes
+    layouts = [row for row in rows if " axis=" in row]
+    streams = [row for row in rows if "+zi " in row]
+    assert len(layouts) == 4 * 2 * 2 and len(streams) == 2 * 2, text
+    for row in layouts + streams:
+        assert all(float(c.strip().rstrip("x")) > 0 for c in row.split("|")[2:-1])
+
+
 def test_bench_eager_smoke():
     out = _run(
         "bench_eager.py", "--lengths", "32", "--repeats", "1", "--budget", "0.001"
