@@ -21,8 +21,10 @@
 // registers and the step costs about what one signal's does. On x86 CPUs
 // with AVX2, a batch-major batch of order 1 to 4 takes the tiled path below
 // (register tiles transposed in place); one of order 5 to 8 runs signal by
-// signal with its lags in registers; other batches and orders, and other
-// CPUs, the blocked and grouped loops.
+// signal with its lags in registers; a float32 one of order 9 to 64 with
+// per-sample coefficients, forward, the rows path (each signal's
+// coefficients of a sample as registers); other batches and orders, and
+// other CPUs, the blocked and grouped loops.
 
 #include <cstdint>
 #include <cstring>
@@ -666,10 +668,10 @@ __attribute__((target("avx2,fma"))) bool Tiled(const T* a, const T* u,
 // Each new output is then shifted into its signal's window. The inputs and
 // outputs move in 8 x 8 tiles (8 samples of the 8 signals) transposed in
 // registers, as the tiles above do. Each dot product is summed in float64
-// (see RowsStep). Orders 16 to 32, float32, T = 24,000, on a 2-core x86 CPU,
-// jitted through `jax.vmap(allpole)`: B = 8, 0.5 to 1.8 ms against 5.7 to
-// 8.5 ms in the blocked loops; B = 32, where the coefficients stream from
-// memory, 7 to 9 ms against 18 to 28 ms.
+// (see RowsStep). Orders 16 to 32, T = 24,000, jitted `jax.vmap(allpole)`
+// (bench_ops.py, one CPU of a 2-core x86 machine): B = 8, 1.0 to 1.9 ms
+// against 6.7 to 14 ms in the blocked loops; B = 32, where the coefficients
+// stream from memory, 8 to 23 ms against 26 to 49 ms.
 
 // x - (the sum of p[l]'s lanes) in lane l, rounded to float32 once
 RETRAX_AVX2 __m256 SubtractSums(__m256 x, const __m256d* p) {
@@ -695,8 +697,9 @@ RETRAX_AVX2 __m256 SubtractSums(__m256 x, const __m256d* p) {
 // float32 values are exact in float64, and the sums are float64 too, so an
 // output is rounded once: a resonant filter of high order sums terms far
 // larger than its output, whose float32 rounding (in any order) the
-// recursion then amplifies (order 32, 8 x 24,000 samples: 2e-6 of the peak
-// from the float64 recursion, against 2e-4 summed in float32).
+// recursion then amplifies (bench_ops.py's filters of order 16 to 32, 8 x
+// 24,000 samples: within 3.2e-7 of the peak from the float64 recursion,
+// against 3e-6 to 1.9e-5 summed in float32 by the blocked loops).
 template <int R, bool kTail>
 RETRAX_AVX2 __m256 RowsStep(__m256 (*window)[R], const float* const* rows,
                             int64_t t, int64_t order, __m256 x, __m256i mask) {
