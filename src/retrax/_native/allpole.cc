@@ -22,7 +22,7 @@
 // with AVX2, a batch-major batch of order 1 to 4 takes the tiled path below
 // (register tiles transposed in place); one of order 5 to 8 runs signal by
 // signal with its lags in registers; a float32 one of order 9 to 64 with
-// per-sample coefficients, forward, the rows path (each signal's
+// per-sample coefficients the rows path, forward and adjoint (each signal's
 // coefficients of a sample as registers); other batches and orders, and
 // other CPUs, the blocked and grouped loops.
 
@@ -656,7 +656,7 @@ __attribute__((target("avx2,fma"))) bool Tiled(const T* a, const T* u,
 // ---------------------------------------------------------------- AVX2 rows
 //
 // A batch-major float32 batch with per-sample coefficients of order 9 to 64
-// (LPC at speech orders), forward, on x86 CPUs with AVX2 and FMA. The order
+// (LPC at speech orders), on x86 CPUs with AVX2 and FMA (the adjoint: below). The order
 // is too high for the tiles above (K tiles of W x W coefficients to
 // transpose per W samples) and the blocked loops copy every coefficient into
 // a time-major buffer, one value at a time. Here each signal's K
@@ -784,15 +784,105 @@ RETRAX_AVX2 void RowsGroup(const float* a, const float* u, const float* zi,
   }
 }
 
+// The adjoint of the rows path: w[s] = u[s] - sum_k a[s+k+1, k] w[s+k+1],
+// backwards in time, in the transposed (scatter) form. Each signal's window
+// holds, in lane j, what the outputs already computed contribute to its
+// sample s - j; output w[s] is the input plus lane 0, after which the window
+// moves down by one sample (a zero enters at the top, lane K - 1) and takes
+// -a[s, k] w[s] in lane k: row s of the coefficients, as it lies in memory,
+// times the broadcast output. Each contribution is added in float32, as the
+// blocked loops' adjoint does, in the same order (the furthest first). The
+// per-sample adjoint reads no state (its coefficients are zero past the
+// end).
+template <int R, bool kTail>
+RETRAX_AVX2 __m256 RowsAdjointStep(__m256 (*window)[R],
+                                   const float* const* rows, int64_t t,
+                                   int64_t order, __m256 x, __m256i mask) {
+  // lane 0 of each signal's window, signal l in lane l
+  const __m256 t01 = _mm256_unpacklo_ps(window[0][0], window[1][0]);
+  const __m256 t23 = _mm256_unpacklo_ps(window[2][0], window[3][0]);
+  const __m256 t45 = _mm256_unpacklo_ps(window[4][0], window[5][0]);
+  const __m256 t67 = _mm256_unpacklo_ps(window[6][0], window[7][0]);
+  const __m256 s03 = _mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s47 = _mm256_shuffle_ps(t45, t67, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 w = _mm256_add_ps(x, _mm256_permute2f128_ps(s03, s47, 0x20));
+  const __m256i down = _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 0);
+#pragma GCC unroll 8
+  for (int l = 0; l < 8; ++l) {
+    const float* row = rows[l] + t * order;
+    const __m256 wl = _mm256_permutevar8x32_ps(w, _mm256_set1_epi32(l));
+    __m256 rotated[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      rotated[r] = _mm256_permutevar8x32_ps(window[l][r], down);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      // lane 7 takes lane 0 of the register after (zero past the last)
+      const __m256 above = r + 1 < R ? rotated[r + 1] : _mm256_setzero_ps();
+      const __m256 moved = _mm256_blend_ps(rotated[r], above, 0x80);
+      const __m256 c = kTail && r == R - 1
+                           ? _mm256_maskload_ps(row + 8 * r, mask)
+                           : _mm256_loadu_ps(row + 8 * r);
+      window[l][r] = _mm256_fnmadd_ps(c, wl, moved);
+    }
+    if (kTail) {  // the lanes past the order stay zero (0 * inf would not)
+      window[l][R - 1] =
+          _mm256_and_ps(window[l][R - 1], _mm256_castsi256_ps(mask));
+    }
+  }
+  return w;
+}
+
+template <int R, bool kTail>
+RETRAX_AVX2 void RowsAdjointGroup(const float* a, const float* u, float* y,
+                                  int64_t length, int64_t order,
+                                  const int64_t* signal, int lanes) {
+  __m256 window[8][R];
+  for (int l = 0; l < 8; ++l) {
+    for (int r = 0; r < R; ++r) window[l][r] = _mm256_setzero_ps();
+  }
+  alignas(32) int32_t bits[8];
+  for (int j = 0; j < 8; ++j) bits[j] = j < order - (R - 1) * 8 ? -1 : 0;
+  const __m256i mask = _mm256_load_si256(reinterpret_cast<__m256i*>(bits));
+  const float* rows[8];
+  for (int l = 0; l < 8; ++l) rows[l] = a + signal[l] * length * order;
+  const int64_t full = length / 8 * 8;
+  for (int64_t t = length - 1; t >= full; --t) {
+    alignas(32) float samples[8];
+    for (int l = 0; l < 8; ++l) samples[l] = u[signal[l] * length + t];
+    const __m256 out = RowsAdjointStep<R, kTail>(window, rows, t, order,
+                                                 _mm256_load_ps(samples), mask);
+    _mm256_store_ps(samples, out);
+    for (int l = 0; l < lanes; ++l) y[signal[l] * length + t] = samples[l];
+  }
+  for (int64_t t0 = full - 8; t0 >= 0; t0 -= 8) {
+    __m256 x[8];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) x[l] = _mm256_loadu_ps(u + signal[l] * length + t0);
+    Avx2<float>::Transpose(x);
+#pragma GCC unroll 1
+    for (int i = 7; i >= 0; --i) {
+      x[i] = RowsAdjointStep<R, kTail>(window, rows, t0 + i, order, x[i], mask);
+    }
+    Avx2<float>::Transpose(x);
+    for (int l = 0; l < lanes; ++l) _mm256_storeu_ps(y + signal[l] * length + t0, x[l]);
+  }
+}
+
 template <int R, bool kTail>
 RETRAX_AVX2 void RowsBatch(const float* a, const float* u, const float* zi,
                            float* y, int64_t length, int64_t batch,
-                           int64_t order) {
+                           int64_t order, bool adjoint) {
   for (int64_t first = 0; first < batch; first += 8) {
     const int lanes = batch - first < 8 ? static_cast<int>(batch - first) : 8;
     int64_t signal[8];
     for (int l = 0; l < 8; ++l) signal[l] = first + (l < lanes ? l : lanes - 1);
-    RowsGroup<R, kTail>(a, u, zi, y, length, order, signal, lanes);
+    if (adjoint) {
+      RowsAdjointGroup<R, kTail>(a, u, y, length, order, signal, lanes);
+    } else {
+      RowsGroup<R, kTail>(a, u, zi, y, length, order, signal, lanes);
+    }
   }
 }
 
@@ -804,16 +894,16 @@ inline constexpr int64_t kRowsTo = 64;
 __attribute__((target("avx2,fma"))) bool Rows(const float* a, const float* u,
                                               const float* zi, float* y,
                                               int64_t length, int64_t batch,
-                                              int64_t order) {
+                                              int64_t order, bool adjoint) {
   if (order < kRowsFrom || order > kRowsTo) return false;
   const bool tail = order % 8 != 0;
   switch ((order + 7) / 8) {
 #define RETRAX_ROWS(R)                                                  \
   case R:                                                               \
     if (tail) {                                                         \
-      RowsBatch<R, true>(a, u, zi, y, length, batch, order);            \
+      RowsBatch<R, true>(a, u, zi, y, length, batch, order, adjoint);   \
     } else {                                                            \
-      RowsBatch<R, false>(a, u, zi, y, length, batch, order);           \
+      RowsBatch<R, false>(a, u, zi, y, length, batch, order, adjoint);  \
     }                                                                   \
     return true;
     RETRAX_ROWS(2)
@@ -844,8 +934,8 @@ __attribute__((target("avx2,fma"))) void RunAvx2(const T* a, const T* u,
                                                  bool batch_major,
                                                  bool stream) {
   if constexpr (std::is_same_v<T, float>) {
-    if (per_sample && !adjoint && batch_major && batch > 1 &&
-        Rows(a, u, zi, y, length, batch, order)) {
+    if (per_sample && batch_major && batch > 1 &&
+        Rows(a, u, zi, y, length, batch, order, adjoint)) {
       return;
     }
   }
