@@ -656,15 +656,15 @@ __attribute__((target("avx2,fma"))) bool Tiled(const T* a, const T* u,
 // ---------------------------------------------------------------- AVX2 rows
 //
 // A batch-major float32 batch with per-sample coefficients of order 9 to 64
-// (LPC at speech orders), on x86 CPUs with AVX2 and FMA (the adjoint: below). The order
-// is too high for the tiles above (K tiles of W x W coefficients to
-// transpose per W samples) and the blocked loops copy every coefficient into
-// a time-major buffer, one value at a time. Here each signal's K
-// coefficients of a sample, contiguous in memory, are read as R = ceil(K/8)
-// registers and multiplied by the signal's last K outputs, held newest first
-// in R registers (its window); the 8 signals of a group are in flight
-// together, so that the 8 dot products' horizontal sums reduce in one tree
-// (one output of each signal in each lane) and their latencies overlap.
+// (LPC at speech orders), on x86 CPUs with AVX2 and FMA (its adjoint:
+// below). The order is too high for the tiles above (K tiles of W x W
+// coefficients to transpose per W samples) and the blocked loops copy every
+// coefficient into a time-major buffer, one value at a time. Here each
+// signal's K coefficients of a sample, contiguous in memory, are read as
+// R = ceil(K/8) registers and multiplied by the signal's last K outputs, held
+// newest first in R registers (its window); the 8 signals of a group are in
+// flight together, so that the 8 dot products' horizontal sums reduce in one
+// tree (one output of each signal in each lane) and their latencies overlap.
 // Each new output is then shifted into its signal's window. The inputs and
 // outputs move in 8 x 8 tiles (8 samples of the 8 signals) transposed in
 // registers, as the tiles above do. Each dot product is summed in float64
@@ -765,14 +765,18 @@ RETRAX_AVX2 void RowsGroup(const float* a, const float* u, const float* zi,
   for (int64_t t0 = 0; t0 < full; t0 += 8) {
     __m256 x[8];
 #pragma GCC unroll 8
-    for (int l = 0; l < 8; ++l) x[l] = _mm256_loadu_ps(u + signal[l] * length + t0);
+    for (int l = 0; l < 8; ++l) {
+      x[l] = _mm256_loadu_ps(u + signal[l] * length + t0);
+    }
     Avx2<float>::Transpose(x);
 #pragma GCC unroll 1
     for (int i = 0; i < 8; ++i) {
       x[i] = RowsStep<R, kTail>(window, rows, t0 + i, order, x[i], mask);
     }
     Avx2<float>::Transpose(x);
-    for (int l = 0; l < lanes; ++l) _mm256_storeu_ps(y + signal[l] * length + t0, x[l]);
+    for (int l = 0; l < lanes; ++l) {
+      _mm256_storeu_ps(y + signal[l] * length + t0, x[l]);
+    }
   }
   for (int64_t t = full; t < length; ++t) {
     alignas(32) float samples[8];
@@ -859,14 +863,18 @@ RETRAX_AVX2 void RowsAdjointGroup(const float* a, const float* u, float* y,
   for (int64_t t0 = full - 8; t0 >= 0; t0 -= 8) {
     __m256 x[8];
 #pragma GCC unroll 8
-    for (int l = 0; l < 8; ++l) x[l] = _mm256_loadu_ps(u + signal[l] * length + t0);
+    for (int l = 0; l < 8; ++l) {
+      x[l] = _mm256_loadu_ps(u + signal[l] * length + t0);
+    }
     Avx2<float>::Transpose(x);
 #pragma GCC unroll 1
     for (int i = 7; i >= 0; --i) {
       x[i] = RowsAdjointStep<R, kTail>(window, rows, t0 + i, order, x[i], mask);
     }
     Avx2<float>::Transpose(x);
-    for (int l = 0; l < lanes; ++l) _mm256_storeu_ps(y + signal[l] * length + t0, x[l]);
+    for (int l = 0; l < lanes; ++l) {
+      _mm256_storeu_ps(y + signal[l] * length + t0, x[l]);
+    }
   }
 }
 
