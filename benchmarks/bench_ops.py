@@ -114,11 +114,12 @@ def make_ballistics_inputs(batch: int, length: int):
     return x, at, rt, zi
 
 
-# The pole radius of the speech-order filters: real LPC filters of speech
-# have a few sharper resonances (formants), but an order-32 polynomial of
-# poles that close to the unit circle has coefficients in the thousands, and
-# float32 rounding in any order of summation then differs between libraries
-# by more than TOLERANCE.
+# The pole radius of the speech-order filters. Real LPC filters of speech
+# have a few sharper resonances (formants), but the nearer the poles of an
+# order-32 filter are to the unit circle, the larger its coefficients and
+# gain, and the float32 rounding each library makes in its own order of
+# summation with them. At 0.8 a plain float32 loop stays within 2e-5 of the
+# peak of the float64 recursion at order 32, far inside TOLERANCE.
 LPC_RADIUS = 0.8
 
 
@@ -237,8 +238,6 @@ class Checks:
         for name, out, want in zip(names, outputs, ref, strict=False):
             if why:
                 break
-            if out is None:  # an input the peer does not take
-                continue
             if out.size != want.size:
                 why = f"{name} has shape {out.shape}, retrax's {want.shape}"
                 break
@@ -270,9 +269,6 @@ def as_numpy(outputs) -> list[np.ndarray]:
         outputs = [outputs]
     arrays = []
     for out in outputs:
-        if out is None:
-            arrays.append(None)
-            continue
         if hasattr(out, "detach"):  # a torch tensor
             out = out.detach().numpy()
         arrays.append(np.asarray(out, dtype=np.float32))
