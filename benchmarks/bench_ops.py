@@ -9,6 +9,12 @@ One run, every timing interleaved with every other (see `_harness.py`), float32:
   and at B = 8, the gradient batched as a user writes it ("user-grad"): the
   jitted `jax.grad` of a mean squared error against a target of
   `jax.vmap(allpole)` over the `(8, T)` batch, with respect to x, a and zi;
+- `allpole` at speech (LPC) orders, 16, 24 and 32 (`--orders`; not with
+  `--quick` unless given), time-varying coefficients `(B, T, K)`, forward
+  and the gradient of `sum(y ** 2)` with respect to x, a and zi: B = 1, 8
+  and 32 signals (`--order-batches`) of 24,000 and 48,000 samples
+  (`--order-lengths`), against torchlpc's `sample_wise_lpc` and philtorch's
+  all-pole (`philtorch.core.lpv_allpole`);
 - `ballistics` (the switched attack/release one-pole), forward and gradient
   with respect to (x, at, rt, zi), B = 1, 8 and 512 at 1 s, against
   torchcomp's `compressor_core` and faustax's `ballistics`;
@@ -80,6 +86,9 @@ TARGET_FWD_LOOP = 2.0  # retrax forward / C loop forward
 TARGET_GRAD_LOOP = 6.0  # retrax gradient / C loop forward
 TARGET_USER_GRAD_LOOP = 4.0  # retrax user-batched gradient / C loop forward
 TARGET_PER_SIGNAL = 1.5  # per-signal cost at the largest batch / at B = 8
+# At speech orders, B = 8 and 32: torchlpc's time / retrax's, at least.
+TARGET_LPC_FWD = 1.0
+TARGET_LPC_GRAD = 2.0
 
 
 def make_inputs(batch: int, length: int):
@@ -105,11 +114,64 @@ def make_ballistics_inputs(batch: int, length: int):
     return x, at, rt, zi
 
 
+# The pole radius of the speech-order filters. Real LPC filters of speech
+# have a few sharper resonances (formants), but the nearer the poles of an
+# order-32 filter are to the unit circle, the larger its coefficients and
+# gain, and the float32 rounding each library makes in its own order of
+# summation with them. At 0.8 a plain float32 loop stays within 2e-5 of the
+# peak of the float64 recursion at order 32, far inside TOLERANCE.
+LPC_RADIUS = 0.8
+
+
+def lpc_coefficients(length: int, order: int) -> np.ndarray:
+    """Per-sample coefficients `(T, K)` of a stable all-pole filter: `K // 2`
+    resonances of radius `LPC_RADIUS` spread over the band, each angle
+    sweeping slowly (and a real pole for an odd order), multiplied out in
+    float64."""
+    t = np.linspace(0.0, 1.0, length)[:, None]
+    poly = np.ones((length, 1))
+    pairs = order // 2
+    for j in range(pairs):
+        theta = np.pi * (j + 0.5) / (pairs + 1) * (1 + 0.1 * np.sin(2 * np.pi * t))
+        factor = np.concatenate(
+            [
+                np.ones_like(t),
+                -2 * LPC_RADIUS * np.cos(theta),
+                np.full_like(t, LPC_RADIUS**2),
+            ],
+            axis=1,
+        )
+        grown = np.zeros((length, poly.shape[1] + 2))
+        for k in range(3):
+            grown[:, k : k + poly.shape[1]] += poly * factor[:, k : k + 1]
+        poly = grown
+    if order % 2:
+        grown = np.zeros((length, poly.shape[1] + 1))
+        grown[:, :-1] += poly
+        grown[:, 1:] -= 0.5 * poly
+        poly = grown
+    return poly[:, 1:].astype(np.float32)
+
+
+def make_lpc_inputs(batch: int, length: int, order: int):
+    """Speech-order inputs `(x, a, zi)` of shapes `(B, T)`, `(B, T, K)` and
+    `(B, K)`: each signal's coefficients are the same sweep started at
+    another sample."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((batch, length)).astype(np.float32)
+    sweep = lpc_coefficients(length, order)
+    shifts = (np.arange(batch) * 997) % max(length, 1)
+    a = np.stack([np.roll(sweep, s, axis=0) for s in shifts])
+    zi = (0.1 * rng.standard_normal((batch, order))).astype(np.float32)
+    return x, a, zi
+
+
 def inputs(case: Case):
-    make = make_inputs
     if case.params.get("op") == "ballistics":
-        make = make_ballistics_inputs
-    return make(case.params["B"], case.params["T"])
+        return make_ballistics_inputs(case.params["B"], case.params["T"])
+    if case.params.get("op") == "lpc":
+        return make_lpc_inputs(case.params["B"], case.params["T"], case.params["K"])
+    return make_inputs(case.params["B"], case.params["T"])
 
 
 def jax_function(filt, case: Case, *, batched_fn: bool = False):
@@ -253,7 +315,7 @@ def compile_loops(notes: list[str]):
 def loop_case(lib, checks: Checks, case: Case):
     """A C loop, forward, on time-major copies of the case's inputs; its
     output checked against retrax's first."""
-    if case.params["mode"] != "fwd":
+    if case.params["mode"] != "fwd" or case.params["op"] == "lpc":
         return None
     batch, length = case.params["B"], case.params["T"]
     if case.params["op"] == "ballistics":
@@ -310,6 +372,19 @@ def length_label(length: int) -> str:
     if length % (SAMPLE_RATE // 10) == 0:
         return f"T={length / SAMPLE_RATE:g}s"
     return f"T={length}"
+
+
+def order_cases(orders, batches, lengths):
+    """The speech-order rows: `allpole` of each order, batch and length."""
+    cases = []
+    for k in orders:
+        for t in lengths:
+            for b in batches:
+                for mode in ("fwd", "grad"):
+                    name = f"allpole K={k} B={b} {length_label(t)} {mode}"
+                    params = {"op": "lpc", "K": k, "B": b, "T": t, "mode": mode}
+                    cases.append(Case(name, params))
+    return cases
 
 
 def all_cases(batches, lengths):
@@ -377,11 +452,21 @@ def libraries_for(args, checks: Checks, notes: list[str]):
         torch.set_num_threads(args.torch_threads)
         torchlpc = optional_import("torchlpc", notes)
         if torchlpc is not None:
-            libraries["torchlpc"] = only(
-                "allpole",
-                lambda c: torch_case(
-                    torch, checks, "torchlpc", torchlpc.sample_wise_lpc, c
-                ),
+            libraries["torchlpc"] = lambda c: (
+                torch_case(torch, checks, "torchlpc", torchlpc.sample_wise_lpc, c)
+                if c.params["op"] in ("allpole", "lpc")
+                else None
+            )
+        philtorch_core = optional_import("philtorch.core", notes)
+        if philtorch_core is not None:
+
+            def philtorch_allpole(x, a, zi):
+                out = philtorch_core.lpv_allpole(a, x, zi=zi)
+                return out[0] if isinstance(out, tuple) else out  # (y, zf)
+
+            libraries["philtorch"] = only(
+                "lpc",
+                lambda c: torch_case(torch, checks, "philtorch", philtorch_allpole, c),
             )
         torchcomp = optional_import("torchcomp", notes)
         if torchcomp is not None:
@@ -396,6 +481,8 @@ def libraries_for(args, checks: Checks, notes: list[str]):
     if faustax_ops is not None:
 
         def faustax(c):
+            if c.params["op"] == "lpc":
+                return None
             op = faustax_ops.ballistics if c.params["op"] == "ballistics" else None
             op = op or faustax_ops.allpole
             return checked_jax(checks, "faustax", op, c)
@@ -454,11 +541,32 @@ def verdict(value: float, target: float) -> str:
     )
 
 
+def order_acceptance(rows, checks: Checks) -> list[str]:
+    """At each speech order, B = 8 and 32 and length: torchlpc's time over
+    retrax's, forward (target at least 1) and gradient (at least 2)."""
+    lines = []
+    for row in rows:
+        name = row["case"]
+        if name.startswith("allpole K=2 ") or not name.startswith("allpole K="):
+            continue
+        if " B=1 " in name or not (row.get("retrax") and row.get("torchlpc")):
+            continue
+        if not (checks.counts(name, "retrax") and checks.counts(name, "torchlpc")):
+            continue
+        ratio = row["torchlpc"] / row["retrax"]
+        target = TARGET_LPC_GRAD if name.endswith(" grad") else TARGET_LPC_FWD
+        met = "met" if ratio >= target else "NOT met"
+        lines.append(
+            f"{name}: torchlpc/retrax = {ratio:.2f} (target >= {target:g}: {met})"
+        )
+    return lines
+
+
 def acceptance(rows, checks: Checks, filter_rows, length: int) -> list[str]:
     """The acceptance lines (see the module docstring); `length` is the short
     signals' number of samples."""
     by_name = {row["case"]: row for row in rows}
-    lines = []
+    lines = order_acceptance(rows, checks)
 
     def get(name, lib):
         return by_name.get(name, {}).get(lib) if checks.counts(name, lib) else None
@@ -555,6 +663,23 @@ def main(argv=None):
         action="store_true",
         help="skip the biquad lfilter table (bench_filters.py)",
     )
+    parser.add_argument(
+        "--orders",
+        default=None,
+        help="comma-separated speech orders of the LPC rows (default 16,24,32; "
+        "none with --quick; an empty string: none)",
+    )
+    parser.add_argument(
+        "--order-batches", default="1,8,32", help="batch sizes of the LPC rows"
+    )
+    parser.add_argument(
+        "--only-orders",
+        action="store_true",
+        help="the LPC rows only (no order-2 all-pole, ballistics or biquad rows)",
+    )
+    parser.add_argument(
+        "--order-lengths", default="24000,48000", help="samples of the LPC rows"
+    )
     parser.add_argument("--no-peers", action="store_true", help="retrax and C only")
     parser.add_argument("--no-loop", action="store_true", help="no C loops")
     parser.add_argument("--filter-rounds", type=int, default=150)
@@ -575,7 +700,16 @@ def main(argv=None):
     notes = []
     checks = Checks()
     libraries = libraries_for(args, checks, notes)
-    cases = all_cases(batches, lengths)
+    cases = [] if args.only_orders else all_cases(batches, lengths)
+    orders = (
+        args.orders if args.orders is not None else ("" if args.quick else "16,24,32")
+    )
+    if orders:
+        cases += order_cases(
+            [int(k) for k in orders.split(",")],
+            [int(b) for b in args.order_batches.split(",")],
+            [int(t) for t in args.order_lengths.split(",")],
+        )
     header = (
         f"jax {jax.__version__}, {os.cpu_count()} CPU cores ({affinity}), float32, "
         "median ms "
@@ -591,20 +725,29 @@ def main(argv=None):
         budget_s=args.budget or None,
     )
 
-    tables = [header, ""]
-    tables += ["All-pole filter, order 2, time-varying (ratio = peer / retrax):", ""]
-    tables += [
-        table([r for r in rows if r["case"].startswith("allpole")], libraries, checks)
+    def is_order_row(name):
+        return name.startswith("allpole K=") and not name.startswith("allpole K=2 ")
+
+    sections = [
+        (
+            "All-pole filter, order 2, time-varying (ratio = peer / retrax):",
+            lambda name: name.startswith("allpole K=2 "),
+        ),
+        (
+            "All-pole filter at speech orders (LPC), time-varying "
+            "(ratio = peer / retrax):",
+            is_order_row,
+        ),
+        ("Ballistics (ratio = peer / retrax):", lambda n: n.startswith("ballistics")),
     ]
-    tables += ["", "Ballistics (ratio = peer / retrax):", ""]
-    tables += [
-        table(
-            [r for r in rows if r["case"].startswith("ballistics")], libraries, checks
-        )
-    ]
+    tables = [header]
+    for title, belongs in sections:
+        section = [r for r in rows if belongs(r["case"])]
+        if section:
+            tables += ["", title, "", table(section, libraries, checks)]
     print("\n".join(tables), flush=True)
     filter_rows = []
-    if not args.no_filters:
+    if not (args.no_filters or args.only_orders):
         import bench_filters
 
         print("\nBiquad lfilter (bench_filters.py):", flush=True)

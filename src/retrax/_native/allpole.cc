@@ -21,8 +21,10 @@
 // registers and the step costs about what one signal's does. On x86 CPUs
 // with AVX2, a batch-major batch of order 1 to 4 takes the tiled path below
 // (register tiles transposed in place); one of order 5 to 8 runs signal by
-// signal with its lags in registers; other batches and orders, and other
-// CPUs, the blocked and grouped loops.
+// signal with its lags in registers; a float32 one of order 9 to 64 with
+// per-sample coefficients the rows path, forward and adjoint (each signal's
+// coefficients of a sample as registers); other batches and orders, and
+// other CPUs, the blocked and grouped loops.
 
 #include <cstdint>
 #include <cstring>
@@ -650,6 +652,280 @@ __attribute__((target("avx2,fma"))) bool Tiled(const T* a, const T* u,
                  : TiledByOrder<T, false, false>(a, u, zi, y, length, batch,
                                                  order, stream);
 }
+
+// ---------------------------------------------------------------- AVX2 rows
+//
+// A batch-major float32 batch with per-sample coefficients of order 9 to 64
+// (LPC at speech orders), on x86 CPUs with AVX2 and FMA (its adjoint:
+// below). The order is too high for the tiles above (K tiles of W x W
+// coefficients to transpose per W samples) and the blocked loops copy every
+// coefficient into a time-major buffer, one value at a time. Here each
+// signal's K coefficients of a sample, contiguous in memory, are read as
+// R = ceil(K/8) registers and multiplied by the signal's last K outputs, held
+// newest first in R registers (its window); the 8 signals of a group are in
+// flight together, so that the 8 dot products' horizontal sums reduce in one
+// tree (one output of each signal in each lane) and their latencies overlap.
+// Each new output is then shifted into its signal's window. The inputs and
+// outputs move in 8 x 8 tiles (8 samples of the 8 signals) transposed in
+// registers, as the tiles above do. Each dot product is summed in float64
+// (see RowsStep). Orders 16 to 32, T = 24,000, jitted `jax.vmap(allpole)`
+// (bench_ops.py, one CPU of a 2-core x86 machine): B = 8, 1.0 to 1.9 ms
+// against 6.7 to 14 ms in the blocked loops; B = 32, where the coefficients
+// stream from memory, 8 to 23 ms against 26 to 49 ms.
+
+// x - (the sum of p[l]'s lanes) in lane l, rounded to float32 once
+RETRAX_AVX2 __m256 SubtractSums(__m256 x, const __m256d* p) {
+  const __m256d h01 = _mm256_hadd_pd(p[0], p[1]);
+  const __m256d h23 = _mm256_hadd_pd(p[2], p[3]);
+  const __m256d h45 = _mm256_hadd_pd(p[4], p[5]);
+  const __m256d h67 = _mm256_hadd_pd(p[6], p[7]);
+  const __m256d s03 = _mm256_add_pd(_mm256_permute2f128_pd(h01, h23, 0x20),
+                                    _mm256_permute2f128_pd(h01, h23, 0x31));
+  const __m256d s47 = _mm256_add_pd(_mm256_permute2f128_pd(h45, h67, 0x20),
+                                    _mm256_permute2f128_pd(h45, h67, 0x31));
+  const __m256d x03 = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+  const __m256d x47 = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+  return _mm256_set_m128(_mm256_cvtpd_ps(_mm256_sub_pd(x47, s47)),
+                         _mm256_cvtpd_ps(_mm256_sub_pd(x03, s03)));
+}
+
+// One sample t of the 8 signals: x holds their inputs (lane l: signal l),
+// the result their outputs. `rows[l]` is signal l's coefficients, `mask`
+// the lanes of the last register that hold coefficients (kTail: K is not a
+// multiple of 8; the windows' lanes past the order are kept at zero, so that
+// a non-finite old output cannot enter as 0 * inf). The products of two
+// float32 values are exact in float64, and the sums are float64 too, so an
+// output is rounded once: a resonant filter of high order sums terms far
+// larger than its output, whose float32 rounding (in any order) the
+// recursion then amplifies (bench_ops.py's filters of order 16 to 32, 8 x
+// 24,000 samples: within 3.2e-7 of the peak from the float64 recursion,
+// against 3e-6 to 1.9e-5 summed in float32 by the blocked loops).
+template <int R, bool kTail>
+RETRAX_AVX2 __m256 RowsStep(__m256 (*window)[R], const float* const* rows,
+                            int64_t t, int64_t order, __m256 x, __m256i mask) {
+  __m256d p[8];
+#pragma GCC unroll 8
+  for (int l = 0; l < 8; ++l) {
+    const float* row = rows[l] + t * order;
+    __m256d acc = _mm256_setzero_pd();
+#pragma GCC unroll 8
+    for (int r = R - 1; r >= 0; --r) {  // the oldest lags first
+      const __m256 c = kTail && r == R - 1
+                           ? _mm256_maskload_ps(row + 8 * r, mask)
+                           : _mm256_loadu_ps(row + 8 * r);
+      const __m256 w = window[l][r];
+      acc = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(c, 1)),
+                            _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1)), acc);
+      acc = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(c)),
+                            _mm256_cvtps_pd(_mm256_castps256_ps128(w)), acc);
+    }
+    p[l] = acc;
+  }
+  const __m256 y = SubtractSums(x, p);
+  const __m256i rotate = _mm256_setr_epi32(7, 0, 1, 2, 3, 4, 5, 6);
+#pragma GCC unroll 8
+  for (int l = 0; l < 8; ++l) {
+    // lane 0 of each register takes lane 7 of the one before (the newest
+    // output for the first)
+    __m256 carry = _mm256_permutevar8x32_ps(y, _mm256_set1_epi32(l));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 rotated = _mm256_permutevar8x32_ps(window[l][r], rotate);
+      window[l][r] = _mm256_blend_ps(rotated, carry, 1);
+      carry = rotated;
+    }
+    if (kTail) {
+      window[l][R - 1] =
+          _mm256_and_ps(window[l][R - 1], _mm256_castsi256_ps(mask));
+    }
+  }
+  return y;
+}
+
+// The 8 signals `signal[0..8)` of a batch-major batch (a last group of fewer
+// repeats its last signal in the spare lanes and stores only its own).
+template <int R, bool kTail>
+RETRAX_AVX2 void RowsGroup(const float* a, const float* u, const float* zi,
+                           float* y, int64_t length, int64_t order,
+                           const int64_t* signal, int lanes) {
+  __m256 window[8][R];
+  alignas(32) float lags[R * 8];
+  for (int l = 0; l < 8; ++l) {
+    for (int j = 0; j < R * 8; ++j) {
+      lags[j] = j < order ? zi[signal[l] * order + j] : 0.0f;
+    }
+    for (int r = 0; r < R; ++r) window[l][r] = _mm256_load_ps(lags + 8 * r);
+  }
+  alignas(32) int32_t bits[8];
+  for (int j = 0; j < 8; ++j) bits[j] = j < order - (R - 1) * 8 ? -1 : 0;
+  const __m256i mask = _mm256_load_si256(reinterpret_cast<__m256i*>(bits));
+  const float* rows[8];
+  for (int l = 0; l < 8; ++l) rows[l] = a + signal[l] * length * order;
+  const int64_t full = length / 8 * 8;
+  for (int64_t t0 = 0; t0 < full; t0 += 8) {
+    __m256 x[8];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) {
+      x[l] = _mm256_loadu_ps(u + signal[l] * length + t0);
+    }
+    Avx2<float>::Transpose(x);
+#pragma GCC unroll 1
+    for (int i = 0; i < 8; ++i) {
+      x[i] = RowsStep<R, kTail>(window, rows, t0 + i, order, x[i], mask);
+    }
+    Avx2<float>::Transpose(x);
+    for (int l = 0; l < lanes; ++l) {
+      _mm256_storeu_ps(y + signal[l] * length + t0, x[l]);
+    }
+  }
+  for (int64_t t = full; t < length; ++t) {
+    alignas(32) float samples[8];
+    for (int l = 0; l < 8; ++l) samples[l] = u[signal[l] * length + t];
+    const __m256 out = RowsStep<R, kTail>(window, rows, t, order,
+                                          _mm256_load_ps(samples), mask);
+    _mm256_store_ps(samples, out);
+    for (int l = 0; l < lanes; ++l) y[signal[l] * length + t] = samples[l];
+  }
+}
+
+// The adjoint of the rows path: w[s] = u[s] - sum_k a[s+k+1, k] w[s+k+1],
+// backwards in time, in the transposed (scatter) form. Each signal's window
+// holds, in lane j, what the outputs already computed contribute to its
+// sample s - j; output w[s] is the input plus lane 0, after which the window
+// moves down by one sample (a zero enters at the top, lane K - 1) and takes
+// -a[s, k] w[s] in lane k: row s of the coefficients, as it lies in memory,
+// times the broadcast output. Each contribution is added in float32, as the
+// blocked loops' adjoint does, in the same order (the furthest first). The
+// per-sample adjoint reads no state (its coefficients are zero past the
+// end).
+template <int R, bool kTail>
+RETRAX_AVX2 __m256 RowsAdjointStep(__m256 (*window)[R],
+                                   const float* const* rows, int64_t t,
+                                   int64_t order, __m256 x, __m256i mask) {
+  // lane 0 of each signal's window, signal l in lane l
+  const __m256 t01 = _mm256_unpacklo_ps(window[0][0], window[1][0]);
+  const __m256 t23 = _mm256_unpacklo_ps(window[2][0], window[3][0]);
+  const __m256 t45 = _mm256_unpacklo_ps(window[4][0], window[5][0]);
+  const __m256 t67 = _mm256_unpacklo_ps(window[6][0], window[7][0]);
+  const __m256 s03 = _mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s47 = _mm256_shuffle_ps(t45, t67, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 w = _mm256_add_ps(x, _mm256_permute2f128_ps(s03, s47, 0x20));
+  const __m256i down = _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 0);
+#pragma GCC unroll 8
+  for (int l = 0; l < 8; ++l) {
+    const float* row = rows[l] + t * order;
+    const __m256 wl = _mm256_permutevar8x32_ps(w, _mm256_set1_epi32(l));
+    __m256 rotated[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      rotated[r] = _mm256_permutevar8x32_ps(window[l][r], down);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      // lane 7 takes lane 0 of the register after (zero past the last)
+      const __m256 above = r + 1 < R ? rotated[r + 1] : _mm256_setzero_ps();
+      const __m256 moved = _mm256_blend_ps(rotated[r], above, 0x80);
+      const __m256 c = kTail && r == R - 1
+                           ? _mm256_maskload_ps(row + 8 * r, mask)
+                           : _mm256_loadu_ps(row + 8 * r);
+      window[l][r] = _mm256_fnmadd_ps(c, wl, moved);
+    }
+    if (kTail) {  // the lanes past the order stay zero (0 * inf would not)
+      window[l][R - 1] =
+          _mm256_and_ps(window[l][R - 1], _mm256_castsi256_ps(mask));
+    }
+  }
+  return w;
+}
+
+template <int R, bool kTail>
+RETRAX_AVX2 void RowsAdjointGroup(const float* a, const float* u, float* y,
+                                  int64_t length, int64_t order,
+                                  const int64_t* signal, int lanes) {
+  __m256 window[8][R];
+  for (int l = 0; l < 8; ++l) {
+    for (int r = 0; r < R; ++r) window[l][r] = _mm256_setzero_ps();
+  }
+  alignas(32) int32_t bits[8];
+  for (int j = 0; j < 8; ++j) bits[j] = j < order - (R - 1) * 8 ? -1 : 0;
+  const __m256i mask = _mm256_load_si256(reinterpret_cast<__m256i*>(bits));
+  const float* rows[8];
+  for (int l = 0; l < 8; ++l) rows[l] = a + signal[l] * length * order;
+  const int64_t full = length / 8 * 8;
+  for (int64_t t = length - 1; t >= full; --t) {
+    alignas(32) float samples[8];
+    for (int l = 0; l < 8; ++l) samples[l] = u[signal[l] * length + t];
+    const __m256 out = RowsAdjointStep<R, kTail>(window, rows, t, order,
+                                                 _mm256_load_ps(samples), mask);
+    _mm256_store_ps(samples, out);
+    for (int l = 0; l < lanes; ++l) y[signal[l] * length + t] = samples[l];
+  }
+  for (int64_t t0 = full - 8; t0 >= 0; t0 -= 8) {
+    __m256 x[8];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) {
+      x[l] = _mm256_loadu_ps(u + signal[l] * length + t0);
+    }
+    Avx2<float>::Transpose(x);
+#pragma GCC unroll 1
+    for (int i = 7; i >= 0; --i) {
+      x[i] = RowsAdjointStep<R, kTail>(window, rows, t0 + i, order, x[i], mask);
+    }
+    Avx2<float>::Transpose(x);
+    for (int l = 0; l < lanes; ++l) {
+      _mm256_storeu_ps(y + signal[l] * length + t0, x[l]);
+    }
+  }
+}
+
+template <int R, bool kTail>
+RETRAX_AVX2 void RowsBatch(const float* a, const float* u, const float* zi,
+                           float* y, int64_t length, int64_t batch,
+                           int64_t order, bool adjoint) {
+  for (int64_t first = 0; first < batch; first += 8) {
+    const int lanes = batch - first < 8 ? static_cast<int>(batch - first) : 8;
+    int64_t signal[8];
+    for (int l = 0; l < 8; ++l) signal[l] = first + (l < lanes ? l : lanes - 1);
+    if (adjoint) {
+      RowsAdjointGroup<R, kTail>(a, u, y, length, order, signal, lanes);
+    } else {
+      RowsGroup<R, kTail>(a, u, zi, y, length, order, signal, lanes);
+    }
+  }
+}
+
+// The rows path (see above) for a batch-major float32 batch; false if it
+// does not apply.
+inline constexpr int64_t kRowsFrom = 9;
+inline constexpr int64_t kRowsTo = 64;
+
+__attribute__((target("avx2,fma"))) bool Rows(const float* a, const float* u,
+                                              const float* zi, float* y,
+                                              int64_t length, int64_t batch,
+                                              int64_t order, bool adjoint) {
+  if (order < kRowsFrom || order > kRowsTo) return false;
+  const bool tail = order % 8 != 0;
+  switch ((order + 7) / 8) {
+#define RETRAX_ROWS(R)                                                  \
+  case R:                                                               \
+    if (tail) {                                                         \
+      RowsBatch<R, true>(a, u, zi, y, length, batch, order, adjoint);   \
+    } else {                                                            \
+      RowsBatch<R, false>(a, u, zi, y, length, batch, order, adjoint);  \
+    }                                                                   \
+    return true;
+    RETRAX_ROWS(2)
+    RETRAX_ROWS(3)
+    RETRAX_ROWS(4)
+    RETRAX_ROWS(5)
+    RETRAX_ROWS(6)
+    RETRAX_ROWS(7)
+    RETRAX_ROWS(8)
+#undef RETRAX_ROWS
+    default:
+      return false;
+  }
+}
 #endif
 
 // The same loops compiled twice: for x86 CPUs with AVX2 and FMA (8 float32
@@ -665,6 +941,12 @@ __attribute__((target("avx2,fma"))) void RunAvx2(const T* a, const T* u,
                                                  bool adjoint,
                                                  bool batch_major,
                                                  bool stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (per_sample && batch_major && batch > 1 &&
+        Rows(a, u, zi, y, length, batch, order, adjoint)) {
+      return;
+    }
+  }
   if constexpr (std::is_floating_point_v<T>) {
     if (batch_major && batch > 1 &&
         Tiled<T>(a, u, zi, y, length, batch, order, per_sample, adjoint,
