@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include "cpu.h"
 #include "parallel.h"
@@ -220,6 +221,22 @@ bool Shape(const ffi::AnyBuffer& diag, int64_t* batch, int64_t* c, int64_t* s) {
   return true;
 }
 
+// `run(T{})` with T the dtype `type` names: float32 or float64 only.
+template <typename F>
+ffi::Error ForRealDtype(ffi::DataType type, const char* what, F&& run) {
+  switch (type) {
+    case ffi::DataType::F32:
+      run(float{});
+      return ffi::Error::Success();
+    case ffi::DataType::F64:
+      run(double{});
+      return ffi::Error::Success();
+    default:
+      return ffi::Error::InvalidArgument(std::string(what) +
+                                         ": float32 or float64 only");
+  }
+}
+
 template <typename T>
 void RunFactor(ffi::ThreadPool& pool, const ffi::AnyBuffer& diag,
                const ffi::AnyBuffer& upper,
@@ -264,17 +281,10 @@ ffi::Error BlockCholesky(ffi::ThreadPool pool, ffi::AnyBuffer diag,
     return ffi::Error::InvalidArgument("block_cholesky: mixed dtypes");
   }
   if (batch * c * s == 0) return ffi::Error::Success();
-  switch (type) {
-    case ffi::DataType::F32:
-      RunFactor<float>(pool, diag, upper, chol, right, batch, c, s);
-      return ffi::Error::Success();
-    case ffi::DataType::F64:
-      RunFactor<double>(pool, diag, upper, chol, right, batch, c, s);
-      return ffi::Error::Success();
-    default:
-      return ffi::Error::InvalidArgument(
-          "block_cholesky: float32 or float64 only");
-  }
+  return ForRealDtype(type, "block_cholesky", [&](auto zero) {
+    using T = decltype(zero);
+    RunFactor<T>(pool, diag, upper, chol, right, batch, c, s);
+  });
 }
 
 template <typename T>
@@ -318,17 +328,10 @@ ffi::Error BlockCholeskySolve(ffi::ThreadPool pool, ffi::AnyBuffer chol,
     return ffi::Error::InvalidArgument("block_cholesky_solve: mixed dtypes");
   }
   if (batch * c * s == 0) return ffi::Error::Success();
-  switch (type) {
-    case ffi::DataType::F32:
-      RunSolve<float>(pool, chol, right, rhs, x, batch, c, s);
-      return ffi::Error::Success();
-    case ffi::DataType::F64:
-      RunSolve<double>(pool, chol, right, rhs, x, batch, c, s);
-      return ffi::Error::Success();
-    default:
-      return ffi::Error::InvalidArgument(
-          "block_cholesky_solve: float32 or float64 only");
-  }
+  return ForRealDtype(type, "block_cholesky_solve", [&](auto zero) {
+    using T = decltype(zero);
+    RunSolve<T>(pool, chol, right, rhs, x, batch, c, s);
+  });
 }
 
 }  // namespace
