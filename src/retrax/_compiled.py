@@ -63,9 +63,13 @@ def _jax_type(leaf) -> bool:
     return False
 
 
-def compiled(*, static: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+def compiled(
+    *, static: tuple[str, ...] = (), donate: tuple[str, ...] = ()
+) -> Callable[[Callable], Callable]:
     """Compile the decorated function with `jax.jit` as a whole, its keyword
-    arguments named in `static` static, every other argument traced.
+    arguments named in `static` static, every other argument traced; the
+    arguments named in `donate` are donated (pass only arrays the caller
+    made for the call).
 
     Calls whose arrays JAX cannot hold as they are (object or extended
     precision arrays, Python lists) run the function itself, which converts
@@ -75,7 +79,7 @@ def compiled(*, static: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
     as any other."""
 
     def decorate(fn: Callable) -> Callable:
-        return _CompiledCall(fn, static)
+        return _CompiledCall(fn, static, donate)
 
     return decorate
 
@@ -87,14 +91,14 @@ class _CompiledCall:
     wrapper, so an attribute `lower` would make `jax.jit(jax.vmap(f)).lower`
     lower the unbatched `f`."""
 
-    def __init__(self, fn: Callable, static: tuple[str, ...]):
+    def __init__(self, fn: Callable, static: tuple[str, ...], donate=()):
         functools.update_wrapper(self, fn)
         names = list(inspect.signature(fn).parameters)
         self._fn = fn
         self._static = frozenset(static)
         # the positions of the static arguments, when they are passed by position
         self._static_at = frozenset(i for i, name in enumerate(names) if name in static)
-        self._jitted = jax.jit(fn, static_argnames=static)
+        self._jitted = jax.jit(fn, static_argnames=static, donate_argnames=donate)
 
     def __call__(self, *args, **kwargs):
         __tracebackhide__ = True

@@ -873,21 +873,32 @@ def _small_chunks(monkeypatch):
 def test_time_first_signals_match_scipy_in_chunks(monkeypatch, dtype):
     """A long time-first signal (`axis=0`, as soundfile returns a
     multichannel file) is filtered chunk by chunk along time; `y` and `zf`
-    are scipy's, with and without `zi`, for several channel axes."""
+    are scipy's, with and without `zi`, for several channel axes, eagerly
+    (where the result is written over the call's own copy of a NumPy
+    signal, which stays as it was) and under `jax.jit`."""
+    import warnings
+
     _small_chunks(monkeypatch)
     rng = np.random.default_rng(5)
     sos = ss.butter(4, 0.2, output="sos")
+    jitted = jax.jit(ops.sosfilt, static_argnames="axis")
     # lengths and channel shapes unique to this test: its programs compile here
     for shape in [(53, 2), (57, 3, 2)]:
         x = rng.standard_normal(shape).astype(dtype)
+        given = x.copy()
         zi = rng.standard_normal((2, 2) + shape[1:]).astype(dtype)
-        y = ops.sosfilt(sos.astype(dtype), x, axis=0)
-        assert y.dtype == dtype
-        assert_close(y, ss.sosfilt(sos, x.astype(np.float64), axis=0), _tol(dtype))
-        y, zf = ops.sosfilt(sos.astype(dtype), x, axis=0, zi=zi)
-        want_y, want_zf = ss.sosfilt(sos, x.astype(np.float64), axis=0, zi=zi)
-        assert_close(y, want_y, _tol(dtype))
-        assert_close(zf, want_zf, _tol(dtype))
+        want = ss.sosfilt(sos, given.astype(np.float64), axis=0)
+        want_y, want_zf = ss.sosfilt(sos, given.astype(np.float64), axis=0, zi=zi)
+        for sosfilt in (ops.sosfilt, jitted):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # e.g. an unusable donation
+                y = sosfilt(sos.astype(dtype), x, axis=0)
+                y_zi, zf = sosfilt(sos.astype(dtype), x, axis=0, zi=zi)
+            np.testing.assert_array_equal(x, given)
+            assert y.dtype == dtype
+            assert_close(y, want, _tol(dtype))
+            assert_close(y_zi, want_y, _tol(dtype))
+            assert_close(zf, want_zf, _tol(dtype))
 
 
 def test_time_first_signals_move_chunks_not_the_signal(monkeypatch):

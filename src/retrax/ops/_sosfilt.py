@@ -128,12 +128,28 @@ def sosfilt(
     """
     dtype = scipy_dtype(sos, x, zi)
     sos, x, zi = host_arrays(compute_dtype(dtype), sos=sos, x=x, zi=zi)
+    if _copied_in_chunks(x, axis, dtype):
+        # JAX copies a NumPy signal for the call anyway: a copy of our own
+        # is donated, so that the chunks' results are written over it
+        # rather than into fresh memory, whose first writes (page by page)
+        # cost as much as the filter
+        x = jax.device_put(x, may_alias=False)
+        return _sosfilt_over_x(sos, x, zi, axis=axis, dtype=dtype)
     return _sosfilt(sos, x, zi, axis=axis, dtype=dtype)
 
 
-@compiled(static=("axis", "dtype"))
-def _sosfilt(sos, x, zi, *, axis: int, dtype: np.dtype):
-    """`sosfilt` after `host_arrays`, compiled as a whole."""
+def _copied_in_chunks(x, axis, dtype) -> bool:
+    """Whether `x` is a NumPy signal of the result's dtype that `sosfilt`
+    filters in chunks along time (`time_chunked`)."""
+    if type(x) is not np.ndarray or x.dtype != dtype or x.ndim < 2:
+        return False
+    valid = isinstance(axis, int | np.integer) and -x.ndim <= axis < x.ndim
+    return valid and time_chunked(x, int(axis) % x.ndim)
+
+
+def _sosfilt_body(sos, x, zi, *, axis: int, dtype: np.dtype):
+    """`sosfilt` after `host_arrays`, compiled as a whole (`_sosfilt`,
+    and `_sosfilt_over_x`, which donates `x`)."""
     work = compute_dtype(dtype)
     sos = sos_array(sos, work)
     x = as_array("x", x, work)
@@ -158,6 +174,10 @@ def _sosfilt(sos, x, zi, *, axis: int, dtype: np.dtype):
         return in_dtype(dtype, y)
     y, zf = along_time(lambda s, z: sos_cascade(sos, s, z), x, axis, zi)
     return in_dtype(dtype, (y, zf))
+
+
+_sosfilt = compiled(static=("axis", "dtype"))(_sosfilt_body)
+_sosfilt_over_x = compiled(static=("axis", "dtype"), donate=("x",))(_sosfilt_body)
 
 
 def sos_steady_state(sos: Array) -> Array:
