@@ -183,6 +183,19 @@ def test_bench_memory_smoke(tmp_path):
         assert cells[5] == "no"  # the kernel switched off in the subprocess
 
 
+def test_bench_gradient_memory_smoke(tmp_path):
+    report = tmp_path / "gradient_memory.md"
+    _run("bench_gradient_memory.py", "--minutes", "0.05", "--markdown", str(report))
+    rows = [line for line in report.read_text().splitlines() if line.startswith("| ")]
+    cases = [row.strip("|").split("|")[0].strip() for row in rows[1:]]
+    assert cases == ["allpole", "lfilter", "sosfilt", "chain"]
+    for row in rows[1:]:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert float(cells[1]) > 10  # the baseline, MiB
+        assert float(cells[3]) > 0  # bytes per sample over it
+        assert "non-finite" not in row
+
+
 def test_bench_scipy_smoke(tmp_path):
     report = tmp_path / "bench_scipy.md"
     names = "lfilter,lfilter+zi,filtfilt,sosfilt,sosfiltfilt,freqz,sosfreqz"
