@@ -14,7 +14,7 @@ One run, every timing interleaved with every other (see `_harness.py`), float32:
   and the gradient of `sum(y ** 2)` with respect to x, a and zi: B = 1, 8
   and 32 signals (`--order-batches`) of 24,000 and 48,000 samples
   (`--order-lengths`), against torchlpc's `sample_wise_lpc` and philtorch's
-  all-pole (`philtorch.core.lpv_allpole`);
+  all-pole (`philtorch.lpv.allpole`);
 - `ballistics` (the switched attack/release one-pole), forward and gradient
   with respect to (x, at, rt, zi), B = 1, 8 and 512 at 1 s, against
   torchcomp's `compressor_core` and faustax's `ballistics`;
@@ -457,11 +457,11 @@ def libraries_for(args, checks: Checks, notes: list[str]):
                 if c.params["op"] in ("allpole", "lpc")
                 else None
             )
-        philtorch_core = optional_import("philtorch.core", notes)
-        if philtorch_core is not None:
+        philtorch_lpv = optional_import("philtorch.lpv", notes)
+        if philtorch_lpv is not None:
 
             def philtorch_allpole(x, a, zi):
-                out = philtorch_core.lpv_allpole(a, x, zi=zi)
+                out = philtorch_lpv.allpole(a, x, zi=zi)
                 return out[0] if isinstance(out, tuple) else out  # (y, zf)
 
             libraries["philtorch"] = only(
