@@ -567,6 +567,20 @@ def test_speech_order_kernel_equals_the_scan():
     _check_speech_orders(jnp.float32, [(9, 11, 301), (33, 3, 17)])
 
 
+def test_zero_length_batch_with_per_sample_coefficients():
+    # A batch of empty signals: no step of the recursion (the pure-JAX
+    # batch loop's body could not be traced on an empty time axis).
+    a, u, zi = jnp.zeros((3, 0, 2)), jnp.zeros((3, 0)), jnp.ones((3, 2))
+    assert jax.jit(jax.vmap(allpole))(u, a, zi).shape == (3, 0)
+
+    def loss(u, a, zi):
+        return jnp.sum(jax.vmap(allpole)(u, a, zi))
+
+    grads = jax.jit(jax.grad(loss, (0, 1, 2)))(u, a, zi)
+    assert [g.shape for g in grads] == [(3, 0), (3, 0, 2), (3, 2)]
+    np.testing.assert_array_equal(grads[2], 0)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 @pytest.mark.full
 def test_speech_order_kernel_equals_the_scan_for_every_order(dtype):

@@ -111,6 +111,8 @@ def scan_allpole_batch(a, u, zi, unroll, adjoint=False):
     and no shifted copy of it is formed; its state is not read (the
     coefficients are zero past the end)."""
     length = u.shape[-1]
+    if length == 0:  # no step: the loop's body cannot even index its operands
+        return varying_like(jnp.zeros_like(u), a, u)
     order = zi.shape[-1]
     per_sample = _per_sample(a, u)
     scatter = adjoint and per_sample
