@@ -208,8 +208,8 @@ class BandedSystem(AbstractGraphSystem):
         self.symmetric = bool(symmetric)
         if factorise and self.symmetric:
             self.factors, self.right = block_cholesky(bands)
-            self.pivots = jnp.zeros(bands.shape[:1] + bands.shape[-1:], jnp.int32)
-            self.left = None  # the solve needs the V_i of `right` alone
+            # the solve needs the V_i of `right` alone: no pivots, no left
+            self.pivots = self.left = None
         elif factorise:
             out = _eliminate(bands)
             _, self.factors, self.pivots, self.right, self.left = out
@@ -369,6 +369,18 @@ def graph_system(
 # order of cond(J) ~ n times the rounding.
 
 
+def _residual_jacobian(factor: ResidualFactor, row, xs):
+    """One row's whitened residual `r` (flattened) and its Jacobian with
+    respect to the row's slots, concatenated: one forward-mode pass."""
+
+    def r(ys):
+        out = jnp.ravel(factor.residual(factor.params, row, *ys))
+        return out, out
+
+    blocks, out = jax.jacfwd(r, has_aux=True)(tuple(xs))
+    return jnp.concatenate(blocks, axis=1), out
+
+
 def _whitened_rows(factor, rows, xs) -> Float[Array, "m k e"]:
     """Per row, the Jacobian $W$ of the factor's whitened residual $r$ with
     respect to the row's slots (concatenated), $W^\\top W$ its Gauss–Newton
@@ -386,12 +398,8 @@ def _whitened_rows(factor, rows, xs) -> Float[Array, "m k e"]:
     if isinstance(factor, ResidualFactor):
 
         def one(row, *values):
-            def r(ys):
-                out = jnp.ravel(factor.residual(factor.params, row, *ys))
-                return out, out
-
-            jac, out = jax.jacfwd(r, has_aux=True)(values)
-            return jnp.concatenate([*jac, -out[:, None]], axis=1)
+            jac, out = _residual_jacobian(factor, row, values)
+            return jnp.concatenate([jac, -out[:, None]], axis=1)
 
         return jax.vmap(one)(rows, *xs)
     raise TypeError(  # the least-squares methods take residual graphs only
@@ -858,13 +866,7 @@ def _gauss_newton_row(factor, row, *xs):
     if isinstance(factor, GaussianFactor):
         return factor.row_gradient(row, xs), factor.row_precision(row, xs)
     if isinstance(factor, ResidualFactor):
-
-        def r(ys):
-            out = jnp.ravel(factor.residual(factor.params, row, *ys))
-            return out, out
-
-        blocks, out = jax.jacfwd(r, has_aux=True)(xs)
-        jac = jnp.concatenate(blocks, axis=1)
+        jac, out = _residual_jacobian(factor, row, xs)
         return jac.T @ out, jac.T @ jac
     raise TypeError(  # the least-squares methods take residual graphs only
         f"{type(factor).__name__} has no residual: the least-squares methods "
