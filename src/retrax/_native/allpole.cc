@@ -742,6 +742,34 @@ RETRAX_AVX2 __m256 RowsStep(__m256 (*window)[R], const float* const* rows,
   return y;
 }
 
+// The lanes of the last of R registers of coefficients that hold one.
+template <int R>
+RETRAX_AVX2 __m256i RowsMask(int64_t order) {
+  alignas(32) int32_t bits[8];
+  for (int j = 0; j < 8; ++j) bits[j] = j < order - (R - 1) * 8 ? -1 : 0;
+  return _mm256_load_si256(reinterpret_cast<__m256i*>(bits));
+}
+
+// Samples t0..t0+8 of the 8 signals `signal` as 8 registers, one a sample
+// (the 8 x 8 tile transposed).
+RETRAX_AVX2 void LoadTile(const float* u, const int64_t* signal,
+                          int64_t length, int64_t t0, __m256* x) {
+#pragma GCC unroll 8
+  for (int l = 0; l < 8; ++l) {
+    x[l] = _mm256_loadu_ps(u + signal[l] * length + t0);
+  }
+  Avx2<float>::Transpose(x);
+}
+
+// The tile of `LoadTile`'s layout back to the first `lanes` signals.
+RETRAX_AVX2 void StoreTile(float* y, const int64_t* signal, int lanes,
+                           int64_t length, int64_t t0, __m256* x) {
+  Avx2<float>::Transpose(x);
+  for (int l = 0; l < lanes; ++l) {
+    _mm256_storeu_ps(y + signal[l] * length + t0, x[l]);
+  }
+}
+
 // The 8 signals `signal[0..8)` of a batch-major batch (a last group of fewer
 // repeats its last signal in the spare lanes and stores only its own).
 template <int R, bool kTail>
@@ -756,27 +784,18 @@ RETRAX_AVX2 void RowsGroup(const float* a, const float* u, const float* zi,
     }
     for (int r = 0; r < R; ++r) window[l][r] = _mm256_load_ps(lags + 8 * r);
   }
-  alignas(32) int32_t bits[8];
-  for (int j = 0; j < 8; ++j) bits[j] = j < order - (R - 1) * 8 ? -1 : 0;
-  const __m256i mask = _mm256_load_si256(reinterpret_cast<__m256i*>(bits));
+  const __m256i mask = RowsMask<R>(order);
   const float* rows[8];
   for (int l = 0; l < 8; ++l) rows[l] = a + signal[l] * length * order;
   const int64_t full = length / 8 * 8;
   for (int64_t t0 = 0; t0 < full; t0 += 8) {
     __m256 x[8];
-#pragma GCC unroll 8
-    for (int l = 0; l < 8; ++l) {
-      x[l] = _mm256_loadu_ps(u + signal[l] * length + t0);
-    }
-    Avx2<float>::Transpose(x);
+    LoadTile(u, signal, length, t0, x);
 #pragma GCC unroll 1
     for (int i = 0; i < 8; ++i) {
       x[i] = RowsStep<R, kTail>(window, rows, t0 + i, order, x[i], mask);
     }
-    Avx2<float>::Transpose(x);
-    for (int l = 0; l < lanes; ++l) {
-      _mm256_storeu_ps(y + signal[l] * length + t0, x[l]);
-    }
+    StoreTile(y, signal, lanes, length, t0, x);
   }
   for (int64_t t = full; t < length; ++t) {
     alignas(32) float samples[8];
@@ -846,9 +865,7 @@ RETRAX_AVX2 void RowsAdjointGroup(const float* a, const float* u, float* y,
   for (int l = 0; l < 8; ++l) {
     for (int r = 0; r < R; ++r) window[l][r] = _mm256_setzero_ps();
   }
-  alignas(32) int32_t bits[8];
-  for (int j = 0; j < 8; ++j) bits[j] = j < order - (R - 1) * 8 ? -1 : 0;
-  const __m256i mask = _mm256_load_si256(reinterpret_cast<__m256i*>(bits));
+  const __m256i mask = RowsMask<R>(order);
   const float* rows[8];
   for (int l = 0; l < 8; ++l) rows[l] = a + signal[l] * length * order;
   const int64_t full = length / 8 * 8;
@@ -862,19 +879,12 @@ RETRAX_AVX2 void RowsAdjointGroup(const float* a, const float* u, float* y,
   }
   for (int64_t t0 = full - 8; t0 >= 0; t0 -= 8) {
     __m256 x[8];
-#pragma GCC unroll 8
-    for (int l = 0; l < 8; ++l) {
-      x[l] = _mm256_loadu_ps(u + signal[l] * length + t0);
-    }
-    Avx2<float>::Transpose(x);
+    LoadTile(u, signal, length, t0, x);
 #pragma GCC unroll 1
     for (int i = 7; i >= 0; --i) {
       x[i] = RowsAdjointStep<R, kTail>(window, rows, t0 + i, order, x[i], mask);
     }
-    Avx2<float>::Transpose(x);
-    for (int l = 0; l < lanes; ++l) {
-      _mm256_storeu_ps(y + signal[l] * length + t0, x[l]);
-    }
+    StoreTile(y, signal, lanes, length, t0, x);
   }
 }
 
