@@ -352,9 +352,9 @@ class FactorGraph(eqx.Module):
     ) -> Float[Array, "n n"]:
         r"""The Jacobian of $\nabla E$ as a dense `(n, n)` matrix (with
         `kind="belief"`, the rows' Laplace precisions in its place)."""
-        return self.dense_matrix(self.row_blocks(x, kind), x.dtype)
+        return self._dense_matrix(self.row_blocks(x, kind), x.dtype)
 
-    def dense_matrix(self, row_blocks, dtype) -> Float[Array, "n n"]:
+    def _dense_matrix(self, row_blocks, dtype) -> Float[Array, "n n"]:
         """The rows' `(m, d, d)` blocks at their `(m, d)` flat coordinates
         (`row_blocks`' pairs) summed into a dense `(n, n)` matrix."""
         n = self.size
@@ -370,9 +370,9 @@ class FactorGraph(eqx.Module):
         precisions) in the block-tridiagonal layout of `banded`:
         `(count, 3, size, size)`, band 0 the block left of the diagonal, 1 the
         diagonal, 2 the block right of it; padding is the identity."""
-        return self.banded_matrix(self.row_blocks(x, kind), x.dtype)
+        return self._banded_matrix(self.row_blocks(x, kind), x.dtype)
 
-    def banded_matrix(self, row_blocks, dtype) -> Float[Array, "c 3 s s"]:
+    def _banded_matrix(self, row_blocks, dtype) -> Float[Array, "c 3 s s"]:
         """The rows' `(m, d, d)` blocks at their `(m, d)` flat coordinates
         (`row_blocks`' pairs) summed into the bands of `banded_jacobian`."""
         band = self.banded

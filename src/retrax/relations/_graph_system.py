@@ -893,9 +893,9 @@ def gauss_newton_linearisation(
         gradient = gradient.at[idx].add(g.astype(x.dtype))
         blocks.append((p.astype(x.dtype), idx))
     if kind == "dense":
-        matrix = graph.dense_matrix(blocks, x.dtype)
+        matrix = graph._dense_matrix(blocks, x.dtype)
         return gradient, DenseSystem(matrix, lay.var_start, lay.var_dim, True)
-    bands = graph.banded_matrix(blocks, x.dtype)
+    bands = graph._banded_matrix(blocks, x.dtype)
     system = BandedSystem(
         bands, graph.banded.padded, lay.var_start, lay.var_dim, True, False
     )
