@@ -490,6 +490,25 @@ def test_guarded_newton_as_an_optimistix_root_finder():
         rr.GuardedNewton(rtol=1e-8, atol=1e-8, max_step=0.0)
 
 
+@pytest.mark.parametrize("scale", [1.0, 1e20])
+def test_guarded_newton_backtracks_a_residual_whose_square_overflows(scale):
+    # Newton on arctan overshoots from y = 2 (each whole step lands further out)
+    # and converges only with its line search. At 1e20 half the squared
+    # residual overflows float32: the merit is measured in units of the
+    # residual, so the search works as at scale 1 (before, every overflowing
+    # trial passed the Armijo test, and the iterate went to -5.6e35).
+    def fn(y, _):
+        return jnp.asarray(scale, jnp.float32) * jnp.arctan(y)
+
+    solver = rr.GuardedNewton(rtol=1e-6, atol=1e-6)
+    sol = optx.root_find(
+        fn, solver, jnp.array([2.0], jnp.float32), max_steps=60, throw=False
+    )
+    assert sol.result == optx.RESULTS.successful
+    assert float(sol.value[0]) == 0.0
+    assert int(sol.stats["num_steps"]) <= 8
+
+
 # -- failures are never silent -----------------------------------------------------
 
 

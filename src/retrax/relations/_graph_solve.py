@@ -25,6 +25,7 @@ from ._graph_system import (
     graph_system,
 )
 from ._infer import default_tol
+from ._line_search import backtrack
 from ._solution import RESULTS
 
 
@@ -83,6 +84,10 @@ class _NewtonState(eqx.Module):
     system: AbstractGraphSystem
 
 
+# the most halvings of a Newton step of the graph (the last trial 2**-10)
+_HALVINGS = 10
+
+
 def _newton_step(graph, state: _NewtonState, tol, kind, jacobian_dtype):
     r"""One Newton step with a backtracking line search on
     $\tfrac12\lVert\nabla E\rVert^2$ (see `_newton`)."""
@@ -101,34 +106,10 @@ def _newton_step(graph, state: _NewtonState, tol, kind, jacobian_dtype):
     size = jnp.max(jnp.abs(delta))
     finite = jnp.all(jnp.isfinite(delta))
     small = size <= tol * (1 + jnp.max(jnp.abs(x)))
-    # the merit function in units of the largest |gradient| entry: half the
-    # squared gradient itself overflows for a gradient beyond ~1e19 (float32;
-    # a target of 1e30, a precision of 1e30), and every trial would fail
-    unit = jnp.max(jnp.abs(g))
-    unit = jnp.where(jnp.isfinite(unit) & (unit > 0), unit, jnp.ones_like(unit))
-
-    def merit(v):
-        v = v / unit
-        return 0.5 * jnp.sum(v * v)
-
-    phi0 = merit(g)
-
-    def search(carry):
-        alpha = carry[0] * 0.5
-        g_new = graph.gradient(x + alpha * delta)
-        return alpha, merit(g_new), g_new
-
-    def keep_halving(carry):
-        alpha, phi, _ = carry
-        accepted = phi <= (1 - 1e-4 * alpha) * phi0
-        # a step within the tolerance is taken whole: one trial
-        first = alpha == 1.0
-        return (alpha > 2.0**-10) & ~accepted & ~(small & first)
-
+    # Armijo backtracking on half the squared gradient; a step within the
+    # tolerance is taken whole (one trial)
+    alpha, g_new, _ = backtrack(graph.gradient, x, delta, g, _HALVINGS, whole=small)
     inf = jnp.asarray(jnp.inf, dtype)
-    alpha, _, g_new = jax.lax.while_loop(
-        keep_halving, search, (jnp.asarray(2.0, dtype), inf, g)
-    )
     return _NewtonState(
         x=jnp.where(finite, x + alpha * delta, x),
         gradient=jnp.where(finite, g_new, g),

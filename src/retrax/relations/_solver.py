@@ -11,6 +11,8 @@ import optimistix as optx
 from jax import lax
 from jaxtyping import Array, Bool, Float, PyTree, Scalar
 
+from ._line_search import backtrack
+
 
 class _GuardedState(eqx.Module):
     f: Float[Array, " n"]
@@ -91,7 +93,10 @@ class GuardedNewton(optx.AbstractRootFinder):
     the free coordinates is positive definite. Each step:
 
     - where $\mathrm{sym}(J_{FF})$ is positive definite: a Newton step with
-      Armijo backtracking on $\tfrac12\|r\|^2$;
+      Armijo backtracking on $\tfrac12\|r\|^2$ (measured in units of the
+      step's first $\max|r|$, so that a residual whose square overflows is
+      searched as any other; the same line search as the Newton solve of
+      [`retrax.relations.solve_graph`][]);
     - elsewhere: a saddle-free step (Dauphin et al., "Identifying and
       attacking the saddle point problem in high-dimensional non-convex
       optimization", NeurIPS 2014) $-(J + \Delta)^{-1} r$, where the
@@ -299,29 +304,14 @@ class GuardedNewton(optx.AbstractRootFinder):
         ok = result == optx.RESULTS.successful
         d = jnp.where(fixed | ~ok, jnp.zeros((), dtype), d)
 
-        merit0 = 0.5 * jnp.sum(state.f**2)
-        armijo = 1e-4
+        def residual(_y):
+            out, _ = fn(_y, args)
+            return out
 
-        def merit(alpha):
-            out, _ = fn(y + alpha * d, args)
-            return 0.5 * jnp.sum(out**2)
-
-        # `k` counts the merit evaluations: the full step's first, then at most
-        # `max_backtracks` halvings. The full step is tried inside the loop, not
-        # before it, so that the program holds one copy of the field, not two.
-        def cond(carry):
-            k, alpha, m = carry
-            bad = ~(m <= (1 - 2 * armijo * alpha) * merit0)
-            return newton & bad & (k <= self.max_backtracks)
-
-        def body(carry):
-            k, alpha, _ = carry
-            alpha = jnp.where(k == 0, alpha, 0.5 * alpha)
-            return k + 1, alpha, merit(alpha)
-
-        one = jnp.ones((), dtype)
-        untried = jnp.asarray(jnp.inf, merit0.dtype)
-        _, alpha, _ = lax.while_loop(cond, body, (jnp.array(0), one, untried))
+        # a Newton step is backtracked; a regularised or escape step is not
+        alpha, _, _ = backtrack(
+            residual, y, d, state.f, self.max_backtracks, active=newton
+        )
         new_y = y + alpha * d
         new_state = self._evaluate(fn, new_y, args, fixed, result)
         return new_y, new_state, None
