@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Shaped
 
@@ -284,13 +285,21 @@ class CanonicalGaussian(AbstractGaussian):
         if rest.size == 0:
             return CanonicalGaussian(info=h_a, precision=p_aa)
         p_ab, p_bb = p[np.ix_(idx, rest)], p[np.ix_(rest, rest)]
-        solved = jnp.linalg.solve(
-            p_bb, jnp.concatenate([p_ab.T, self.info[rest][:, None]], axis=1)
-        )
+        # one LU of the eliminated block for every right-hand side; a failed
+        # factorisation is lineax's result, folded into the NaN test
+        rhs = jnp.concatenate([p_ab.T, self.info[rest][:, None]], axis=1)
+        operator = lx.MatrixLinearOperator(p_bb)
+
+        def solve(b):
+            sol = lx.linear_solve(operator, b, lx.LU(), throw=False)
+            return sol.value, sol.result == lx.RESULTS.successful
+
+        solved, solved_ok = jax.vmap(solve, in_axes=1, out_axes=(1, 0))(rhs)
+        factorised = jnp.all(solved_ok)
         precision = p_aa - p_ab @ solved[:, :-1]
         precision = 0.5 * (precision + precision.T)
         info, precision = nan_unless(
-            nonsingular(p_bb), (h_a - p_ab @ solved[:, -1], precision)
+            nonsingular(p_bb) & factorised, (h_a - p_ab @ solved[:, -1], precision)
         )
         return CanonicalGaussian(info=info, precision=precision)
 

@@ -17,6 +17,7 @@ from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
@@ -192,8 +193,16 @@ def _means(graph, st, info, prec, old, scale):
     vals = jnp.linalg.eigvalsh(0.5 * (padded + jnp.swapaxes(padded, -1, -2)))
     eps = jnp.finfo(prec.dtype).eps
     proper = vals[:, 0] > _ROUNDING * eps * scale
-    mean = jnp.linalg.solve(padded, info[..., None])[..., 0]
-    ok = proper & jnp.all(jnp.isfinite(mean), axis=-1)
+
+    # each belief's mean; a failed solve keeps the old mean, as an improper
+    # belief does
+    def solve(matrix, vector):
+        operator = lx.MatrixLinearOperator(matrix)
+        sol = lx.linear_solve(operator, vector, lx.LU(), throw=False)
+        return sol.value, sol.result == lx.RESULTS.successful
+
+    mean, solved = jax.vmap(solve)(padded, info)
+    ok = proper & solved & jnp.all(jnp.isfinite(mean), axis=-1)
     return (
         jnp.where(ok[:, None], mean, old),
         padded,
