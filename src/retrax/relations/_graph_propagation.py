@@ -17,7 +17,6 @@ from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import lineax as lx
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
@@ -190,19 +189,15 @@ def _means(graph, st, info, prec, old, scale):
     padded = prec + jnp.asarray(pad, prec.dtype)[:, :, None] * jnp.eye(
         st.dmax, dtype=prec.dtype
     )
-    vals = jnp.linalg.eigvalsh(0.5 * (padded + jnp.swapaxes(padded, -1, -2)))
+    # one eigendecomposition a belief gives both its properness and its mean
+    # (no second factorisation; an improper belief keeps the old mean)
+    vals, vecs = jnp.linalg.eigh(0.5 * (padded + jnp.swapaxes(padded, -1, -2)))
     eps = jnp.finfo(prec.dtype).eps
     proper = vals[:, 0] > _ROUNDING * eps * scale
-
-    # each belief's mean; a failed solve keeps the old mean, as an improper
-    # belief does
-    def solve(matrix, vector):
-        operator = lx.MatrixLinearOperator(matrix)
-        sol = lx.linear_solve(operator, vector, lx.LU(), throw=False)
-        return sol.value, sol.result == lx.RESULTS.successful
-
-    mean, solved = jax.vmap(solve)(padded, info)
-    ok = proper & solved & jnp.all(jnp.isfinite(mean), axis=-1)
+    safe = jnp.where(proper[:, None], vals, jnp.ones_like(vals))
+    coords = jnp.einsum("vij,vi->vj", vecs, info) / safe
+    mean = jnp.einsum("vij,vj->vi", vecs, coords)
+    ok = proper & jnp.all(jnp.isfinite(mean), axis=-1)
     return (
         jnp.where(ok[:, None], mean, old),
         padded,
