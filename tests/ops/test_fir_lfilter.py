@@ -1,3 +1,5 @@
+import re
+
 import hypothesis
 import hypothesis.strategies as st
 import jax
@@ -238,6 +240,45 @@ def test_fir_grads():
         )
     f = lambda b, x, zi: jnp.concatenate(fir(x, b=b, zi=zi, return_zf=True))
     check_grads(jax.jit(f), (jnp.asarray(rng.normal(size=3)), x, zi))
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_constant_taps_transpose_in_the_signal_as_one_pass(batched):
+    # The signal's cotangent of constant taps is the same sum of shifted
+    # products read backwards in time (one fused pass), not the transpose of
+    # padded slices (about three times the forward's cost): `lfilter`'s
+    # gradient with respect to everything was 3.4x its forward at order 8.
+    rng = np.random.default_rng(3)
+    b = jnp.asarray(rng.normal(size=5))
+    a = jnp.asarray([1.0, -0.5, 0.2, 0.0, 0.0])
+    x = jnp.asarray(rng.normal(size=(3, 40) if batched else (40,)))
+
+    def loss(x):
+        y = jax.vmap(lambda s: lfilter(b, a, s))(x) if batched else lfilter(b, a, x)
+        return jnp.sum(jnp.sin(y))
+
+    grad = jax.grad(loss)(x)
+    reference = jax.grad(
+        lambda x: (
+            jnp.sum(jnp.sin(jax.vmap(lambda s: np_df2_jax(b, a, s))(x)))
+            if batched
+            else jnp.sum(jnp.sin(np_df2_jax(b, a, x)))
+        )
+    )(x)
+    assert_close(grad, reference, rtol=1e-12, atol=1e-12)
+    text = str(jax.make_jaxpr(jax.grad(loss))(x))
+    assert re.search(r"allpole_lag_drive_const\[\s*adjoint=True", text)
+
+
+def np_df2_jax(b, a, x):
+    """`lfilter` as a plain scan of direct form II transposed."""
+
+    def step(z, xt):
+        yt = b[0] * xt + z[0]
+        z = jnp.concatenate([z[1:], jnp.zeros(1, x.dtype)]) + b[1:] * xt - a[1:] * yt
+        return z, yt
+
+    return jax.lax.scan(step, jnp.zeros(b.shape[0] - 1, x.dtype), x)[1]
 
 
 @pytest.mark.parametrize("time_varying", [False, True])
