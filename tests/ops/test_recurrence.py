@@ -674,10 +674,12 @@ def test_kernels_fill_outputs_past_the_huge_page_size():
 def test_lag_products_equal_their_expressions(dtype, adjoint):
     # The coefficients' cotangent (`lag_outer`, a compiled loop on the CPU)
     # and the drive it transposes, against their XLA expressions: orders 1 to
-    # 5 (past the kernel's fixed orders), signals shorter than the order, one
+    # 5 (past the kernel's fixed orders) and 9 and 32 (read from the reversed
+    # copy), signals shorter than and as long as the order, one
     # signal and a batch; and the pair transposes each other, in every operand.
     rng = np.random.default_rng(50)
-    for order, length, batch in [(1, 7, 3), (2, 33, 5), (3, 2, 2), (5, 19, 0)]:
+    cases = [(1, 7, 3), (2, 33, 5), (3, 2, 2), (5, 19, 0), (9, 9, 0), (32, 100, 2)]
+    for order, length, batch in cases:
         shape = (batch,) if batch else ()
         ct = _random(rng, (*shape, length), dtype)
         out = _random(rng, (*shape, length), dtype)

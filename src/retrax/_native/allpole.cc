@@ -1097,10 +1097,20 @@ inline __attribute__((always_inline)) void LagsOf(const T* __restrict__ p,
       g[t * order + k] = -p[t] * (lag >= 0 ? q[lag] : s[-lag - 1]);
     }
   }
+  if (length <= head) return;
+  // Row t reads q[t-1], q[t-2], ..., backwards: from a reversed copy of q
+  // (r[j] = q[length-1-j], so q[t-k-1] = r[length-t+k]) every row is a
+  // contiguous read and a contiguous write, which vectorise (order 32,
+  // float64, T = 44,100: 1.57 ms before, against 0.41 ms for XLA to write
+  // a broadcast product of the same size).
+  std::vector<T> reversed_(length);
+  T* __restrict__ r = reversed_.data();
+  for (int64_t j = 0; j < length; ++j) r[j] = q[length - 1 - j];
   for (int64_t t = head; t < length; ++t) {
     const T pt = -p[t];
-#pragma GCC unroll 4
-    for (int64_t k = 0; k < order; ++k) g[t * order + k] = pt * q[t - k - 1];
+    const T* __restrict__ from = r + (length - t);
+    T* __restrict__ to = g + t * order;
+    for (int64_t k = 0; k < order; ++k) to[k] = pt * from[k];
   }
 }
 
