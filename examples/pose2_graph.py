@@ -117,8 +117,8 @@ def pose2_problem(poses=1000, closures=20, seed=0, radius=10.0) -> Pose2Problem:
     odometry = odometry + rng.normal(size=odometry.shape) * ODOMETRY_SD
     lap = poses // 2
     count = min(closures, lap)
-    first = np.linspace(0, lap - 1, count).round().astype(np.int64) if count else []
-    pairs = np.stack([first, np.asarray(first) + lap], axis=1).reshape(-1, 2)
+    first = np.linspace(0, lap - 1, count).round().astype(np.int64)
+    pairs = np.stack([first, first + lap], axis=1).reshape(-1, 2)
     meas = between(truth[pairs[:, 0]], truth[pairs[:, 1]])
     meas = meas + rng.normal(size=meas.shape) * CLOSURE_SD
     return Pose2Problem(truth, odometry, pairs, meas, truth[0].copy())

@@ -107,6 +107,17 @@ def test_pose2_graph_steps_and_stats(small_pose2):
     np.testing.assert_allclose(sol.stats["cost"], graph.energy(x), rtol=1e-12)
 
 
+def test_pose2_chain_without_closures():
+    # `--closures 0`: odometry and the prior alone (the closures' index pairs
+    # were built as floats and the example stopped with an IndexError)
+    problem = pose2_graph.pose2_problem(poses=12, closures=0)
+    assert problem.closures.shape == (0, 2) and problem.closures.dtype == np.int64
+    start = pose2_graph.dead_reckoning(problem)
+    sol = rr.solve_graph(pose2_graph.pose2_graph(problem), {"x": jnp.asarray(start)})
+    # without closures the chain's answer is dead reckoning itself
+    np.testing.assert_allclose(sol.value["x"], start, atol=1e-8)
+
+
 def test_levenberg_marquardt_where_gauss_newton_overshoots():
     # Rosenbrock's residuals (10 (y - x^2), 1 - x) from a far start: the
     # minimum is (1, 1) exactly
