@@ -88,9 +88,10 @@ class Chain(AbstractEffect):
             for i, effect in enumerate(effects):
                 if _whole_signal(effect):
                     raise ValueError(
-                        f"`effects[{i}]` ({type(effect).__name__}) is defined on "
-                        "the whole signal and does not stream, so it cannot run "
-                        "in segments: pass `segment_length=None`."
+                        f"`effects[{i}]` ({type(effect).__name__}) does not "
+                        "stream (it is, or holds, an effect defined on the whole "
+                        "signal), so it cannot run in segments: pass "
+                        "`segment_length=None`."
                     )
         self.effects = effects
         self.segment_length = segment_length
