@@ -9,7 +9,10 @@ stereo float32 audio `(2, T)` at 48 kHz, for
 - `sosfilt`: the same design as 4 sections (an order-8 band-pass);
 - `chain`: `Chain([ParametricEQ, Compressor, FDNReverb])` (three bands, the
   compressor's defaults, a four-line reverb), with respect to its parameters
-  and the signal.
+  and the signal;
+- `chain_segments`: the same chain with `segment_length=65536` (1.4 s at
+  48 kHz): its gradient recomputes each segment's forward pass instead of
+  keeping every stage's signals.
 
 Each case runs in a fresh process, which builds the signal, compiles the
 gradient, returns freed memory to the system (`malloc_trim`), reads its
@@ -21,7 +24,7 @@ memory the gradient itself needed at its peak, and the ratio to `allpole`'s.
 Linux only.
 
 Run: `python benchmarks/bench_gradient_memory.py [--minutes 10]
-[--cases allpole,lfilter,sosfilt,chain] [--markdown PATH]`.
+[--cases allpole,lfilter,sosfilt,chain,chain_segments] [--markdown PATH]`.
 """
 
 import argparse
@@ -69,7 +72,7 @@ elif case in ("lfilter", "sosfilt"):
         sos = ss.butter(4, [0.05, 0.2], btype="band", output="sos")
         params = jnp.asarray(sos, jnp.float32)
         apply = lambda p, x: sosfilt(p, x)
-elif case == "chain":
+elif case in ("chain", "chain_segments"):
     import equinox as eqx
     from retrax.effects import Chain, FDNReverb
     from retrax.filters import Compressor, ParametricEQ
@@ -80,7 +83,7 @@ elif case == "chain":
         Compressor(sample_rate=48000.0),
         FDNReverb(t60=0.8, mix=0.25, delays=(113, 151, 199, 263),
                   sample_rate=48000.0),
-    ])
+    ], segment_length=65536 if case == "chain_segments" else None)
     params, static = eqx.partition(chain, eqx.is_inexact_array)
     apply = lambda p, x: eqx.combine(p, static)(x)
 else:
