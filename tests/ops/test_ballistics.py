@@ -137,6 +137,49 @@ def test_grad_is_the_frozen_one_pole():
     assert_close(*hessians)
 
 
+def held_ballistics(x, at, rt, zi):
+    """`scan_ballistics` with its decisions held (`stop_gradient`): plain
+    autodiff of it is the held-decision derivative at every order."""
+    at = jnp.broadcast_to(at, x.shape)
+    rt = jnp.broadcast_to(rt, x.shape)
+
+    def step(prev, inp):
+        xt, att, rtt = inp
+        c = jnp.where(jax.lax.stop_gradient(xt < prev), att, rtt)
+        y = (1 - c) * prev + c * xt
+        return y, y
+
+    return jax.lax.scan(step, zi, (x, at, rt))[1]
+
+
+@pytest.mark.parametrize("vmapped", [False, True])
+def test_second_derivatives_inside_a_scan(vmapped):
+    # Blocks streamed by a `lax.scan` (a chain in segments): the Hessian w.r.t.
+    # the coefficients and an input gain. With the held output as a custom JVP
+    # function, JAX's partial evaluation of the scan inlined that function
+    # (which returns the values, constants to AD) and the Hessian lost every
+    # term of the output's own derivative: 0 where the true one is 210.
+    u = jnp.abs(jax.random.normal(jax.random.key(1), (2, 4, 25))) + 0.1
+
+    def streamed(op):
+        def one(q, signal):
+            def step(z, block):
+                y = op(block * q[2], q[0], q[1], z)
+                return y[-1], y
+
+            return jnp.sum(jax.lax.scan(step, jnp.asarray(1.0), signal)[1] ** 2)
+
+        if vmapped:
+            return lambda q: jnp.sum(jax.vmap(one, in_axes=(None, 0))(q, u))
+        return lambda q: one(q, u[0])
+
+    q = jnp.array([0.3, 0.05, 1.3])
+    got = jax.jit(jax.hessian(streamed(ballistics)))(q)
+    want = jax.jit(jax.hessian(streamed(held_ballistics)))(q)
+    assert_close(got, want, rtol=1e-10, atol=1e-10 * float(jnp.max(jnp.abs(want))))
+    assert float(jnp.max(jnp.abs(want))) > 1.0
+
+
 def test_float32_jit_vmap():
     rng = np.random.default_rng(4)
     x = np.abs(rng.normal(size=(3, 64)))

@@ -3,6 +3,8 @@
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 from jaxtyping import Array, ArrayLike, Float, Shaped
 
 from .._misc import as_inexact, result_dtype
@@ -35,42 +37,71 @@ def _switched(x: Array, at: Array, rt: Array, zi: Array) -> Array:
     return switched(x, at, rt, zi)
 
 
-@jax.custom_jvp
-def _held(y: Array, x: Array, at: Array, rt: Array, zi: Array) -> Array:
-    """`y`, the switched recursion's output, differentiated with its decisions
-    held.
+# `y`, the switched recursion's output, differentiated with its decisions
+# held. `y` comes from one pass of `_switched` and is a constant to AD; the
+# JVP rule reads the decisions off it (attack where `x_t < y_{t-1}`) and
+# gives the derivative with respect to `x`, `at`, `rt` and `zi` as the core's
+# one-pole recursion, at every order (the rule's own output is `held_p`
+# again). A primitive, not a `jax.custom_jvp` whose function returns `y`:
+# JAX's partial evaluation inlines a custom JVP function where it splits a
+# `lax.scan` into its known and unknown parts, so inside a scan (a chain
+# run in segments, a streaming loop) second derivatives lost every term of
+# `y`'s own derivative (a Hessian of 0 where the true one is 28). Operands:
+# `y`, `x`, `at`, `rt` of one shape `(..., T)` and `zi` of shape `(...)`.
+held_p = Primitive("ballistics_held")
+held_p.def_impl(lambda y, x, at, rt, zi: y)
+held_p.def_abstract_eval(lambda y, x, at, rt, zi: y)
+mlir.register_lowering(held_p, lambda ctx, y, x, at, rt, zi: [y])
 
-    `y` comes from one pass of `_switched` and is a constant to AD; the rule
-    below reads the decisions off it (attack where `x_t < y_{t-1}`) and gives
-    the derivative with respect to `x`, `at`, `rt` and `zi` as the core's
-    one-pole recursion, at every order (the rule's own output is `_held`
-    again).
-    """
-    del x, at, rt, zi
-    return y
 
-
-@_held.defjvp
-def _held_jvp(primals, tangents):
-    _, x, at, rt, zi = primals
-    _, dx, dat, drt, dzi = tangents
-    out = _held(*primals)
+def _held_tangent(out, x, at, rt, zi, dx, dat, drt, dzi):
+    """The tangent of one signal: the one-pole recursion with the held
+    decisions, `y_t = (1 - c_t) y_{t-1} + c_t x_t`, driven by
+    `c_t dx_t + dc_t (x_t - y_{t-1})`."""
     prev = jnp.concatenate([zi[None], out[:-1]])
     held = x < prev
     c = jnp.where(held, at, rt)
     dc = jnp.where(held, dat, drt)
-    # y_t = (1 - c_t) y_{t-1} + c_t x_t, so the tangent is the same one-pole
-    # driven by c_t dx_t + dc_t (x_t - y_{t-1}).
     drive = (c * dx + dc * (x - prev))[:, None]
     dy = recurrence("diagonal", DEFAULT_UNROLL, (1 - c)[:, None], drive, dzi[None])
-    return out, dy[:, 0]
+    return dy[:, 0]
+
+
+def _held_jvp(primals, tangents):
+    out = held_p.bind(*primals)
+    _, x, at, rt, zi = primals
+    dx, dat, drt, dzi = (ad.instantiate_zeros(t) for t in tangents[1:])
+    tangent = _held_tangent
+    for _ in range(x.ndim - 1):  # a batch's leading axes
+        tangent = jax.vmap(tangent)
+    return out, tangent(out, x, at, rt, zi, dx, dat, drt, dzi)
+
+
+def _held_batch(args, dims):
+    size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
+    pairs = list(zip(args, dims, strict=True))
+    front = [batching.bdim_at_front(a, d, size) for a, d in pairs]
+    # an operand broadcast along the batch takes the batch's sharding (with an
+    # explicit mesh, the tangent's `vmap` needs its operands sharded alike)
+    like = next(a for a, (_, d) in zip(front, pairs, strict=True) if d is not None)
+    like = jnp.sum(jnp.zeros_like(like), axis=tuple(range(1, like.ndim)))
+    front = [
+        a if d is not None else a + like.reshape(like.shape + (1,) * (a.ndim - 1))
+        for a, (_, d) in zip(front, pairs, strict=True)
+    ]
+    return held_p.bind(*front), 0
+
+
+ad.primitive_jvps[held_p] = _held_jvp
+batching.primitive_batchers[held_p] = _held_batch
 
 
 def _ballistics(x: Array, at: Array, rt: Array, zi: Array) -> Array:
     # One pass of the switched recursion gives the values; derivatives of
     # every order run on the core with its decisions held (see `_held`).
     y = _switched(*(lax.stop_gradient(v) for v in (x, at, rt, zi)))
-    return _held(y, x, at, rt, zi)
+    at, rt = (jnp.broadcast_to(c, x.shape) for c in (at, rt))
+    return held_p.bind(y, x, at, rt, zi)
 
 
 def ballistics(
