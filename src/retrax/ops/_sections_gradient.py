@@ -15,9 +15,9 @@ structure instead binds three primitives:
   adjoint kernel (a batch's groups of signals in vector lanes interleaved):
   only `cotangent_p` reads them, and they are in this layout only where
   both run on the kernels;
-- `tangent_p(a, u, zi, ys, da, du, dzi)`: the tangent, linear in the last
+- `tangent_p(a, u, zi, ck, da, du, dzi)`: the tangent, linear in the last
   three operands (evaluated by the expansion's JVP, for forward mode);
-- `cotangent_p(a, u, zi, ys, ct)`: its transpose, the kernel's one pass
+- `cotangent_p(a, u, zi, ck, ct)`: its transpose, the kernel's one pass
   backwards in time, a block at a time (the block's section outputs first
   recomputed from its checkpoint, by the forward pass's own loop, so to the
   bit), that takes every sample's cotangent through every
@@ -105,8 +105,8 @@ def _saved_reference(a, u, zi):
     return [ys[..., -1, :], checkpoints.reshape(*checkpoints.shape[:-2], -1)]
 
 
-def _tangent_reference(a, u, zi, ys, da, du, dzi):
-    del ys
+def _tangent_reference(a, u, zi, ck, da, du, dzi):
+    del ck
     return jax.jvp(_expand, (a, u, zi), (da, du, dzi))[1]
 
 
@@ -124,8 +124,8 @@ def unpack(packed, length: int, n_sections: int):
     return ct_u, ct_a, packed[..., split:]
 
 
-def _cotangent_reference(a, u, zi, ys, ct):
-    del ys
+def _cotangent_reference(a, u, zi, ck, ct):
+    del ck
     _, vjp = jax.vjp(_expand, a, u, zi)
     ct_a, ct_u, ct_zi = vjp(ct)
     return pack(ct_u, ct_a, ct_zi)
@@ -137,17 +137,17 @@ def _cotangent_reference(a, u, zi, ys, ct):
 def _saved_abstract_eval(a, u, zi):
     del zi
     shape = (n_blocks(u.shape[-1]), 2 * a.shape[-2])
-    ys = u.update(shape=u.shape[:-1] + shape, weak_type=False)
-    return [u.update(weak_type=False), ys]
+    ck = u.update(shape=u.shape[:-1] + shape, weak_type=False)
+    return [u.update(weak_type=False), ck]
 
 
-def _tangent_abstract_eval(a, u, zi, ys, da, du, dzi):
-    del a, zi, ys, da, du, dzi
+def _tangent_abstract_eval(a, u, zi, ck, da, du, dzi):
+    del a, zi, ck, da, du, dzi
     return u.update(weak_type=False)
 
 
-def _cotangent_abstract_eval(a, u, zi, ys, ct):
-    del zi, ys, ct
+def _cotangent_abstract_eval(a, u, zi, ck, ct):
+    del zi, ck, ct
     length = u.shape[-1] + 7 * a.shape[-2]
     return u.update(shape=u.shape[:-1] + (length,), weak_type=False)
 
@@ -197,16 +197,16 @@ mlir.register_lowering(
 
 def _saved_kernel_call(a, u, zi):
     shape = (u.shape[0], n_blocks(u.shape[1]), 2 * a.shape[1])
-    ys = jax.ShapeDtypeStruct(shape, u.dtype)
+    ck = jax.ShapeDtypeStruct(shape, u.dtype)
     y = jax.ShapeDtypeStruct(u.shape, u.dtype)
-    call = jax.ffi.ffi_call(_native.SECTIONS_SAVED, (y, ys))
+    call = jax.ffi.ffi_call(_native.SECTIONS_SAVED, (y, ck))
     return call(a, u, zi, block=np.int64(BLOCK))
 
 
-def _cotangent_kernel_call(a, u, zi, ys, ct):
+def _cotangent_kernel_call(a, u, zi, ck, ct):
     out = jax.ShapeDtypeStruct((u.shape[0], u.shape[1] + 7 * a.shape[1]), u.dtype)
     call = jax.ffi.ffi_call(_native.SECTIONS_ADJOINT, out)
-    return call(a, u, zi, ys, ct, block=np.int64(BLOCK))
+    return call(a, u, zi, ck, ct, block=np.int64(BLOCK))
 
 
 def _register(prim, reference, call, rule):
@@ -236,8 +236,8 @@ _register(
 )
 
 
-def _tangent_transpose(ct, a, u, zi, ys, da, du, dzi):
-    if any(ad.is_undefined_primal(v) for v in (a, u, zi, ys)):
+def _tangent_transpose(ct, a, u, zi, ck, da, du, dzi):
+    if any(ad.is_undefined_primal(v) for v in (a, u, zi, ck)):
         raise NotImplementedError("sections_tangent is linear in its tangents only")
     linear = [ad.is_undefined_primal(v) for v in (da, du, dzi)]
     if type(ct) is ad.Zero:
@@ -246,7 +246,7 @@ def _tangent_transpose(ct, a, u, zi, ys, da, du, dzi):
             for v, d in zip((da, du, dzi), linear, strict=True)
         ]
         return [None] * 4 + cts
-    operands = (a, u, zi, ys, ct)
+    operands = (a, u, zi, ck, ct)
     operands = tuple(varying_like(v, *operands) for v in operands)
     packed = cotangent_p.bind(*operands)
     ct_u, ct_a, ct_zi = unpack(packed, u.shape[-1], a.shape[-2])
@@ -261,8 +261,8 @@ def jvp(primals, tangents):
     """The `"sections"` structure's JVP through the kernel (see the module
     docstring); `fused(a, u)` must hold."""
     a, u, zi = (varying_like(v, *primals) for v in primals)
-    out, ys = saved_p.bind(a, u, zi)
+    out, ck = saved_p.bind(a, u, zi)
     if all(type(t) is ad.Zero for t in tangents):
         return out, ad.Zero.from_primal_value(out)
     da, du, dzi = (ad.instantiate_zeros(t) for t in tangents)
-    return out, tangent_p.bind(a, u, zi, ys, da, du, dzi)
+    return out, tangent_p.bind(a, u, zi, ck, da, du, dzi)
