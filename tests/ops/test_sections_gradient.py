@@ -134,6 +134,29 @@ def test_cascade_gradient_over_checkpointed_blocks(n_sections, dtype, length):
 
 
 @pytest.mark.parametrize(
+    "n_sections, dtype, batch, blocks, tail",
+    [
+        # two lane groups of blocks, the last of two with a short block
+        (2, "float32", 1, 10, 17),
+        pytest.param(8, "float64", 2, 6, 1, marks=FULL),
+        # whole groups, the last block whole
+        pytest.param(4, "float64", 1, 8, 0, marks=FULL),
+        # a group of signals in lanes and one left over, three groups of
+        # blocks, the last of one short block
+        pytest.param(5, "float32", 9, 17, 1000, marks=FULL),
+    ],
+)
+def test_cascade_gradient_of_a_signal_over_lane_groups_of_blocks(
+    n_sections, dtype, batch, blocks, tail
+):
+    # a signal on its own recomputes W blocks at once in vector lanes
+    # (W = 8 in float32, 4 in float64)
+    length = (blocks - (tail > 0)) * BLOCK + tail
+    got, want = _block_gradients(n_sections, dtype, (batch, length), seed=blocks + tail)
+    _close(got, want, 1e-12 if dtype == "float64" else 2e-4)
+
+
+@pytest.mark.parametrize(
     "n_sections", [pytest.param(3, marks=FULL), 8, pytest.param(9, marks=FULL)]
 )
 @pytest.mark.parametrize("dtype", ["float64", pytest.param("float32", marks=FULL)])

@@ -455,79 +455,131 @@ inline __attribute__((always_inline)) void AdjointLanes(
   }
 }
 
-// The sums over time of a block of one signal's cotangents lambda[i] (time
-// t0 + i) with a section's input x and output y (x[i], y[i] at time t0 + i,
-// readable back to x[-2], y[-2] where that is at or after the start):
-// acc[k] += lambda[i] x[i-k] (k = 0, 1, 2) and acc[3 + j] -= lambda[i]
-// y[i-1-j], zero before the start, in vector registers.
-template <typename R>
-inline __attribute__((always_inline)) void BlockSums(
-    const R* __restrict__ lam, const R* __restrict__ x,
-    const R* __restrict__ y, int64_t t0, int64_t n, R (&acc)[kCoefficients]) {
-  typedef R V __attribute__((vector_size(32)));
-  constexpr int64_t W = 32 / sizeof(R);
-  int64_t i = 0;
-  // the first two samples of the signal read nothing before it
-  for (; i < n && t0 + i < 2; ++i) {
-    acc[0] += lam[i] * x[i];
-    if (t0 + i >= 1) {
-      acc[1] += lam[i] * x[i - 1];
-      acc[3] -= lam[i] * y[i - 1];
+// Samples i0 .. i1 - 1 of W = 32 / sizeof(R) blocks of one signal in
+// vector lanes, lane l a block starting at its own time (in[l] its input
+// from the block's start, h its state there as `LanesSpan` keeps it, c the
+// coefficients in every lane): the input and every section's output into
+// x, laid out (i + 2, S + 1, W) (one vector store a signal and sample).
+// kHead: samples 0 and 1 of the signal's first block, lane 0, whose drive
+// the initial state z enters. Lane by lane the arithmetic of `Step`, so
+// the same values.
+template <typename R, int S, bool kHead, typename V>
+inline __attribute__((always_inline)) void BlocksSpan(
+    const V (&c)[S * kCoefficients], const R (&z)[S * 2][1],
+    V (&h)[(S + 1) * 2], const R* const* in, R* __restrict__ x, int64_t i0,
+    int64_t i1) {
+  constexpr int W = 32 / sizeof(R);
+  for (int64_t i = i0; i < i1; ++i) {
+    V v;
+    for (int l = 0; l < W; ++l) v[l] = in[l][i];
+    R* at = x + (i + 2) * (S + 1) * W;
+    std::memcpy(at, &v, sizeof(V));
+    for (int s = 0; s < S; ++s) {
+      V rest = c[s * kCoefficients + 1] * h[2 * s] +
+               c[s * kCoefficients + 2] * h[2 * s + 1] -
+               c[s * kCoefficients + 4] * h[2 * s + 3];
+      if constexpr (kHead) rest[0] += z[2 * s + i][0];
+      const V o = (c[s * kCoefficients] * v + rest) -
+                  c[s * kCoefficients + 3] * h[2 * s + 2];
+      h[2 * s + 1] = h[2 * s];
+      h[2 * s] = v;
+      v = o;
+      std::memcpy(at + (s + 1) * W, &v, sizeof(V));
     }
-  }
-  V s0 = {}, s1 = {}, s2 = {}, s3 = {}, s4 = {};
-  for (; i + W <= n; i += W) {
-    V l, x0, x1, x2, y1, y2;
-    std::memcpy(&l, lam + i, sizeof(V));
-    std::memcpy(&x0, x + i, sizeof(V));
-    std::memcpy(&x1, x + i - 1, sizeof(V));
-    std::memcpy(&x2, x + i - 2, sizeof(V));
-    std::memcpy(&y1, y + i - 1, sizeof(V));
-    std::memcpy(&y2, y + i - 2, sizeof(V));
-    s0 += l * x0;
-    s1 += l * x1;
-    s2 += l * x2;
-    s3 += l * y1;
-    s4 += l * y2;
-  }
-  for (int64_t w = 0; w < W; ++w) {
-    acc[0] += s0[w];
-    acc[1] += s1[w];
-    acc[2] += s2[w];
-    acc[3] -= s3[w];
-    acc[4] -= s4[w];
-  }
-  for (; i < n; ++i) {
-    acc[0] += lam[i] * x[i];
-    acc[1] += lam[i] * x[i - 1];
-    acc[2] += lam[i] * x[i - 2];
-    acc[3] -= lam[i] * y[i - 1];
-    acc[4] -= lam[i] * y[i - 2];
+    h[2 * S + 1] = h[2 * S];
+    h[2 * S] = v;
   }
 }
 
-// Reverse mode of the cascade for one signal `b` (the arithmetic of
-// `AdjointLanes`): its blocks last first, each recomputed from its
-// checkpoint by `CascadeSpan` into scratch (S rows of block + 2: the
-// section's outputs at t0 - 2, t0 - 1, then the block's), then in pieces
-// of kPiece samples backwards, each first through the recursions alone
-// (each section's lambda kept for the piece), then summed into the
-// coefficients' cotangents by `BlockSums`, so that the sequential loop does
-// about the forward pass's work and the sums run in vector registers.
+// `BlocksSpan` over samples i0 .. i1 - 1, its first two with kHead where
+// lane 0 is the signal's first block (`head`).
+template <typename R, int S, typename V>
+inline __attribute__((always_inline)) void BlocksRange(
+    const V (&c)[S * kCoefficients], const R (&z)[S * 2][1],
+    V (&h)[(S + 1) * 2], const R* const* in, R* __restrict__ x, bool head,
+    int64_t i0, int64_t i1) {
+  if (head && i0 < 2 && i0 < i1) {
+    const int64_t i = i1 < 2 ? i1 : 2;
+    BlocksSpan<R, S, true>(c, z, h, in, x, i0, i);
+    i0 = i;
+  }
+  BlocksSpan<R, S, false>(c, z, h, in, x, i0, i1);
+}
+
+// Blocks first .. first + count - 1 (count <= W = 32 / sizeof(R)) of one
+// signal, recomputed at once in vector lanes by `BlocksSpan` from their
+// checkpoints: block first + l in lane l of x, (block + 2, S + 1, W), its
+// input and its sections' outputs from time t0 - 2 (before the signal's
+// start zero). Lanes past count, and a short last block's lane once its
+// samples end, hold zeros.
+template <typename R, int S>
+inline __attribute__((always_inline)) void RecomputeBlocks(
+    const R (&c1)[S * kCoefficients][1], const R (&z)[S * 2][1],
+    const R* __restrict__ xb, const R* __restrict__ ckb, R* __restrict__ x,
+    int64_t samples, int64_t first, int64_t count, int64_t block) {
+  constexpr int W = 32 / sizeof(R);
+  typedef R V __attribute__((vector_size(32)));
+  V c[S * kCoefficients], h[(S + 1) * 2];
+  for (int k = 0; k < S * kCoefficients; ++k) {
+    for (int l = 0; l < W; ++l) c[k][l] = c1[k][0];
+  }
+  const R* in[W];
+  int64_t length[W];
+  for (int l = 0; l < W; ++l) {
+    const int64_t k = first + (l < count ? l : 0);
+    const int64_t t0 = k * block;
+    in[l] = xb + t0;
+    length[l] = l >= count ? 0 : samples - t0 < block ? samples - t0 : block;
+    h[0][l] = t0 >= 1 ? xb[t0 - 1] : R(0);
+    h[1][l] = t0 >= 2 ? xb[t0 - 2] : R(0);
+    const R* at = ckb + k * 2 * S;
+    for (int j = 0; j < 2 * S; ++j) h[2 + j][l] = at[j];
+    for (int s = 0; s <= S; ++s) {
+      x[s * W + l] = l < count ? h[2 * s + 1][l] : R(0);
+      x[((S + 1) + s) * W + l] = l < count ? h[2 * s][l] : R(0);
+    }
+  }
+  const bool head = first == 0;
+  const int64_t shortest = length[count - 1];
+  BlocksRange<R, S>(c, z, h, in, x, head, 0, shortest);
+  if (count > 1 && shortest < block) {
+    // only the signal's last block is short, and the first is whole
+    const R* last = in[count - 1];
+    in[count - 1] = in[0];
+    BlocksRange<R, S>(c, z, h, in, x, head, shortest, block);
+    in[count - 1] = last;
+  }
+  const int64_t end = count > 1 ? block : shortest;
+  for (int l = 0; l < W; ++l) {
+    for (int64_t i = length[l]; i < end; ++i) {
+      for (int s = 0; s <= S; ++s) x[((i + 2) * (S + 1) + s) * W + l] = R(0);
+    }
+  }
+}
+
+// Reverse mode of the cascade for one signal `b` (the recursions of
+// `AdjointLanes`): its blocks last first, W = 32 / sizeof(R) at a time
+// (the first group short), recomputed from their checkpoints by
+// `RecomputeBlocks` in vector lanes into x, so that the recomputation
+// costs about 1 / W of the forward pass; then each block backwards through
+// the recursions alone, each section's lambda kept in lam, laid out
+// (block, S, W) with the block in its lane of x; then the coefficients'
+// cotangents, sums over the group's samples of products of lambda with x,
+// summed in the W lanes at once.
 template <typename R, int S>
 inline __attribute__((always_inline)) void AdjointOne(
     const R* __restrict__ a, const R* __restrict__ u, const R* __restrict__ zi,
     const R* __restrict__ ck, const R* __restrict__ ct, R* __restrict__ out,
     R* __restrict__ scratch, int64_t samples, int64_t b, int64_t block) {
-  constexpr int64_t kPiece = 256;
+  constexpr int64_t W = 32 / sizeof(R);
+  typedef R V __attribute__((vector_size(32)));
   const int64_t out_length = samples + 7 * S;
-  const int64_t stride = block + 2;
-  R c[S * kCoefficients][1], z[S * 2][1], acc[S][kCoefficients], l1[S], l2[S],
-      p[S], q[S];
+  R c[S * kCoefficients][1], z[S * 2][1], l1[S], l2[S], p[S], q[S];
+  V acc[S * kCoefficients];
   for (int s = 0; s < S; ++s) {
     for (int k = 0; k < kCoefficients; ++k) {
       c[s * kCoefficients + k][0] = a[(b * S + s) * kCoefficients + k];
-      acc[s][k] = R(0);
+      acc[s * kCoefficients + k] = V{} * R(0);
     }
     z[2 * s][0] = zi[(b * S + s) * 2];
     z[2 * s + 1][0] = zi[(b * S + s) * 2 + 1];
@@ -537,48 +589,71 @@ inline __attribute__((always_inline)) void AdjointOne(
   const R* cb = ct + b * samples;
   R* rb = out + b * out_length;
   const int64_t blocks = Blocks(samples, block);
-  alignas(32) R lam[S][kPiece];
+  const R* ckb = ck + b * blocks * 2 * S;
+  R* x = scratch;
+  R* lam = scratch + (block + 2) * (S + 1) * W;
   for (int64_t k = blocks - 1; k >= 0; --k) {
     const int64_t t0 = k * block;
     const int64_t t1 = samples - t0 > block ? t0 + block : samples;
-    R h[(S + 1) * 2][1];
-    h[0][0] = t0 >= 1 ? xb[t0 - 1] : R(0);
-    h[1][0] = t0 >= 2 ? xb[t0 - 2] : R(0);
-    const R* at = ck + (b * blocks + k) * 2 * S;
-    for (int j = 0; j < 2 * S; ++j) h[2 + j][0] = at[j];
-    for (int s = 0; s < S; ++s) {
-      scratch[s * stride] = h[2 * (s + 1) + 1][0];
-      scratch[s * stride + 1] = h[2 * (s + 1)][0];
-    }
-    CascadeSpan<R, S, 1, true>(c, z, h, u, nullptr, scratch, stride, 0,
-                               samples, b, t0, t1);
-    for (int64_t e = t1; e > t0; e -= kPiece) {
-      const int64_t s0 = e - t0 > kPiece ? e - kPiece : t0;
-      for (int64_t t = e - 1; t >= s0; --t) {
-        R g = cb[t];
-        for (int s = S - 1; s >= 0; --s) {
-          const R now = g + p[s];
-          g = c[s * kCoefficients][0] * now + q[s];
-          p[s] = -(c[s * kCoefficients + 3][0] * now +
-                   c[s * kCoefficients + 4][0] * l1[s]);
-          q[s] = c[s * kCoefficients + 1][0] * now +
-                 c[s * kCoefficients + 2][0] * l1[s];
-          l2[s] = l1[s];
-          l1[s] = now;
-          lam[s][t - s0] = now;
+    const int64_t group = k - k % W, lane = k - group;
+    if (k == blocks - 1) {
+      const int64_t count = k - group + 1;
+      RecomputeBlocks<R, S>(c, z, xb, ckb, x, samples, group, count, block);
+      // the lanes with no block or past the short block's end sum nothing
+      for (int64_t l = 0; l < W; ++l) {
+        const int64_t from = l >= count ? 0 : l == count - 1 ? t1 - t0 : block;
+        for (int64_t i = from; i < block; ++i) {
+          for (int s = 0; s < S; ++s) lam[(i * S + s) * W + l] = R(0);
         }
-        rb[t] = g;
       }
+    } else if (lane == W - 1) {
+      RecomputeBlocks<R, S>(c, z, xb, ckb, x, samples, group, W, block);
+    }
+    for (int64_t t = t1 - 1; t >= t0; --t) {
+      R g = cb[t];
+      R* at = lam + (t - t0) * S * W + lane;
+      for (int s = S - 1; s >= 0; --s) {
+        const R now = g + p[s];
+        g = c[s * kCoefficients][0] * now + q[s];
+        p[s] = -(c[s * kCoefficients + 3][0] * now +
+                 c[s * kCoefficients + 4][0] * l1[s]);
+        q[s] = c[s * kCoefficients + 1][0] * now +
+               c[s * kCoefficients + 2][0] * l1[s];
+        l2[s] = l1[s];
+        l1[s] = now;
+        at[s * W] = now;
+      }
+      rb[t] = g;
+    }
+    if (lane != 0) continue;
+    // the group's sums: b_k gets lambda[i] x[i - k], a_k -lambda[i] y[i - k]
+    const int64_t end = k == blocks - 1 ? t1 - t0 : block;
+    for (int64_t i = 0; i < end; ++i) {
+      const R* x0 = x + (i + 2) * (S + 1) * W;
+      const R* x1 = x0 - (S + 1) * W;
+      const R* x2 = x1 - (S + 1) * W;
       for (int s = 0; s < S; ++s) {
-        const R* x = s == 0 ? xb + s0 : scratch + (s - 1) * stride + 2 + s0 - t0;
-        const R* y = scratch + s * stride + 2 + s0 - t0;
-        BlockSums<R>(lam[s], x, y, s0, e - s0, acc[s]);
+        V l, u0, u1, u2, y1, y2;
+        std::memcpy(&l, lam + (i * S + s) * W, sizeof(V));
+        std::memcpy(&u0, x0 + s * W, sizeof(V));
+        std::memcpy(&u1, x1 + s * W, sizeof(V));
+        std::memcpy(&u2, x2 + s * W, sizeof(V));
+        std::memcpy(&y1, x1 + (s + 1) * W, sizeof(V));
+        std::memcpy(&y2, x2 + (s + 1) * W, sizeof(V));
+        V* as = acc + s * kCoefficients;
+        as[0] += l * u0;
+        as[1] += l * u1;
+        as[2] += l * u2;
+        as[3] += l * y1;
+        as[4] += l * y2;
       }
     }
   }
   for (int s = 0; s < S; ++s) {
     for (int k = 0; k < kCoefficients; ++k) {
-      rb[samples + s * kCoefficients + k] = acc[s][k];
+      R sum = R(0);
+      for (int l = 0; l < W; ++l) sum += acc[s * kCoefficients + k][l];
+      rb[samples + s * kCoefficients + k] = k < 3 ? sum : -sum;
     }
     rb[samples + kCoefficients * S + 2 * s] = l1[s];
     rb[samples + kCoefficients * S + 2 * s + 1] = l2[s];
@@ -657,6 +732,16 @@ struct Operands {
   int64_t block;
 };
 
+// A scratch buffer of at least n values, the calling thread's own, kept
+// from call to call: reverse mode's is up to some hundred KiB, which a
+// fresh allocation would map and fault in page by page on every call.
+template <typename R>
+R* Scratch(std::size_t n) {
+  static thread_local std::vector<R> buffer;
+  if (buffer.size() < n) buffer.resize(n);
+  return buffer.data();
+}
+
 // Every signal of the batch: W at a time in vector lanes, then one at a
 // time. Checkpoints: a group of W signals keeps its rows of ck as
 // (K, 2 S, W), a signal on its own as (K, 2 S); the reverse mode reads the
@@ -668,14 +753,15 @@ inline __attribute__((always_inline)) void All(const Operands<R>& o) {
   if constexpr (kWide) {
     if (o.ct != nullptr) {
       const int64_t block = o.block;
-      std::vector<R> scratch(
-          (o.batch >= W ? block * S * W : 0) + S * (block + 2));
+      // the lanes' (block, S, W); a signal's W blocks' x and lam (see
+      // `AdjointOne`), (block + 2, S + 1, W) and (block, S, W)
+      R* scratch = Scratch<R>(((block + 2) * (S + 1) + block * S) * W);
       for (; o.batch - first >= W; first += W) {
-        AdjointLanes<R, S>(o.a, o.u, o.zi, o.ck, o.ct, o.y, scratch.data(),
+        AdjointLanes<R, S>(o.a, o.u, o.zi, o.ck, o.ct, o.y, scratch,
                            o.samples, first, block);
       }
       for (; first < o.batch; ++first) {
-        AdjointOne<R, S>(o.a, o.u, o.zi, o.ck, o.ct, o.y, scratch.data(),
+        AdjointOne<R, S>(o.a, o.u, o.zi, o.ck, o.ct, o.y, scratch,
                          o.samples, first, block);
       }
       return;
@@ -700,10 +786,10 @@ inline __attribute__((always_inline)) void Dispatch(const Operands<R>& o) {
   const bool generic =
       o.n > 8 || (!kWide && (o.ct != nullptr || o.ck != nullptr));
   if (generic) {
-    std::vector<R> scratch(o.ct != nullptr ? o.n * (o.block + 2) : 0);
+    R* scratch = o.ct != nullptr ? Scratch<R>(o.n * (o.block + 2)) : nullptr;
     for (int64_t b = 0; b < o.batch; ++b) {
       if (o.ct != nullptr) {
-        AdjointAny<R>(o.a, o.u, o.zi, o.ck, o.ct, o.y, scratch.data(),
+        AdjointAny<R>(o.a, o.u, o.zi, o.ck, o.ct, o.y, scratch,
                       o.samples, b, o.n, o.block);
       } else {
         CascadeAny<R>(o.a, o.u, o.zi, o.y, o.ck, o.samples, b, o.n,

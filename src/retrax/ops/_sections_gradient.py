@@ -19,8 +19,10 @@ structure instead binds three primitives:
   three operands (evaluated by the expansion's JVP, for forward mode);
 - `cotangent_p(a, u, zi, ck, ct)`: its transpose, the kernel's one pass
   backwards in time, a block at a time (the block's section outputs first
-  recomputed from its checkpoint, by the forward pass's own loop, so to the
-  bit), that takes every sample's cotangent through every
+  recomputed from its checkpoint, by the forward pass's arithmetic, so to
+  the bit; a signal on its own recomputes W consecutive blocks at once, in
+  the vector lanes that a batch's group of W signals takes), that takes
+  every sample's cotangent through every
   section and sums the coefficients' cotangents as it goes (the all-pole
   adjoint $\lambda_t = g_t - a_1\lambda_{t+1} - a_2\lambda_{t+2}$, the
   input's cotangent $b_0\lambda_t + b_1\lambda_{t+1} + b_2\lambda_{t+2}$,
@@ -82,8 +84,10 @@ def _expand(a, u, zi):
 
 # Samples per block between the checkpoints of reverse mode: the adjoint
 # kernel's scratch, a block of every section's outputs for a group of signals
-# in vector lanes (BLOCK * S * 32 bytes), stays in a core's L2 cache, and the
-# checkpoints (2 S values a block) are a small part of a signal.
+# in vector lanes (BLOCK * S * 32 bytes; for a signal on its own, W blocks of
+# its input, sections' outputs and cotangents, about BLOCK * (2 S + 1) * 32
+# bytes), stays in a core's L2 cache, and the checkpoints (2 S values a block)
+# are a small part of a signal.
 BLOCK = 1024
 
 
