@@ -38,6 +38,16 @@ namespace {
 
 constexpr int kCoefficients = 5;
 
+// A loop compiled as a function of its own, for AVX2 and FMA, where
+// inlined into the function that dispatches on the number of sections its
+// registers fare worse (a signal's reverse mode, float64: about a third
+// slower).
+#if defined(__x86_64__) && defined(__GNUC__)
+#define RETRAX_SECTIONS_APART __attribute__((noinline, target("avx2,fma")))
+#else
+#define RETRAX_SECTIONS_APART inline
+#endif
+
 // One sample of W signals through S sections. h[k]: the last two values
 // of the signal between sections k - 1 and k (h[0]: the input, h[S]: the
 // output), newest first; `head` >= 0: the sample is one of the first two,
@@ -567,7 +577,7 @@ inline __attribute__((always_inline)) void RecomputeBlocks(
 // cotangents, sums over the group's samples of products of lambda with x,
 // summed in the W lanes at once.
 template <typename R, int S>
-inline __attribute__((always_inline)) void AdjointOne(
+RETRAX_SECTIONS_APART void AdjointOne(
     const R* __restrict__ a, const R* __restrict__ u, const R* __restrict__ zi,
     const R* __restrict__ ck, const R* __restrict__ ct, R* __restrict__ out,
     R* __restrict__ scratch, int64_t samples, int64_t b, int64_t block) {
