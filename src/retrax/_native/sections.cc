@@ -81,8 +81,10 @@ inline __attribute__((always_inline)) void Step(
 // (its output at t0 - 1 and t0 - 2, zero before the start): 2 S values a
 // block and signal, in place of every section's output at every sample.
 // The adjoint goes through the blocks backwards, each first recomputed
-// from its checkpoint into a block-sized scratch (the forward pass's own
-// loop, so the same values to the bit), then run backwards from there.
+// from its checkpoint into a block-sized scratch (the forward pass's
+// arithmetic, so the same values to the bit; a signal on its own
+// recomputes W blocks at once in vector lanes), then run backwards from
+// there.
 // Layout, a signal on its own: (K, 2 S) for K = ceil(T / block) blocks; a
 // group of W signals in vector lanes: their rows hold (K, 2 S, W).
 inline int64_t Blocks(int64_t samples, int64_t block) {
