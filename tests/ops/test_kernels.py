@@ -38,7 +38,7 @@ def _allpole_uses_kernel(dtype=jnp.float64) -> bool:
 def _sections_use_kernel(dtype=jnp.float64) -> bool:
     """Whether the CPU program of a 3-section `sosfilt` makes one pass (one
     call of the cascade kernel) and its gradient one pass forward (the
-    cascade kernel keeping every section's output) and one backward (the
+    cascade kernel keeping checkpoints) and one backward (the
     cascade's adjoint kernel), with no section-by-section all-pole filter."""
     x = jnp.linspace(0.0, 1.0, 8, dtype=dtype)
     sos = jnp.asarray([[1.0, 0.5, 0.25, 1.0, -0.5, 0.1]] * 3, dtype)

@@ -825,11 +825,12 @@ def _adjoint_cases(length=100):
          {(n,), (n, 2), (2,), ()}),
         ("lfilter", lfilter, (jnp.asarray(b), jnp.asarray(a), x), 1, 2,
          {(n,), (n, 2), (2,), (3,), ()}),
-        # the sections' kernels: one pass each way, every section's output
-        # kept (2, n); elsewhere the sections run as a scan over them, a
-        # residual of each stacked along a leading axis of the 2 sections
+        # the sections' kernels: one pass each way, the checkpoints kept
+        # (one block, 2 values of each of the 2 sections: (1, 4)); elsewhere
+        # the sections run as a scan over them, a residual of each stacked
+        # along a leading axis of the 2 sections
         ("sosfilt", sosfilt, (sos, x), 1, 2,
-         {(n,), (2, n), (2, 1), (2, 5), (2, 6), (4,), ()})
+         {(n,), (1, 4), (2, 1), (2, 5), (2, 6), (4,), ()})
         if _native.available("allpole")
         else ("sosfilt", sosfilt, (sos, x), 2, 2,
               {(n,), (n, 2), (2,), (), (2, n), (2, n, 2), (2, 2), (2, 1),

@@ -346,9 +346,9 @@ def test_gradients_run_the_adjoint_filter():
     jaxpr = jax.make_jaxpr(grad)(sos, x).jaxpr
     eqns = allpole_eqns_in(jaxpr)
     if _native.available("allpole"):
-        # the sections' kernels: one pass forward keeping every section's
-        # output, one backward through every section (the batch of 3 signals
-        # in one call each)
+        # the sections' kernels: one pass forward keeping checkpoints, one
+        # backward through every section (the batch of 3 signals in one call
+        # each)
         assert len(primitive_eqns_in(jaxpr, saved_p)) == 1
         assert len(primitive_eqns_in(jaxpr, cotangent_p)) == 1
         assert not eqns and not scans_in(jaxpr)

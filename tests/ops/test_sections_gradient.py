@@ -88,6 +88,124 @@ def test_cascade_gradient_float32_lanes():
     _close(got, want, 2e-4)
 
 
+BLOCK = _sections_gradient.BLOCK
+# lengths around the checkpoints' blocks: none, one sample, a block but one,
+# a block, a block and one, several blocks with a short last one
+_LENGTHS = (0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 17)
+
+
+def _block_cases():
+    default = {(8, "float64", BLOCK + 1), (1, "float32", 3 * BLOCK + 17)}
+    return [
+        pytest.param(
+            n, dtype, length, marks=() if (n, dtype, length) in default else FULL
+        )
+        for n in range(1, 9)
+        for dtype in ("float64", "float32")
+        for length in _LENGTHS
+    ]
+
+
+def _block_gradients(n_sections, dtype, shape, seed):
+    """The kernel's gradient and the expansion's in float64 (the derivative
+    the float32 one rounds), with an initial state."""
+    rng = np.random.default_rng(seed)
+    c = _coefficients(n_sections, dtype)
+    zi = jnp.asarray(rng.standard_normal(2 * n_sections), dtype)
+    x = jnp.asarray(rng.standard_normal(shape), dtype)
+    w = jnp.asarray(rng.standard_normal(shape), dtype)
+    run = jax.vmap(sections_recurrence, in_axes=(None, 0, None))
+    got = jax.jit(jax.grad(_cascade_loss(run, w), argnums=(0, 1, 2)))(c, x, zi)
+    wide = [jnp.asarray(v, jnp.float64) for v in (c, x, zi, w)]
+    reference = jax.grad(_cascade_loss(_expansion, wide[3]), argnums=(0, 1, 2))
+    want = jax.jit(reference)(*wide[:3])
+    return got, jax.tree.map(lambda v: v.astype(dtype), want)
+
+
+@pytest.mark.parametrize("n_sections, dtype, length", _block_cases())
+def test_cascade_gradient_over_checkpointed_blocks(n_sections, dtype, length):
+    # a group of signals in vector lanes and one signal on its own, each
+    # recomputed a block at a time from its checkpoints
+    lanes = 32 // np.dtype(dtype).itemsize
+    got, want = _block_gradients(
+        n_sections, dtype, (lanes + 1, length), seed=n_sections + length
+    )
+    _close(got, want, 1e-12 if dtype == "float64" else 2e-4)
+
+
+@pytest.mark.parametrize(
+    "n_sections, dtype, batch, blocks, tail",
+    [
+        # two lane groups of blocks, the last of two with a short block
+        (2, "float32", 1, 10, 17),
+        pytest.param(8, "float64", 2, 6, 1, marks=FULL),
+        # whole groups, the last block whole
+        pytest.param(4, "float64", 1, 8, 0, marks=FULL),
+        # a group of signals in lanes and one left over, three groups of
+        # blocks, the last of one short block
+        pytest.param(5, "float32", 9, 17, 1000, marks=FULL),
+    ],
+)
+def test_cascade_gradient_of_a_signal_over_lane_groups_of_blocks(
+    n_sections, dtype, batch, blocks, tail
+):
+    # a signal on its own recomputes W blocks at once in vector lanes
+    # (W = 8 in float32, 4 in float64)
+    length = (blocks - (tail > 0)) * BLOCK + tail
+    got, want = _block_gradients(n_sections, dtype, (batch, length), seed=blocks + tail)
+    _close(got, want, 1e-12 if dtype == "float64" else 2e-4)
+
+
+@pytest.mark.parametrize(
+    "n_sections", [pytest.param(3, marks=FULL), 8, pytest.param(9, marks=FULL)]
+)
+@pytest.mark.parametrize("dtype", ["float64", pytest.param("float32", marks=FULL)])
+def test_cascade_gradient_batch_of_whole_lane_groups(n_sections, dtype):
+    lanes = 32 // np.dtype(dtype).itemsize
+    got, want = _block_gradients(
+        n_sections, dtype, (2 * lanes, 2 * BLOCK + 5), seed=n_sections
+    )
+    _close(got, want, 1e-12 if dtype == "float64" else 2e-4)
+
+
+def test_saved_checkpoints_do_not_grow_with_sections_times_length():
+    # reverse mode keeps the output and 2 S values a block, never a signal
+    # per section
+    n_sections, length = 8, 10 * BLOCK + 3
+    c = _coefficients(n_sections, jnp.float32)
+    x = jnp.ones((3, length), jnp.float32)
+    zi = jnp.zeros(2 * n_sections, jnp.float32)
+    run = jax.vmap(sections_recurrence, in_axes=(None, 0, None))
+    grad = jax.grad(lambda c, x: jnp.sum(run(c, x, zi) ** 2), argnums=(0, 1))
+    jaxpr = jax.make_jaxpr(grad)(c, x).jaxpr
+    saved = [e for e in jaxpr.eqns if e.primitive is _sections_gradient.saved_p]
+    if not _native.available("allpole"):
+        # without the kernels the expansion differentiates the cascade
+        assert not saved
+        return
+    assert saved[0].outvars[1].aval.shape == (3, 11, 2 * n_sections)
+    # nothing in the gradient's program is as large as a signal per section
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            assert var.aval.size < n_sections * x.size
+    text = jax.jit(grad).lower(c, x).as_text()
+    assert "tensor<3x11x16xf32>" in text
+    assert f"tensor<3x{n_sections}x{length}xf32>" not in text
+
+
+def test_kernel_checkpoints_are_the_references():
+    # a signal on its own: the kernel lays its checkpoints out as the
+    # reference does (every section's outputs before each block's start)
+    rng = np.random.default_rng(3)
+    c = _coefficients(3, jnp.float64)
+    x = jnp.asarray(rng.standard_normal(2 * BLOCK + 7))
+    zi = jnp.asarray(rng.standard_normal(6))
+    got = jax.jit(_sections_gradient.saved_p.bind)(c, x, zi)
+    want = _sections_gradient._saved_reference(c, x, zi)
+    assert got[1].shape == want[1].shape == (3, 6)
+    _close(got, want, 1e-12)
+
+
 @pytest.mark.parametrize("n_sections", [2, 9])
 def test_cascade_forward_mode_and_second_derivatives(n_sections):
     rng = np.random.default_rng(1)
