@@ -128,6 +128,26 @@ inline __attribute__((always_inline)) void CascadeSpan(
   }
 }
 
+// The coefficients and initial states of W signals `first .. first + W - 1`
+// into lanes (`c[row][l]`, `z[row][l]` for signal first + l): arrays of
+// W values a row, or vectors of W lanes.
+template <typename R, int S, int W, typename C, typename Z>
+inline __attribute__((always_inline)) void LoadGroup(const R* __restrict__ a,
+                                                     const R* __restrict__ zi,
+                                                     int64_t first, C& c,
+                                                     Z& z) {
+  for (int l = 0; l < W; ++l) {
+    const int64_t b = first + l;
+    for (int s = 0; s < S; ++s) {
+      for (int k = 0; k < kCoefficients; ++k) {
+        c[s * kCoefficients + k][l] = a[(b * S + s) * kCoefficients + k];
+      }
+      z[2 * s][l] = zi[(b * S + s) * 2];
+      z[2 * s + 1][l] = zi[(b * S + s) * 2 + 1];
+    }
+  }
+}
+
 // W signals `first .. first + W - 1`, with S sections known at compile
 // time, so that the histories stay in registers. With `ck`, also the
 // checkpoints of reverse mode (see `Blocks`) into ck, (K, 2 S) a signal.
@@ -138,15 +158,8 @@ inline __attribute__((always_inline)) void Cascade(
     bool final_state, int64_t block) {
   const int64_t out_length = samples + (final_state ? 2 * S : 0);
   R c[S * kCoefficients][W], z[S * 2][W], h[(S + 1) * 2][W];
+  LoadGroup<R, S, W>(a, zi, first, c, z);
   for (int l = 0; l < W; ++l) {
-    const int64_t b = first + l;
-    for (int s = 0; s < S; ++s) {
-      for (int k = 0; k < kCoefficients; ++k) {
-        c[s * kCoefficients + k][l] = a[(b * S + s) * kCoefficients + k];
-      }
-      z[2 * s][l] = zi[(b * S + s) * 2];
-      z[2 * s + 1][l] = zi[(b * S + s) * 2 + 1];
-    }
     for (int k = 0; k < 2 * (S + 1); ++k) h[k][l] = R(0);
   }
   if (ck == nullptr) {
@@ -231,17 +244,7 @@ template <typename R, int S, typename V>
 inline __attribute__((always_inline)) void LoadLanes(
     const R* __restrict__ a, const R* __restrict__ zi, int64_t first,
     V (&c)[S * kCoefficients], V (&z)[S * 2]) {
-  constexpr int W = 32 / sizeof(R);
-  for (int l = 0; l < W; ++l) {
-    const int64_t b = first + l;
-    for (int s = 0; s < S; ++s) {
-      for (int k = 0; k < kCoefficients; ++k) {
-        c[s * kCoefficients + k][l] = a[(b * S + s) * kCoefficients + k];
-      }
-      z[2 * s][l] = zi[(b * S + s) * 2];
-      z[2 * s + 1][l] = zi[(b * S + s) * 2 + 1];
-    }
-  }
+  LoadGroup<R, S, 32 / sizeof(R)>(a, zi, first, c, z);
 }
 
 // W = 32 / sizeof(R) signals `first .. first + W - 1` at once, each value a
