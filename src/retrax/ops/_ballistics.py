@@ -79,15 +79,16 @@ def _held_jvp(primals, tangents):
 
 def _held_batch(args, dims):
     size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
-    pairs = list(zip(args, dims, strict=True))
-    front = [batching.bdim_at_front(a, d, size) for a, d in pairs]
+    front = [
+        batching.bdim_at_front(a, d, size) for a, d in zip(args, dims, strict=True)
+    ]
     # an operand broadcast along the batch takes the batch's sharding (with an
     # explicit mesh, the tangent's `vmap` needs its operands sharded alike)
-    like = next(a for a, (_, d) in zip(front, pairs, strict=True) if d is not None)
+    like = next(a for a, d in zip(front, dims, strict=True) if d is not None)
     like = jnp.sum(jnp.zeros_like(like), axis=tuple(range(1, like.ndim)))
     front = [
         a if d is not None else a + like.reshape(like.shape + (1,) * (a.ndim - 1))
-        for a, (_, d) in zip(front, pairs, strict=True)
+        for a, d in zip(front, dims, strict=True)
     ]
     return held_p.bind(*front), 0
 
@@ -98,7 +99,7 @@ batching.primitive_batchers[held_p] = _held_batch
 
 def _ballistics(x: Array, at: Array, rt: Array, zi: Array) -> Array:
     # One pass of the switched recursion gives the values; derivatives of
-    # every order run on the core with its decisions held (see `_held`).
+    # every order run on the core with its decisions held (see `held_p`).
     y = _switched(*(lax.stop_gradient(v) for v in (x, at, rt, zi)))
     at, rt = (jnp.broadcast_to(c, x.shape) for c in (at, rt))
     return held_p.bind(y, x, at, rt, zi)

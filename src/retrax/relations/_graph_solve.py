@@ -108,7 +108,7 @@ def _newton_step(graph, state: _NewtonState, tol, kind, jacobian_dtype):
     small = size <= tol * (1 + jnp.max(jnp.abs(x)))
     # Armijo backtracking on half the squared gradient; a step within the
     # tolerance is taken whole (one trial)
-    alpha, g_new, _ = backtrack(graph.gradient, x, delta, g, _HALVINGS, whole=small)
+    alpha, g_new = backtrack(graph.gradient, x, delta, g, _HALVINGS, whole=small)
     inf = jnp.asarray(jnp.inf, dtype)
     return _NewtonState(
         x=jnp.where(finite, x + alpha * delta, x),

@@ -10,7 +10,7 @@ decrease is $\phi(y + \alpha d) \le (1 - 2c\alpha)\,\phi(y)$.
 
 import jax.numpy as jnp
 from jax import lax
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Bool, Float
 
 
 # Armijo's constant c: the least fraction of the predicted decrease a step keeps.
@@ -25,7 +25,7 @@ def backtrack(
     max_halvings: int,
     active: Bool[Array, ""] | bool = True,
     whole: Bool[Array, ""] | bool = False,
-) -> tuple[Float[Array, ""], Float[Array, " n"], Int[Array, ""]]:
+) -> tuple[Float[Array, ""], Float[Array, " n"]]:
     r"""Armijo backtracking along `direction` from `y`, whose residual is `r0`.
 
     Tries $\alpha = 1, \tfrac12, \dots, 2^{-\text{max\_halvings}}$ (each trial
@@ -39,8 +39,8 @@ def backtrack(
     caller caps instead); `whole` True takes the first trial whatever its
     merit (a step already within the tolerance).
 
-    Returns $\alpha$, the residual at $y + \alpha d$ (`r0` when no trial ran)
-    and the number of trials; the program holds one copy of `residual`.
+    Returns $\alpha$ and the residual at $y + \alpha d$ (`r0` when no trial
+    ran); the program holds one copy of `residual`.
     """
     dtype = y.dtype
     active, whole = jnp.asarray(active, bool), jnp.asarray(whole, bool)
@@ -67,7 +67,7 @@ def backtrack(
 
     one = jnp.ones((), dtype)
     untried = jnp.asarray(jnp.inf, phi0.dtype)
-    k, alpha, _, r = lax.while_loop(
+    _, alpha, _, r = lax.while_loop(
         keep_going, trial, (jnp.zeros((), jnp.int32), one, untried, r0)
     )
-    return alpha, r, k
+    return alpha, r

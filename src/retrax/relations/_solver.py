@@ -27,6 +27,16 @@ class _GuardedState(eqx.Module):
     y: Float[Array, " n"]
 
 
+def _residual(fn, args):
+    """`fn`'s residual at a point, without its auxiliary output."""
+
+    def residual(y):
+        out, _ = fn(y, args)
+        return out
+
+    return residual
+
+
 def _fixed_mask(options: dict[str, Any], y: Array) -> Array:
     fixed = options.get("fixed")
     if fixed is None:
@@ -180,9 +190,7 @@ class GuardedNewton(optx.AbstractRootFinder):
         dtype = y.dtype
         n = y.shape[0]
 
-        def res(_y):
-            out, _ = fn(_y, args)
-            return out
+        res = _residual(fn, args)
 
         if self.matrix_free:
             f, jvp = jax.linearize(res, y)
@@ -252,10 +260,7 @@ class GuardedNewton(optx.AbstractRootFinder):
             mu = jnp.maximum(2 * jnp.maximum(-state.lmin, 0), floor)
             shift = jnp.where(newton | fixed, jnp.zeros((), dtype), mu).astype(dtype)
 
-            def res(_y):
-                out, _ = fn(_y, args)
-                return out
-
+            res = _residual(fn, args)
             _, jvp = jax.linearize(res, y)
             operator = lx.FunctionLinearOperator(
                 lambda v: jvp(v) + shift * v, jax.eval_shape(lambda: y)
@@ -304,13 +309,9 @@ class GuardedNewton(optx.AbstractRootFinder):
         ok = result == optx.RESULTS.successful
         d = jnp.where(fixed | ~ok, jnp.zeros((), dtype), d)
 
-        def residual(_y):
-            out, _ = fn(_y, args)
-            return out
-
         # a Newton step is backtracked; a regularised or escape step is not
-        alpha, _, _ = backtrack(
-            residual, y, d, state.f, self.max_backtracks, active=newton
+        alpha, _ = backtrack(
+            _residual(fn, args), y, d, state.f, self.max_backtracks, active=newton
         )
         new_y = y + alpha * d
         new_state = self._evaluate(fn, new_y, args, fixed, result)
