@@ -92,28 +92,17 @@ inline int64_t Blocks(int64_t samples, int64_t block) {
 }
 
 // Samples t0 .. t1 - 1 of W signals `first ..` through S sections (state
-// in c, z, h as `Step` keeps it): with kScratch every section's output into
-// scratch, for section s of signal l at ((l S + s) stride + 2 + t - t0)
-// (the two slots before: its outputs at t0 - 2 and t0 - 1), else the output
-// into y.
-template <typename R, int S, int W, bool kScratch>
+// in c, z, h as `Step` keeps it), the output into y.
+template <typename R, int S, int W>
 inline __attribute__((always_inline)) void CascadeSpan(
     const R (&c)[S * kCoefficients][W], const R (&z)[S * 2][W],
     R (&h)[(S + 1) * 2][W], const R* __restrict__ u, R* __restrict__ y,
-    R* __restrict__ scratch, int64_t stride, int64_t out_length,
-    int64_t samples, int64_t first, int64_t t0, int64_t t1) {
+    int64_t out_length, int64_t samples, int64_t first, int64_t t0,
+    int64_t t1) {
   const int64_t head = t1 < 2 ? t1 : 2;
   R v[W];
   auto store = [&](int64_t t) {
-    for (int l = 0; l < W; ++l) {
-      if constexpr (kScratch) {
-        for (int s = 0; s < S; ++s) {
-          scratch[(l * S + s) * stride + 2 + t - t0] = h[2 * (s + 1)][l];
-        }
-      } else {
-        y[(first + l) * out_length + t] = v[l];
-      }
-    }
+    for (int l = 0; l < W; ++l) y[(first + l) * out_length + t] = v[l];
   };
   int64_t t = t0;
   for (; t < head; ++t) {
@@ -163,8 +152,8 @@ inline __attribute__((always_inline)) void Cascade(
     for (int k = 0; k < 2 * (S + 1); ++k) h[k][l] = R(0);
   }
   if (ck == nullptr) {
-    CascadeSpan<R, S, W, false>(c, z, h, u, y, nullptr, 0, out_length,
-                                samples, first, 0, samples);
+    CascadeSpan<R, S, W>(c, z, h, u, y, out_length, samples, first, 0,
+                         samples);
   } else {
     const int64_t blocks = Blocks(samples, block);
     for (int64_t k = 0; k < blocks; ++k) {
@@ -174,8 +163,8 @@ inline __attribute__((always_inline)) void Cascade(
       }
       const int64_t t0 = k * block;
       const int64_t t1 = samples - t0 > block ? t0 + block : samples;
-      CascadeSpan<R, S, W, false>(c, z, h, u, y, nullptr, 0, out_length,
-                                  samples, first, t0, t1);
+      CascadeSpan<R, S, W>(c, z, h, u, y, out_length, samples, first, t0,
+                           t1);
     }
   }
   if (!final_state) return;
