@@ -25,6 +25,7 @@ from helpers import (
 )
 from retrax import _native, ops
 from retrax.ops._sections_gradient import cotangent_p, saved_p
+from retrax.ops._sections_structure import kernel_applies
 
 
 # Rerun by CI with the compiled kernels disabled (RETRAX_DISABLE_KERNELS=1).
@@ -902,21 +903,68 @@ def test_time_first_signals_match_scipy_in_chunks(monkeypatch, dtype):
 
 
 def test_time_first_signals_move_chunks_not_the_signal(monkeypatch):
-    """The chunked route transposes chunks, never the whole signal (as
-    `axis=-1` of the same signal stored channels-first transposes nothing)."""
+    """The chunked route (a stream with `zi`, and without the cascade's
+    kernel every long time-first signal) transposes chunks, never the whole
+    signal (as `axis=-1` of the same signal stored channels-first transposes
+    nothing). With the kernel, a signal without `zi` is not chunked: the
+    kernel reads it where it lies (the next test)."""
     _small_chunks(monkeypatch)
     sos = jnp.asarray(ss.butter(2, 0.3, output="sos"))
-    for axis, shape in [(0, (51, 2)), (0, (51, 1)), (-1, (2, 51))]:
+    in_place = kernel_applies(jnp.float64)
+    for axis, shape, with_zi in [
+        (0, (51, 2), False),
+        (0, (51, 1), False),
+        (0, (51, 2), True),
+        (-1, (2, 51), False),
+    ]:
         x = jnp.zeros(shape)
-        f = functools.partial(ops.sosfilt, axis=axis)
+        zi = jnp.zeros(
+            (1,) + tuple(2 if i == axis % 2 else n for i, n in enumerate(shape))
+        )
+        f = functools.partial(ops.sosfilt, axis=axis, zi=zi if with_zi else None)
         jaxpr = jax.make_jaxpr(f)(sos, x).jaxpr
+        chunked = axis == 0 and (with_zi or not in_place)
         moved = [
             eqn
             for eqn in primitive_eqns_in(jaxpr, jax.lax.transpose_p)
             if eqn.invars[0].aval.size >= x.size
         ]
-        assert not moved, (axis, shape)
-        assert bool(scans_in(jaxpr)) == (axis == 0)  # the loop over chunks
+        if chunked or axis != 0:
+            assert not moved, (axis, shape)
+        assert bool(scans_in(jaxpr)) == chunked, (axis, shape, with_zi)
+
+
+@pytest.mark.skipif(
+    not _native.available("allpole"), reason="the compiled kernel's layouts"
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_time_first_signals_are_filtered_where_they_lie(dtype):
+    """With the compiled kernel, `sosfilt` along `axis=0` of a time-first
+    array (stereo `(T, 2)`, as soundfile returns a file; channels of several
+    axes; more channels than vector lanes; more sections than the kernel
+    specialises) compiles to the kernel reading the array as it lies and
+    writing the result as it is returned: the optimised program has no
+    transpose or copy of the signal. The values are scipy's, eagerly and
+    under `jax.jit`."""
+    rng = np.random.default_rng(11)
+    for order, shape in [(4, (70_001, 2)), (4, (301, 3, 2)), (18, (300, 9))]:
+        sos = ss.butter(order, 0.2, output="sos").astype(dtype)
+        jitted = jax.jit(functools.partial(ops.sosfilt, axis=0))
+        text = jitted.lower(sos, jnp.zeros(shape, dtype)).compile().as_text()
+        assert "retrax_sections" in text
+        length = f"{shape[0]}"
+        moved = [
+            line
+            for line in text.splitlines()
+            if (" transpose(" in line or " copy(" in line) and length in line
+        ]
+        assert not moved, (shape, moved)
+        x = rng.standard_normal(shape).astype(dtype)
+        want = ss.sosfilt(sos.astype(np.float64), x.astype(np.float64), axis=0)
+        for sosfilt in (functools.partial(ops.sosfilt, axis=0), jitted):
+            y = sosfilt(sos, x)
+            assert y.dtype == dtype and y.shape == shape
+            assert_close(y, want, _tol(dtype))
 
 
 @pytest.mark.full

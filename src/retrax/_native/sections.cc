@@ -17,7 +17,8 @@
 // Operands, in the caller's batch-major layout: a (B, S, 5), u (B, T),
 // zi (B, 2 S) (section s's state at 2 s, 2 s + 1), y (B, T), or with
 // `final_state` y (B, T + 2 S): the output followed by the final state, in
-// zi's layout.
+// zi's layout. With `time_major` (the plain cascade only), u and y (T, B):
+// a time-first signal's channels as they lie (see `AllColumns`).
 //
 // One signal is a chain of dependent multiply-adds whose sections the CPU
 // overlaps across samples; a batch advances W signals at once in SIMD lanes.
@@ -190,6 +191,29 @@ inline __attribute__((always_inline)) void Cascade(
   }
 }
 
+// One sample t of a group's W signals in vector lanes (each value V a
+// vector of their W lanes) through S sections, as `Step` computes it: the
+// input v in, the output out, the histories h moved on.
+template <int S, typename V>
+inline __attribute__((always_inline)) V LanesStep(
+    const V (&c)[S * kCoefficients], const V (&z)[S * 2], V (&h)[(S + 1) * 2],
+    V v, int64_t t) {
+  for (int s = 0; s < S; ++s) {
+    V rest = c[s * kCoefficients + 1] * h[2 * s] +
+             c[s * kCoefficients + 2] * h[2 * s + 1] -
+             c[s * kCoefficients + 4] * h[2 * s + 3];
+    if (t < 2) rest += z[2 * s + t];
+    const V o = (c[s * kCoefficients] * v + rest) -
+                c[s * kCoefficients + 3] * h[2 * s + 2];
+    h[2 * s + 1] = h[2 * s];
+    h[2 * s] = v;
+    v = o;
+  }
+  h[2 * S + 1] = h[2 * S];
+  h[2 * S] = v;
+  return v;
+}
+
 // Samples t0 .. t1 - 1 of W = 32 / sizeof(R) signals in vector lanes (the
 // inputs at in[l], each value V a vector of their W lanes) through S
 // sections: with kScratch every section's output into scratch, laid out
@@ -204,19 +228,7 @@ inline __attribute__((always_inline)) void LanesSpan(
   for (int64_t t = t0; t < t1; ++t) {
     V v;
     for (int l = 0; l < W; ++l) v[l] = in[l][t];
-    for (int s = 0; s < S; ++s) {
-      V rest = c[s * kCoefficients + 1] * h[2 * s] +
-               c[s * kCoefficients + 2] * h[2 * s + 1] -
-               c[s * kCoefficients + 4] * h[2 * s + 3];
-      if (t < 2) rest += z[2 * s + t];
-      const V o = (c[s * kCoefficients] * v + rest) -
-                  c[s * kCoefficients + 3] * h[2 * s + 2];
-      h[2 * s + 1] = h[2 * s];
-      h[2 * s] = v;
-      v = o;
-    }
-    h[2 * S + 1] = h[2 * S];
-    h[2 * S] = v;
+    v = LanesStep<S>(c, z, h, v, t);
     if constexpr (kScratch) {
       R* at = scratch + (t - t0) * S * W;
       for (int s = 0; s < S; ++s) {
@@ -291,6 +303,28 @@ inline __attribute__((always_inline)) void CascadeLanes(
   }
 }
 
+// One sample t of one signal through `n` sections (coefficients ab,
+// initial state zb, histories h as `Step` keeps them): the input v in, the
+// output out.
+template <typename R>
+inline __attribute__((always_inline)) R AnyStep(const R* __restrict__ ab,
+                                                const R* __restrict__ zb,
+                                                R* __restrict__ h, R v,
+                                                int64_t n, int64_t t) {
+  for (int64_t s = 0; s < n; ++s) {
+    const R* cs = ab + s * kCoefficients;
+    R rest = cs[1] * h[2 * s] + cs[2] * h[2 * s + 1] - cs[4] * h[2 * s + 3];
+    if (t < 2) rest += zb[2 * s + t];
+    const R out = (cs[0] * v + rest) - cs[3] * h[2 * s + 2];
+    h[2 * s + 1] = h[2 * s];
+    h[2 * s] = v;
+    v = out;
+  }
+  h[2 * n + 1] = h[2 * n];
+  h[2 * n] = v;
+  return v;
+}
+
 // Samples t0 .. t1 - 1 of one signal with any number of sections `n`
 // (coefficients ab, initial state zb, histories h as `Step` keeps them):
 // with kScratch every section's output into scratch at
@@ -301,20 +335,14 @@ inline __attribute__((always_inline)) void AnySpan(
     const R* __restrict__ ub, R* __restrict__ yb, R* __restrict__ scratch,
     int64_t stride, int64_t n, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {
-    R v = ub[t];
-    for (int64_t s = 0; s < n; ++s) {
-      const R* cs = ab + s * kCoefficients;
-      R rest = cs[1] * h[2 * s] + cs[2] * h[2 * s + 1] - cs[4] * h[2 * s + 3];
-      if (t < 2) rest += zb[2 * s + t];
-      const R out = (cs[0] * v + rest) - cs[3] * h[2 * s + 2];
-      h[2 * s + 1] = h[2 * s];
-      h[2 * s] = v;
-      v = out;
-      if constexpr (kScratch) scratch[s * stride + 2 + t - t0] = out;
+    const R v = AnyStep<R>(ab, zb, h, ub[t], n, t);
+    if constexpr (kScratch) {
+      for (int64_t s = 0; s < n; ++s) {
+        scratch[s * stride + 2 + t - t0] = h[2 * s + 2];
+      }
+    } else {
+      yb[t] = v;
     }
-    h[2 * n + 1] = h[2 * n];
-    h[2 * n] = v;
-    if constexpr (!kScratch) yb[t] = v;
   }
 }
 
@@ -718,6 +746,91 @@ void AdjointAny(const R* __restrict__ a, const R* __restrict__ u,
   }
 }
 
+// ---------------------------------------------------------------- time-major
+//
+// The plain cascade (no final state, no checkpoints) of a batch stored
+// time-major, as a time-first signal's channels lie (`axis=0`, a (T, C)
+// array): sample t of signal b at `t * columns + b`, `columns` the whole
+// batch's width (a chunk of the batch starts at its own first column). The
+// same arithmetic as `Cascade`, sample by sample, so the same values to the
+// bit; only the addresses differ. The signals of a group of W lanes are
+// adjacent in memory at every sample: one vector load and store a sample.
+
+// W signals `first .. first + W - 1`, one value of each in an array of W.
+template <typename R, int S, int W>
+inline __attribute__((always_inline)) void CascadeColumns(
+    const R* __restrict__ a, const R* __restrict__ u, const R* __restrict__ zi,
+    R* __restrict__ y, int64_t samples, int64_t columns, int64_t first) {
+  R c[S * kCoefficients][W], z[S * 2][W], h[(S + 1) * 2][W];
+  LoadGroup<R, S, W>(a, zi, first, c, z);
+  for (int l = 0; l < W; ++l) {
+    for (int k = 0; k < 2 * (S + 1); ++k) h[k][l] = R(0);
+  }
+  const int64_t head = samples < 2 ? samples : 2;
+  R v[W];
+  int64_t t = 0;
+  for (; t < head; ++t) {
+    for (int l = 0; l < W; ++l) v[l] = u[t * columns + first + l];
+    Step<R, S, W, true>(c, z, h, v, static_cast<int>(t));
+    for (int l = 0; l < W; ++l) y[t * columns + first + l] = v[l];
+  }
+  for (; t < samples; ++t) {
+    for (int l = 0; l < W; ++l) v[l] = u[t * columns + first + l];
+    Step<R, S, W, false>(c, z, h, v, -1);
+    for (int l = 0; l < W; ++l) y[t * columns + first + l] = v[l];
+  }
+}
+
+// W = 32 / sizeof(R) signals in vector lanes (as `CascadeLanes`).
+template <typename R, int S>
+inline __attribute__((always_inline)) void LanesColumns(
+    const R* __restrict__ a, const R* __restrict__ u, const R* __restrict__ zi,
+    R* __restrict__ y, int64_t samples, int64_t columns, int64_t first) {
+  typedef R V __attribute__((vector_size(32)));
+  V c[S * kCoefficients], z[S * 2], h[(S + 1) * 2];
+  LoadLanes<R, S>(a, zi, first, c, z);
+  for (int k = 0; k < 2 * (S + 1); ++k) h[k] = V{} * R(0);
+  for (int64_t t = 0; t < samples; ++t) {
+    V v;
+    std::memcpy(&v, u + t * columns + first, sizeof(V));
+    v = LanesStep<S>(c, z, h, v, t);
+    std::memcpy(y + t * columns + first, &v, sizeof(V));
+  }
+}
+
+// One signal b with any number of sections `n` (as `CascadeAny`).
+template <typename R>
+inline __attribute__((always_inline)) void AnyColumn(
+    const R* __restrict__ a, const R* __restrict__ u, const R* __restrict__ zi,
+    R* __restrict__ y, int64_t samples, int64_t columns, int64_t b,
+    int64_t n) {
+  const R* ab = a + b * n * kCoefficients;
+  const R* zb = zi + b * n * 2;
+  std::vector<R> h_(2 * (n + 1), R(0));
+  R* __restrict__ h = h_.data();
+  for (int64_t t = 0; t < samples; ++t) {
+    y[t * columns + b] = AnyStep<R>(ab, zb, h, u[t * columns + b], n, t);
+  }
+}
+
+// Every signal of a time-major batch: W at a time in vector lanes, then one
+// at a time (`kWide`: the loops for AVX2 and FMA).
+template <typename R, int S, bool kWide>
+inline __attribute__((always_inline)) void AllColumns(
+    const R* a, const R* u, const R* zi, R* y, int64_t samples,
+    int64_t columns, int64_t batch) {
+  constexpr int W = 32 / sizeof(R);
+  int64_t first = 0;
+  if constexpr (kWide) {
+    for (; batch - first >= W; first += W) {
+      LanesColumns<R, S>(a, u, zi, y, samples, columns, first);
+    }
+  }
+  for (; first < batch; ++first) {
+    CascadeColumns<R, S, 1>(a, u, zi, y, samples, columns, first);
+  }
+}
+
 // The operands of one call: the forward cascade (`ct` null; with `ck`, the
 // checkpoints of reverse mode, see `Blocks`) or its reverse mode (`ct` the
 // output's cotangent, `ck` the checkpoints, `y` the cotangents).
@@ -734,6 +847,9 @@ struct Operands {
   int64_t n;
   bool final_state;
   int64_t block;
+  // > 0: u and y time-major, `columns` signals to a row (see `AllColumns`);
+  // the plain forward cascade only
+  int64_t columns;
 };
 
 // A scratch buffer of at least n values, the calling thread's own, kept
@@ -787,6 +903,27 @@ inline __attribute__((always_inline)) void All(const Operands<R>& o) {
 // that the library compiles each specialised loop once.
 template <typename R, bool kWide>
 inline __attribute__((always_inline)) void Dispatch(const Operands<R>& o) {
+  if (o.columns > 0) {
+    switch (o.n) {
+#define RETRAX_COLUMNS_CASE(K)                                          \
+  case K:                                                               \
+    return AllColumns<R, K, kWide>(o.a, o.u, o.zi, o.y, o.samples,      \
+                                   o.columns, o.batch);
+      RETRAX_COLUMNS_CASE(1)
+      RETRAX_COLUMNS_CASE(2)
+      RETRAX_COLUMNS_CASE(3)
+      RETRAX_COLUMNS_CASE(4)
+      RETRAX_COLUMNS_CASE(5)
+      RETRAX_COLUMNS_CASE(6)
+      RETRAX_COLUMNS_CASE(7)
+      RETRAX_COLUMNS_CASE(8)
+#undef RETRAX_COLUMNS_CASE
+    }
+    for (int64_t b = 0; b < o.batch; ++b) {
+      AnyColumn<R>(o.a, o.u, o.zi, o.y, o.samples, o.columns, b, o.n);
+    }
+    return;
+  }
   const bool generic =
       o.n > 8 || (!kWide && (o.ct != nullptr || o.ck != nullptr));
   if (generic) {
@@ -852,11 +989,11 @@ void Run(ffi::ThreadPool& pool, const Operands<R>& whole,
   retrax::ParallelChunks(pool, whole.batch, [&](int64_t first, int64_t count) {
     Operands<R> o = whole;
     o.a += first * n * kCoefficients;
-    o.u += first * samples;
+    o.u += o.columns > 0 ? first : first * samples;
     if (o.zi != nullptr) o.zi += first * 2 * n;
     if (o.ct != nullptr) o.ct += first * samples;
     if (o.ck != nullptr) o.ck += first * checkpoints;
-    o.y += first * out_length;
+    o.y += o.columns > 0 ? first : first * out_length;
     o.batch = count;
     run(o);
   });
@@ -866,7 +1003,8 @@ template <typename R>
 Operands<R> Pointers(const ffi::AnyBuffer& a, const ffi::AnyBuffer& u,
                      const ffi::AnyBuffer& zi, const R* ct, R* ck, R* y,
                      int64_t samples, int64_t batch, int64_t n,
-                     bool final_state, int64_t block) {
+                     bool final_state, int64_t block,
+                     int64_t columns = 0) {
   return Operands<R>{static_cast<const R*>(a.untyped_data()),
                      static_cast<const R*>(u.untyped_data()),
                      static_cast<const R*>(zi.untyped_data()),
@@ -877,7 +1015,8 @@ Operands<R> Pointers(const ffi::AnyBuffer& a, const ffi::AnyBuffer& u,
                      batch,
                      n,
                      final_state,
-                     block};
+                     block,
+                     columns};
 }
 
 // The cascade, or with `ck` its forward pass for reverse mode.
@@ -885,30 +1024,35 @@ template <typename R>
 void Forward(ffi::ThreadPool& pool, const ffi::AnyBuffer& a,
              const ffi::AnyBuffer& u, const ffi::AnyBuffer& zi,
              ffi::Result<ffi::AnyBuffer>& y, R* ck, int64_t samples,
-             int64_t batch, int64_t n, bool final_state, int64_t block) {
+             int64_t batch, int64_t n, bool final_state, int64_t block,
+             int64_t columns = 0) {
   Run<R>(pool,
          Pointers<R>(a, u, zi, nullptr, ck, static_cast<R*>(y->untyped_data()),
-                     samples, batch, n, final_state, block),
+                     samples, batch, n, final_state, block, columns),
          y->size_bytes());
 }
 
+// With `time_major`, u and y are (time, batch), and there is no final state.
 ffi::Error CheckForward(const ffi::AnyBuffer& a, const ffi::AnyBuffer& u,
                         const ffi::AnyBuffer& zi, const ffi::AnyBuffer& y,
-                        bool final_state) {
+                        bool final_state, bool time_major = false) {
   const auto dims = u.dimensions();
   const auto a_dims = a.dimensions();
   const auto zi_dims = zi.dimensions();
   const auto y_dims = y.dimensions();
   if (dims.size() != 2 || a_dims.size() != 3 || zi_dims.size() != 2 ||
-      y_dims.size() != 2) {
+      y_dims.size() != 2 || (time_major && final_state)) {
     return ffi::Error::InvalidArgument(
-        "sections: u needs shape (batch, time), a (batch, sections, 5), zi "
-        "(batch, 2 sections)");
+        "sections: u needs shape (batch, time) (time-major: (time, batch), "
+        "without the final state), a (batch, sections, 5), zi (batch, 2 "
+        "sections)");
   }
-  const int64_t batch = dims[0], samples = dims[1], n = a_dims[1];
+  const int b = time_major ? 1 : 0;
+  const int64_t batch = dims[b], samples = dims[1 - b], n = a_dims[1];
+  const int64_t out = samples + (final_state ? 2 * n : 0);
   if (a_dims[0] != batch || a_dims[2] != kCoefficients ||
-      zi_dims[0] != batch || zi_dims[1] != 2 * n || y_dims[0] != batch ||
-      y_dims[1] != samples + (final_state ? 2 * n : 0)) {
+      zi_dims[0] != batch || zi_dims[1] != 2 * n || y_dims[b] != batch ||
+      y_dims[1 - b] != out) {
     return ffi::Error::InvalidArgument("sections: operand shapes disagree");
   }
   const auto type = u.element_type();
@@ -943,18 +1087,20 @@ ffi::Error CheckCheckpoints(const ffi::AnyBuffer& ck, const ffi::AnyBuffer& u,
 
 ffi::Error Sections(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer u,
                     ffi::AnyBuffer zi, ffi::Result<ffi::AnyBuffer> y,
-                    bool final_state) {
-  ffi::Error error = CheckForward(a, u, zi, *y, final_state);
+                    bool final_state, bool time_major) {
+  ffi::Error error = CheckForward(a, u, zi, *y, final_state, time_major);
   if (error.failure()) return error;
-  const int64_t batch = u.dimensions()[0], samples = u.dimensions()[1];
+  const int64_t batch = u.dimensions()[time_major ? 1 : 0];
+  const int64_t samples = u.dimensions()[time_major ? 0 : 1];
   const int64_t n = a.dimensions()[1];
+  const int64_t columns = time_major ? batch : 0;
   if (batch == 0 || y->element_count() == 0) return ffi::Error::Success();
   if (u.element_type() == ffi::DataType::F32) {
     Forward<float>(pool, a, u, zi, y, nullptr, samples, batch, n, final_state,
-                   1);
+                   1, columns);
   } else {
     Forward<double>(pool, a, u, zi, y, nullptr, samples, batch, n,
-                    final_state, 1);
+                    final_state, 1, columns);
   }
   return ffi::Error::Success();
 }
@@ -1051,7 +1197,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RetraxSections, Sections,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<bool>("final_state"));
+                                  .Attr<bool>("final_state")
+                                  .Attr<bool>("time_major"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RetraxSectionsSaved, SectionsSaved,
                               ffi::Ffi::Bind()

@@ -169,7 +169,7 @@ def _scan(a, u, zi, *, adjoint, unroll, batch_major=False):
 # ---------------------------------------------------------------- the kernel
 
 
-def _kernel_call(a, u, zi, *, structure, adjoint, unroll):
+def _kernel_call(a, u, zi, *, structure, adjoint, unroll, time_major):
     """The compiled kernel on operands with a batch axis in front: `u` of
     shape `(B, T)`, handed over as they are, in the user's batch-major
     layout, which the kernel reads in register tiles. Transposing a batch
@@ -180,7 +180,7 @@ def _kernel_call(a, u, zi, *, structure, adjoint, unroll):
     (`batch_major` false); its bytes are the same in both layouts, so it
     keeps the default one (a layout of its own made XLA copy it on the way
     to and from the lags kernel)."""
-    del structure, unroll
+    del structure, unroll, time_major
     call = jax.ffi.ffi_call(_native.ALLPOLE, jax.ShapeDtypeStruct(u.shape, u.dtype))
     return call(a, u, zi, adjoint=adjoint, batch_major=u.shape[0] > 1)
 

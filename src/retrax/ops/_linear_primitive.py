@@ -75,10 +75,18 @@ STRUCTURES = {
 linear_p = Primitive("recurrence")
 
 
-def _bind(structure: str, a, u, zi, *, adjoint: bool, unroll: int):
+def _bind(
+    structure: str, a, u, zi, *, adjoint: bool, unroll: int, time_major: bool = False
+):
     a, u, zi = (varying_like(v, a, u, zi) for v in (a, u, zi))
     return linear_p.bind(
-        a, u, zi, structure=structure, adjoint=bool(adjoint), unroll=int(unroll)
+        a,
+        u,
+        zi,
+        structure=structure,
+        adjoint=bool(adjoint),
+        unroll=int(unroll),
+        time_major=bool(time_major),
     )
 
 
@@ -115,8 +123,8 @@ def sections_recurrence(
 # ---------------------------------------------------------------- abstract eval
 
 
-def _abstract_eval(a, u, zi, *, structure, adjoint, unroll):
-    del adjoint, unroll
+def _abstract_eval(a, u, zi, *, structure, adjoint, unroll, time_major):
+    del adjoint, unroll, time_major
     pieces = STRUCTURES[structure]
     batch = u.ndim - pieces.signal_rank
     if (
@@ -148,17 +156,26 @@ def _expanded(pieces, a, u, zi, *, adjoint, unroll):
     return pieces.expand(_bind, a, u, zi, unroll=unroll)
 
 
-def _scan(a, u, zi, *, structure, adjoint, unroll):
+def _scan(a, u, zi, *, structure, adjoint, unroll, time_major):
+    del time_major
     pieces = STRUCTURES[structure]
     if pieces.expand is not None:
         return _expanded(pieces, a, u, zi, adjoint=adjoint, unroll=unroll)
     return pieces.scan(a, u, zi, adjoint=adjoint, unroll=unroll)
 
 
-def _cpu_scan(a, u, zi, *, structure, adjoint, unroll):
+def _cpu_scan(a, u, zi, *, structure, adjoint, unroll, time_major):
     pieces = STRUCTURES[structure]
     if pieces.cpu_scan is None:
-        return _scan(a, u, zi, structure=structure, adjoint=adjoint, unroll=unroll)
+        return _scan(
+            a,
+            u,
+            zi,
+            structure=structure,
+            adjoint=adjoint,
+            unroll=unroll,
+            time_major=time_major,
+        )
     return pieces.cpu_scan(a, u, zi, adjoint=adjoint, unroll=unroll)
 
 
@@ -166,7 +183,7 @@ register_lowerings(
     linear_p,
     scan=_scan,
     cpu_scan=_cpu_scan,
-    kernel=lambda *, structure, adjoint, unroll: STRUCTURES[structure].kernel,
+    kernel=lambda *, structure, **params: STRUCTURES[structure].kernel,
     signal=1,
 )
 
@@ -174,9 +191,19 @@ register_lowerings(
 # ---------------------------------------------------------------- batching
 
 
-def _batch(args, dims, *, structure, adjoint, unroll):
+def _batch(args, dims, *, structure, adjoint, unroll, time_major):
+    del time_major  # a hint about one signal's batch: recomputed here
+    # A batch of signals mapped along their last axis (a time-first array,
+    # `vmap(..., in_axes=1)` over `(T, C)`) is time-major in memory: the
+    # kernel that can read that layout is told so, and XLA then drops the
+    # transposes around it (`_sections_structure._kernel_call`).
+    u, u_dim = args[1], dims[1]
+    hint = u_dim is not None and u.ndim == 2 and u_dim == 1
+
     def bind(a, u, zi):
-        return _bind(structure, a, u, zi, adjoint=adjoint, unroll=unroll)
+        return _bind(
+            structure, a, u, zi, adjoint=adjoint, unroll=unroll, time_major=hint
+        )
 
     signal_rank = STRUCTURES[structure].signal_rank
     return batch_in_front(bind, args, dims, signal=1, signal_rank=signal_rank)
@@ -206,7 +233,7 @@ def _expanded_jvp(pieces, primals, tangents, *, adjoint, unroll):
     )
 
 
-def _jvp(primals, tangents, *, structure, adjoint, unroll):
+def _jvp(primals, tangents, *, structure, adjoint, unroll, time_major):
     pieces = STRUCTURES[structure]
     if structure == "sections":
         # the cascade's reverse mode in one pass, where its kernel runs
@@ -218,7 +245,9 @@ def _jvp(primals, tangents, *, structure, adjoint, unroll):
         return _expanded_jvp(pieces, primals, tangents, adjoint=adjoint, unroll=unroll)
     a, u, zi = primals
     da, du, dzi = tangents
-    out = _bind(structure, a, u, zi, adjoint=adjoint, unroll=unroll)
+    out = _bind(
+        structure, a, u, zi, adjoint=adjoint, unroll=unroll, time_major=time_major
+    )
     drive = None
     if type(da) is not ad.Zero:
         drive = STRUCTURES[structure].coefficient_drive(da, out, zi, adjoint)
@@ -238,7 +267,8 @@ ad.primitive_jvps[linear_p] = _jvp
 # ---------------------------------------------------------------- transpose
 
 
-def _transpose(ct, a, u, zi, *, structure, adjoint, unroll):
+def _transpose(ct, a, u, zi, *, structure, adjoint, unroll, time_major):
+    del time_major
     pieces = STRUCTURES[structure]
     if ad.is_undefined_primal(a):
         raise NotImplementedError(f"{pieces.name} is not linear in its coefficients")

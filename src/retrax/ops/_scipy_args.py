@@ -6,6 +6,7 @@ same way for every scipy-named op, so that each op's own code only handles
 one signal of shape `(T,)`.
 """
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -245,10 +246,15 @@ def along_axis(
     `(n_sections,)` for `sosfilt`); `fn` sees `extra + (length,)`. `fn`
     returns `(y, *finals)` in the same per-signal layouts, and they come
     back in the full layouts. One signal goes straight to `fn`; several are
-    flattened and mapped with `jax.vmap`, as a caller's own `vmap` would.
+    flattened and mapped with `jax.vmap`, as a caller's own `vmap` would. A
+    time-first array (`axis=0`) is mapped where its signals lie, along its
+    last axes (`_time_first`), so that a kernel that reads a time-major batch
+    takes it in place.
     """
     if x.ndim == 1:
         return fn(x, *states)
+    if axis == 0:
+        return _time_first(fn, x, *states)
     batch = jnp.moveaxis(x, axis, -1).shape[:-1]
     size = int(np.prod(batch))
 
@@ -271,6 +277,32 @@ def along_axis(
     return tuple(None if out is None else join(out) for out in outs)
 
 
+def _time_first(fn: Callable, x: jax.Array, *states: jax.Array | None) -> tuple:
+    """`along_axis` along `axis=0` of an array of several dimensions: its
+    channels flattened (a free reshape) and mapped with `jax.vmap` along the
+    last axis of every operand and result (a state `extra + (n,) +
+    x.shape[1:]` is one `extra + (n,)` per channel). The recursions' batching
+    rule sees a batch along a signal's last axis, time-major in memory, and
+    the kernels that read that layout (`_sections_structure`) take the
+    signal where it lies: no transposed copy in or out (stereo `(T, 2)`
+    along `axis=0`, jitted `sosfilt`: about the time of `(2, T)` along
+    `axis=-1`, where moving the channels first and back took 1.5 times it)."""
+    length, size = x.shape[0], int(np.prod(x.shape[1:]))
+
+    def flat(s):
+        return s.reshape(s.shape[: s.ndim - x.ndim + 1] + (size,))
+
+    def full(out):
+        return out.reshape(out.shape[:-1] + x.shape[1:])
+
+    flat_states = [None if s is None else flat(s) for s in states]
+    in_axes = (-1,) + tuple(None if s is None else -1 for s in flat_states)
+    outs = jax.vmap(fn, in_axes=in_axes, out_axes=-1)(
+        x.reshape(length, size), *flat_states
+    )
+    return tuple(None if out is None else full(out) for out in outs)
+
+
 # Samples of one chunk of a time-first signal (`along_time`), and the length
 # from which such a signal is filtered chunk by chunk.
 TIME_CHUNK = 16_384
@@ -287,7 +319,10 @@ def time_chunked(x: jax.Array | np.ndarray, axis: int) -> bool:
 def along_time(fn: Callable, x: jax.Array, axis: int, *states: jax.Array) -> tuple:
     """`along_axis(fn, x, axis, *states)` for a `fn` that threads its states:
     it returns the final states in the layouts it takes them (every state
-    given), so that a signal can be filtered in consecutive chunks.
+    given), so that a signal can be filtered in consecutive chunks, for
+    recursions whose kernel cannot read a time-first signal where it lies
+    (`sosfilt` with `zi`, whose kernel appends the final state, and every
+    `sosfilt` off the compiled kernel).
 
     A long time-first signal (`time_chunked`) is, chunk by chunk of
     `TIME_CHUNK` samples: each chunk of every channel is moved time-last
@@ -316,8 +351,7 @@ def along_time(fn: Callable, x: jax.Array, axis: int, *states: jax.Array) -> tup
     flat_states = tuple(
         s.reshape(s.shape[: s.ndim - x.ndim + 1] + (size,)) for s in states
     )
-    state_axes = tuple(s.ndim - 1 for s in flat_states)
-    run = jax.vmap(fn, in_axes=(1, *state_axes), out_axes=(1, *state_axes))
+    run = functools.partial(_time_first, fn)
 
     def body(i, carry):
         # each chunk is read from the signal, and its result written over it

@@ -62,17 +62,12 @@ from ._kernel_lowering import (
     varying_like,
 )
 from ._linear_primitive import _bind
-from ._sections_structure import SECTIONS, section_outputs
+from ._sections_structure import SECTIONS, kernel_applies, section_outputs
 
 
 def fused(a, u) -> bool:
     """Whether the cascade on `a`, `u` differentiates through the kernel."""
-    return (
-        a.ndim == u.ndim + 1
-        and np.dtype(u.dtype) in REAL_KERNEL_DTYPES
-        and jax.default_backend() == "cpu"
-        and _native.available("allpole")
-    )
+    return a.ndim == u.ndim + 1 and kernel_applies(u.dtype)
 
 
 # ---------------------------------------------------------------- references

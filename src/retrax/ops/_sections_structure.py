@@ -40,6 +40,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _native
 from ._fir import fir_apply
@@ -121,16 +122,37 @@ def section_outputs(bind, a, u, zi, *, unroll):
     return ys
 
 
-def _kernel_call(a, u, zi, *, structure, adjoint, unroll):
-    """The compiled kernel on operands with a batch axis in front, in their
+def _kernel_call(a, u, zi, *, structure, adjoint, unroll, time_major):
+    """The compiled kernel on operands with a batch axis in front, `u` of
+    shape `(B, T)`. With `time_major` (the batch of a time-first array, see
+    `_linear_primitive._batch`) the plain cascade takes `u.T` and returns
+    `y.T`, shape `(T, B)`, time-major as the caller's array lies: XLA folds
+    those transposes into the ones that made the batch, and the kernel reads
+    and writes the caller's memory in place (stereo `(T, 2)` along `axis=0`,
+    jitted: no copy of the signal in or out). Otherwise the operands in their
     own (batch-major) layout."""
     del unroll
     if adjoint:
         raise NotImplementedError("the sections structure runs forward only")
     final_state = structure == "sections_state"
+    if time_major and not final_state and u.shape[0] > 1:
+        out = jax.ShapeDtypeStruct(u.shape[::-1], u.dtype)
+        call = jax.ffi.ffi_call(_native.SECTIONS, out)
+        return call(a, u.T, zi, final_state=False, time_major=True).T
     length = u.shape[1] + (zi.shape[1] if final_state else 0)
     out = jax.ShapeDtypeStruct((u.shape[0], length), u.dtype)
-    return jax.ffi.ffi_call(_native.SECTIONS, out)(a, u, zi, final_state=final_state)
+    call = jax.ffi.ffi_call(_native.SECTIONS, out)
+    return call(a, u, zi, final_state=final_state, time_major=False)
+
+
+def kernel_applies(dtype) -> bool:
+    """Whether the cascade of a signal of `dtype` runs the compiled kernel
+    (on the CPU, float32 or float64, with `retrax._native` built)."""
+    return (
+        np.dtype(dtype) in REAL_KERNEL_DTYPES
+        and jax.default_backend() == "cpu"
+        and _native.available("allpole")
+    )
 
 
 def _rule(final_state, ranks):

@@ -23,6 +23,7 @@ from ._scipy_args import (
     scipy_dtype,
     time_chunked,
 )
+from ._sections_structure import kernel_applies
 
 
 def sos_array(sos: ArrayLike | list | tuple, dtype) -> Array:
@@ -108,10 +109,12 @@ def sosfilt(
 
     - `sos`: the sections, shape `(n_sections, 6)`.
     - `x`: the signal, any number of dimensions.
-    - `axis`: the axis of `x` to filter along (default: the last). A long
+    - `axis`: the axis of `x` to filter along (default: the last). A
       time-first signal (`axis=0`, as soundfile returns a multichannel
-      file) is filtered chunk by chunk along time rather than transposed
-      whole, with the same result.
+      file) is filtered where it lies by the compiled kernel (on the CPU,
+      float32 and float64), and otherwise, from 65,536 samples, chunk by
+      chunk along time rather than transposed whole, as is a stream with
+      `zi`: the same result either way.
     - `zi`: the initial state, shape `(n_sections, *x.shape)` with 2 in place
       of the length of `axis` (e.g. from
       [`sosfilt_zi`][retrax.ops.sosfilt_zi]). When given, the final state is
@@ -140,11 +143,20 @@ def sosfilt(
 
 def _copied_in_chunks(x, axis, dtype) -> bool:
     """Whether `x` is a NumPy signal of the result's dtype that `sosfilt`
-    filters in chunks along time (`time_chunked`)."""
+    filters in chunks along time (`_in_chunks`)."""
     if type(x) is not np.ndarray or x.dtype != dtype or x.ndim < 2:
         return False
     valid = isinstance(axis, int | np.integer) and -x.ndim <= axis < x.ndim
-    return valid and time_chunked(x, int(axis) % x.ndim)
+    return valid and _in_chunks(x, int(axis) % x.ndim, dtype)
+
+
+def _in_chunks(x, axis: int, dtype) -> bool:
+    """Whether `sosfilt` without `zi` filters `x` along `axis` in chunks
+    (`along_time`): a long time-first signal that the cascade's kernel does
+    not read in place (off the CPU, other dtypes, without the compiled
+    library). The kernel reads a time-first signal's channels where they lie
+    (`_scipy_args.along_axis`), with no copy to save."""
+    return time_chunked(x, axis) and not kernel_applies(compute_dtype(dtype))
 
 
 def _sosfilt_body(sos, x, zi, *, axis: int, dtype: np.dtype):
@@ -164,7 +176,7 @@ def _sosfilt_body(sos, x, zi, *, axis: int, dtype: np.dtype):
                 f"axis={axis} of `x` with shape {x.shape}), got shape {zi.shape}."
             )
     sos = checked_sos(sos)
-    if zi is None and not time_chunked(x, axis):
+    if zi is None and not _in_chunks(x, axis, dtype):
         y = along_axis(lambda s: sos_cascade(sos, s, None, False)[:1], x, axis)[0]
         return in_dtype(dtype, y)
     if zi is None:  # a long time-first signal, in chunks from a zero state

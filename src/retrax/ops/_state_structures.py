@@ -101,10 +101,10 @@ def _scan(structure, a, u, zi, *, adjoint, unroll):
 # ---------------------------------------------------------------- the kernel
 
 
-def _kernel_call(a, u, zi, *, structure, adjoint, unroll):
+def _kernel_call(a, u, zi, *, structure, adjoint, unroll, time_major):
     """The compiled kernel on operands with a batch axis in front, in their
     own (row-major) layout: `u` of shape `(B, T, N)`."""
-    del unroll
+    del unroll, time_major
     call = jax.ffi.ffi_call(_native.LINEAR, jax.ShapeDtypeStruct(u.shape, u.dtype))
     return call(a, u, zi, dense=structure == "dense", adjoint=adjoint)
 
