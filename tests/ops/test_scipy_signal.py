@@ -934,35 +934,50 @@ def test_time_first_signals_move_chunks_not_the_signal(monkeypatch):
         assert bool(scans_in(jaxpr)) == chunked, (axis, shape, with_zi)
 
 
+def _time_first_cases(name, dtype):
+    """`(coefficients, shape)` of `name`'s time-first cases: stereo
+    `(T, 2)` as soundfile returns a file, channels of several axes, more
+    channels than vector lanes, orders past the kernels' specialised loops
+    (9 sections; an order-12 transfer function in float64)."""
+    if name == "sosfilt":
+        design = [(4, (70_001, 2)), (4, (301, 3, 2)), (18, (300, 9))]
+        return [((ss.butter(n, 0.2, output="sos"),), s) for n, s in design]
+    orders = [(4, (70_001, 2)), (2, (301, 3, 2)), (1, (300, 9)), (4, (300, 5))]
+    if dtype == np.float64:
+        orders.append((12, (300, 3)))
+    return [(ss.butter(n, 0.2), s) for n, s in orders]
+
+
 @pytest.mark.skipif(
     not _native.available("allpole"), reason="the compiled kernel's layouts"
 )
+@pytest.mark.parametrize("name", ["sosfilt", "lfilter"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_time_first_signals_are_filtered_where_they_lie(dtype):
-    """With the compiled kernel, `sosfilt` along `axis=0` of a time-first
-    array (stereo `(T, 2)`, as soundfile returns a file; channels of several
-    axes; more channels than vector lanes; more sections than the kernel
-    specialises) compiles to the kernel reading the array as it lies and
-    writing the result as it is returned: the optimised program has no
-    transpose or copy of the signal. The values are scipy's, eagerly and
-    under `jax.jit`."""
+def test_time_first_signals_are_filtered_where_they_lie(name, dtype):
+    """With the compiled kernels, `sosfilt` and `lfilter` along `axis=0` of a
+    time-first array compile to the kernel reading the array (or the
+    numerator's pass over it) as it lies and writing the result as it is
+    returned: the optimised program has no transpose or copy of the
+    signal. The values are scipy's, eagerly and under `jax.jit`."""
     rng = np.random.default_rng(11)
-    for order, shape in [(4, (70_001, 2)), (4, (301, 3, 2)), (18, (300, 9))]:
-        sos = ss.butter(order, 0.2, output="sos").astype(dtype)
-        jitted = jax.jit(functools.partial(ops.sosfilt, axis=0))
-        text = jitted.lower(sos, jnp.zeros(shape, dtype)).compile().as_text()
-        assert "retrax_sections" in text
-        length = f"{shape[0]}"
+    ours, theirs = getattr(ops, name), getattr(ss, name)
+    for coefficients, shape in _time_first_cases(name, dtype):
+        coefficients = tuple(c.astype(dtype) for c in coefficients)
+        jitted = jax.jit(functools.partial(ours, axis=0))
+        lowered = jitted.lower(*coefficients, jnp.zeros(shape, dtype))
+        text = lowered.compile().as_text()
+        assert "retrax_" in text
         moved = [
             line
             for line in text.splitlines()
-            if (" transpose(" in line or " copy(" in line) and length in line
+            if (" transpose(" in line or " copy(" in line) and f"{shape[0]}" in line
         ]
         assert not moved, (shape, moved)
         x = rng.standard_normal(shape).astype(dtype)
-        want = ss.sosfilt(sos.astype(np.float64), x.astype(np.float64), axis=0)
-        for sosfilt in (functools.partial(ops.sosfilt, axis=0), jitted):
-            y = sosfilt(sos, x)
+        wide = tuple(c.astype(np.float64) for c in coefficients)
+        want = theirs(*wide, x.astype(np.float64), axis=0)
+        for call in (functools.partial(ours, axis=0), jitted):
+            y = call(*coefficients, x)
             assert y.dtype == dtype and y.shape == shape
             assert_close(y, want, _tol(dtype))
 

@@ -179,10 +179,19 @@ def _kernel_call(a, u, zi, *, structure, adjoint, unroll, time_major):
     against 73 ms gradient). One signal runs the kernel's single-signal loop
     (`batch_major` false); its bytes are the same in both layouts, so it
     keeps the default one (a layout of its own made XLA copy it on the way
-    to and from the lags kernel)."""
-    del structure, unroll, time_major
+    to and from the lags kernel). With `time_major` (the batch of a
+    time-first array, see `_linear_primitive._batch`) and constant
+    coefficients, the kernel takes the transposes `u.T`, `a.T`, `zi.T` in
+    its time-major layout and returns `y.T`: XLA folds them into the ones
+    that made the batch (as `_sections_structure._kernel_call`)."""
+    del structure, unroll
+    if time_major and u.shape[0] > 1 and a.ndim == 2:
+        out = jax.ShapeDtypeStruct(u.shape[::-1], u.dtype)
+        call = jax.ffi.ffi_call(_native.ALLPOLE, out)
+        y = call(a.T, u.T, zi.T, adjoint=adjoint, batch_major=False, time_major=True)
+        return y.T
     call = jax.ffi.ffi_call(_native.ALLPOLE, jax.ShapeDtypeStruct(u.shape, u.dtype))
-    return call(a, u, zi, adjoint=adjoint, batch_major=u.shape[0] > 1)
+    return call(a, u, zi, adjoint=adjoint, batch_major=u.shape[0] > 1, time_major=False)
 
 
 def _allpole_rule(ranks):
