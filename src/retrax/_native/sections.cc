@@ -191,27 +191,36 @@ inline __attribute__((always_inline)) void Cascade(
   }
 }
 
-// One sample t of a group's W signals in vector lanes (each value V a
-// vector of their W lanes) through S sections, as `Step` computes it: the
-// input v in, the output out, the histories h moved on.
+// One sample t through n sections, for any value type V (a float, or a
+// vector of a group's W lanes): coefficient k of section s is c(s, k), the
+// initial state's entry j z(s, j), the histories h as `Step` keeps them;
+// the input v in, the output out.
+template <typename V, typename C, typename Z>
+inline __attribute__((always_inline)) V StepThrough(const C& c, const Z& z,
+                                                    V* __restrict__ h, V v,
+                                                    int64_t n, int64_t t) {
+  for (int64_t s = 0; s < n; ++s) {
+    V rest = c(s, 1) * h[2 * s] + c(s, 2) * h[2 * s + 1] - c(s, 4) * h[2 * s + 3];
+    if (t < 2) rest += z(s, t);
+    const V out = (c(s, 0) * v + rest) - c(s, 3) * h[2 * s + 2];
+    h[2 * s + 1] = h[2 * s];
+    h[2 * s] = v;
+    v = out;
+  }
+  h[2 * n + 1] = h[2 * n];
+  h[2 * n] = v;
+  return v;
+}
+
+// `StepThrough` for a group's W signals in vector lanes, S sections.
 template <int S, typename V>
 inline __attribute__((always_inline)) V LanesStep(
     const V (&c)[S * kCoefficients], const V (&z)[S * 2], V (&h)[(S + 1) * 2],
     V v, int64_t t) {
-  for (int s = 0; s < S; ++s) {
-    V rest = c[s * kCoefficients + 1] * h[2 * s] +
-             c[s * kCoefficients + 2] * h[2 * s + 1] -
-             c[s * kCoefficients + 4] * h[2 * s + 3];
-    if (t < 2) rest += z[2 * s + t];
-    const V o = (c[s * kCoefficients] * v + rest) -
-                c[s * kCoefficients + 3] * h[2 * s + 2];
-    h[2 * s + 1] = h[2 * s];
-    h[2 * s] = v;
-    v = o;
-  }
-  h[2 * S + 1] = h[2 * S];
-  h[2 * S] = v;
-  return v;
+  return StepThrough(
+      [&](int64_t s, int k) -> const V& { return c[s * kCoefficients + k]; },
+      [&](int64_t s, int64_t j) -> const V& { return z[2 * s + j]; }, h, v, S,
+      t);
 }
 
 // Samples t0 .. t1 - 1 of W = 32 / sizeof(R) signals in vector lanes (the
@@ -303,26 +312,16 @@ inline __attribute__((always_inline)) void CascadeLanes(
   }
 }
 
-// One sample t of one signal through `n` sections (coefficients ab,
-// initial state zb, histories h as `Step` keeps them): the input v in, the
-// output out.
+// `StepThrough` for one signal with `n` sections (coefficients ab, initial
+// state zb).
 template <typename R>
 inline __attribute__((always_inline)) R AnyStep(const R* __restrict__ ab,
                                                 const R* __restrict__ zb,
                                                 R* __restrict__ h, R v,
                                                 int64_t n, int64_t t) {
-  for (int64_t s = 0; s < n; ++s) {
-    const R* cs = ab + s * kCoefficients;
-    R rest = cs[1] * h[2 * s] + cs[2] * h[2 * s + 1] - cs[4] * h[2 * s + 3];
-    if (t < 2) rest += zb[2 * s + t];
-    const R out = (cs[0] * v + rest) - cs[3] * h[2 * s + 2];
-    h[2 * s + 1] = h[2 * s];
-    h[2 * s] = v;
-    v = out;
-  }
-  h[2 * n + 1] = h[2 * n];
-  h[2 * n] = v;
-  return v;
+  return StepThrough(
+      [&](int64_t s, int k) { return ab[s * kCoefficients + k]; },
+      [&](int64_t s, int64_t j) { return zb[2 * s + j]; }, h, v, n, t);
 }
 
 // Samples t0 .. t1 - 1 of one signal with any number of sections `n`
