@@ -10,6 +10,7 @@ from jaxtyping import Array, ArrayLike, Float, Shaped
 from .._misc import as_inexact, result_dtype
 from .._validate import check_in_range, check_signal
 from ._ballistics_primitive import switched
+from ._kernel_lowering import batch_in_front
 from ._recurrence import DEFAULT_UNROLL, recurrence
 
 
@@ -78,19 +79,12 @@ def _held_jvp(primals, tangents):
 
 
 def _held_batch(args, dims):
-    size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
-    front = [
-        batching.bdim_at_front(a, d, size) for a, d in zip(args, dims, strict=True)
-    ]
-    # an operand broadcast along the batch takes the batch's sharding (with an
-    # explicit mesh, the tangent's `vmap` needs its operands sharded alike)
-    like = next(a for a, d in zip(front, dims, strict=True) if d is not None)
-    like = jnp.sum(jnp.zeros_like(like), axis=tuple(range(1, like.ndim)))
-    front = [
-        a if d is not None else a + like.reshape(like.shape + (1,) * (a.ndim - 1))
-        for a, d in zip(front, dims, strict=True)
-    ]
-    return held_p.bind(*front), 0
+    # the batch in front of every operand, a broadcast one sharded as the
+    # signal (with an explicit mesh, the tangent's `vmap` needs its operands
+    # sharded alike), as for the switched recursion
+    return batch_in_front(
+        lambda *operands: held_p.bind(*operands), args, dims, signal=1, signal_rank=1
+    )
 
 
 ad.primitive_jvps[held_p] = _held_jvp
