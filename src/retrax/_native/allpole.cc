@@ -13,9 +13,11 @@
 // batch, since XLA's transposes of it cost more than the filter): sample t
 // of signal b at `b * T + t`, per-sample coefficients at
 // `(b * T + t) * K + k`, constant coefficients and states at `b * K + k`.
-// Time-major (in the lowering, only a single signal, whose layouts coincide):
-// sample t of signal b at `t * B + b`, per-sample coefficients at
-// `(t * K + k) * B + b`, constant coefficients and states at `k * B + b`.
+// Time-major (in the lowering, a single signal, whose layouts coincide, or
+// with the attribute `time_major` the channels of a time-first array, with
+// constant coefficients): sample t of signal b at `t * B + b`, per-sample
+// coefficients at `(t * K + k) * B + b`, constant coefficients and states at
+// `k * B + b`.
 // The recursion of one signal is a chain of dependent multiply-adds; the
 // loop advances a group of W signals per step, so the W chains share SIMD
 // registers and the step costs about what one signal's does. On x86 CPUs
@@ -230,9 +232,8 @@ inline __attribute__((always_inline)) void TimeMajorGroups(
 }
 
 // Every signal. A batch stored batch-major runs in blocked groups of 8, 4,
-// then 1; one stored time-major (a single signal, whose layouts coincide,
-// the only one the lowering hands over so) one signal at a time, held in
-// registers, straight through its memory.
+// then 1; one stored time-major (a single signal, or a time-first array's
+// channels) in `TimeMajorGroups`, straight through its memory.
 template <typename T, int K, bool per_sample, bool adjoint>
 inline __attribute__((always_inline)) void Batch(const T* a, const T* u,
                                                  const T* zi, T* y,
@@ -1010,7 +1011,7 @@ void Run(ffi::ThreadPool& pool, const ffi::AnyBuffer& a,
   const T* zi_ = static_cast<const T*>(zi.untyped_data());
   T* y_ = static_cast<T*>(y->untyped_data());
   retrax::AdviseHugePages(y_, y->size_bytes());
-  if (!batch_major) {  // one signal (the layouts coincide)
+  if (!batch_major) {  // time-major: one signal, or a few channels
     run(a_, u_, zi_, y_, length, batch, order, per_sample, adjoint, false,
         false);
     return;

@@ -92,27 +92,45 @@ inline int64_t Blocks(int64_t samples, int64_t block) {
   return (samples + block - 1) / block;
 }
 
+// Where sample t of signal b lies in u or y: batch-major at b * length + t
+// (length: the signal's, or the output's with its final state), or with
+// kColumns time-major at t * columns + b (see `AllColumns`).
+template <bool kColumns>
+inline __attribute__((always_inline)) int64_t At(int64_t b, int64_t t,
+                                                 int64_t length,
+                                                 int64_t columns) {
+  return kColumns ? t * columns + b : b * length + t;
+}
+
 // Samples t0 .. t1 - 1 of W signals `first ..` through S sections (state
-// in c, z, h as `Step` keeps it), the output into y.
-template <typename R, int S, int W>
+// in c, z, h as `Step` keeps it), the output into y (kColumns: u and y
+// time-major, `columns` signals to a row).
+template <typename R, int S, int W, bool kColumns>
 inline __attribute__((always_inline)) void CascadeSpan(
     const R (&c)[S * kCoefficients][W], const R (&z)[S * 2][W],
     R (&h)[(S + 1) * 2][W], const R* __restrict__ u, R* __restrict__ y,
     int64_t out_length, int64_t samples, int64_t first, int64_t t0,
-    int64_t t1) {
+    int64_t t1, int64_t columns) {
   const int64_t head = t1 < 2 ? t1 : 2;
   R v[W];
+  auto load = [&](int64_t t) {
+    for (int l = 0; l < W; ++l) {
+      v[l] = u[At<kColumns>(first + l, t, samples, columns)];
+    }
+  };
   auto store = [&](int64_t t) {
-    for (int l = 0; l < W; ++l) y[(first + l) * out_length + t] = v[l];
+    for (int l = 0; l < W; ++l) {
+      y[At<kColumns>(first + l, t, out_length, columns)] = v[l];
+    }
   };
   int64_t t = t0;
   for (; t < head; ++t) {
-    for (int l = 0; l < W; ++l) v[l] = u[(first + l) * samples + t];
+    load(t);
     Step<R, S, W, true>(c, z, h, v, static_cast<int>(t));
     store(t);
   }
   for (; t < t1; ++t) {
-    for (int l = 0; l < W; ++l) v[l] = u[(first + l) * samples + t];
+    load(t);
     Step<R, S, W, false>(c, z, h, v, -1);
     store(t);
   }
@@ -141,11 +159,13 @@ inline __attribute__((always_inline)) void LoadGroup(const R* __restrict__ a,
 // W signals `first .. first + W - 1`, with S sections known at compile
 // time, so that the histories stay in registers. With `ck`, also the
 // checkpoints of reverse mode (see `Blocks`) into ck, (K, 2 S) a signal.
-template <typename R, int S, int W>
+// kColumns: u and y time-major, `columns` signals to a row (the plain
+// cascade only: no checkpoints, no final state).
+template <typename R, int S, int W, bool kColumns = false>
 inline __attribute__((always_inline)) void Cascade(
     const R* __restrict__ a, const R* __restrict__ u, const R* __restrict__ zi,
     R* __restrict__ y, R* __restrict__ ck, int64_t samples, int64_t first,
-    bool final_state, int64_t block) {
+    bool final_state, int64_t block, int64_t columns = 0) {
   const int64_t out_length = samples + (final_state ? 2 * S : 0);
   R c[S * kCoefficients][W], z[S * 2][W], h[(S + 1) * 2][W];
   LoadGroup<R, S, W>(a, zi, first, c, z);
@@ -153,8 +173,8 @@ inline __attribute__((always_inline)) void Cascade(
     for (int k = 0; k < 2 * (S + 1); ++k) h[k][l] = R(0);
   }
   if (ck == nullptr) {
-    CascadeSpan<R, S, W>(c, z, h, u, y, out_length, samples, first, 0,
-                         samples);
+    CascadeSpan<R, S, W, kColumns>(c, z, h, u, y, out_length, samples, first,
+                                   0, samples, columns);
   } else {
     const int64_t blocks = Blocks(samples, block);
     for (int64_t k = 0; k < blocks; ++k) {
@@ -164,8 +184,8 @@ inline __attribute__((always_inline)) void Cascade(
       }
       const int64_t t0 = k * block;
       const int64_t t1 = samples - t0 > block ? t0 + block : samples;
-      CascadeSpan<R, S, W>(c, z, h, u, y, out_length, samples, first, t0,
-                           t1);
+      CascadeSpan<R, S, W, kColumns>(c, z, h, u, y, out_length, samples,
+                                     first, t0, t1, columns);
     }
   }
   if (!final_state) return;
@@ -751,34 +771,10 @@ void AdjointAny(const R* __restrict__ a, const R* __restrict__ u,
 // time-major, as a time-first signal's channels lie (`axis=0`, a (T, C)
 // array): sample t of signal b at `t * columns + b`, `columns` the whole
 // batch's width (a chunk of the batch starts at its own first column). The
-// same arithmetic as `Cascade`, sample by sample, so the same values to the
-// bit; only the addresses differ. The signals of a group of W lanes are
-// adjacent in memory at every sample: one vector load and store a sample.
-
-// W signals `first .. first + W - 1`, one value of each in an array of W.
-template <typename R, int S, int W>
-inline __attribute__((always_inline)) void CascadeColumns(
-    const R* __restrict__ a, const R* __restrict__ u, const R* __restrict__ zi,
-    R* __restrict__ y, int64_t samples, int64_t columns, int64_t first) {
-  R c[S * kCoefficients][W], z[S * 2][W], h[(S + 1) * 2][W];
-  LoadGroup<R, S, W>(a, zi, first, c, z);
-  for (int l = 0; l < W; ++l) {
-    for (int k = 0; k < 2 * (S + 1); ++k) h[k][l] = R(0);
-  }
-  const int64_t head = samples < 2 ? samples : 2;
-  R v[W];
-  int64_t t = 0;
-  for (; t < head; ++t) {
-    for (int l = 0; l < W; ++l) v[l] = u[t * columns + first + l];
-    Step<R, S, W, true>(c, z, h, v, static_cast<int>(t));
-    for (int l = 0; l < W; ++l) y[t * columns + first + l] = v[l];
-  }
-  for (; t < samples; ++t) {
-    for (int l = 0; l < W; ++l) v[l] = u[t * columns + first + l];
-    Step<R, S, W, false>(c, z, h, v, -1);
-    for (int l = 0; l < W; ++l) y[t * columns + first + l] = v[l];
-  }
-}
+// same arithmetic as the batch-major loops, sample by sample, so the same
+// values to the bit; only the addresses differ. The signals of a group of W
+// lanes are adjacent in memory at every sample: one vector load and store a
+// sample; the rest run in `Cascade` with time-major addresses.
 
 // W = 32 / sizeof(R) signals in vector lanes (as `CascadeLanes`).
 template <typename R, int S>
@@ -826,7 +822,8 @@ inline __attribute__((always_inline)) void AllColumns(
     }
   }
   for (; first < batch; ++first) {
-    CascadeColumns<R, S, 1>(a, u, zi, y, samples, columns, first);
+    Cascade<R, S, 1, true>(a, u, zi, y, nullptr, samples, first, false, 1,
+                           columns);
   }
 }
 
