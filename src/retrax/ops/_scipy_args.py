@@ -283,24 +283,30 @@ def _time_first(fn: Callable, x: jax.Array, *states: jax.Array | None) -> tuple:
     last axis of every operand and result (a state `extra + (n,) +
     x.shape[1:]` is one `extra + (n,)` per channel). The recursions' batching
     rule sees a batch along a signal's last axis, time-major in memory, and
-    the kernels that read that layout (`_sections_structure`) take the
+    the kernels that read that layout (`_sections_structure`,
+    `_allpole_structure`) take the
     signal where it lies: no transposed copy in or out (stereo `(T, 2)`
     along `axis=0`, jitted `sosfilt`: about the time of `(2, T)` along
     `axis=-1`, where moving the channels first and back took 1.5 times it)."""
-    length, size = x.shape[0], int(np.prod(x.shape[1:]))
-
-    def flat(s):
-        return s.reshape(s.shape[: s.ndim - x.ndim + 1] + (size,))
 
     def full(out):
         return out.reshape(out.shape[:-1] + x.shape[1:])
 
-    flat_states = [None if s is None else flat(s) for s in states]
+    flat, flat_states = _channels_flattened(x, states)
     in_axes = (-1,) + tuple(None if s is None else -1 for s in flat_states)
-    outs = jax.vmap(fn, in_axes=in_axes, out_axes=-1)(
-        x.reshape(length, size), *flat_states
-    )
+    outs = jax.vmap(fn, in_axes=in_axes, out_axes=-1)(flat, *flat_states)
     return tuple(None if out is None else full(out) for out in outs)
+
+
+def _channels_flattened(x: jax.Array, states) -> tuple:
+    """A time-first `x` as `(T, channels)` and each state (`extra + (n,) +
+    x.shape[1:]`, or `None`) as `extra + (n, channels)`: free reshapes."""
+    size = int(np.prod(x.shape[1:]))
+    flat_states = tuple(
+        None if s is None else s.reshape(s.shape[: s.ndim - x.ndim + 1] + (size,))
+        for s in states
+    )
+    return x.reshape(x.shape[0], size), flat_states
 
 
 # Samples of one chunk of a time-first signal (`along_time`), and the length
@@ -345,12 +351,7 @@ def along_time(fn: Callable, x: jax.Array, axis: int, *states: jax.Array) -> tup
     if not time_chunked(x, axis):
         return along_axis(fn, x, axis, *states)
     length = x.shape[0]
-    size = int(np.prod(x.shape[1:]))
-    flat = x.reshape(length, size)
-    # a state is `extra + (n,) + x.shape[1:]`: channels flattened last
-    flat_states = tuple(
-        s.reshape(s.shape[: s.ndim - x.ndim + 1] + (size,)) for s in states
-    )
+    flat, flat_states = _channels_flattened(x, states)
     run = functools.partial(_time_first, fn)
 
     def body(i, carry):
